@@ -1,0 +1,8 @@
+"""Task sources for memenv: the synthetic knowledge world and loaders for real data.
+
+This layer imports nothing else of the project.
+"""
+
+from tasks.types import DataFormatError, Document, Question
+
+__all__ = ["DataFormatError", "Document", "Question"]

@@ -1,0 +1,53 @@
+"""Plain data types shared by every task source.
+
+A task source provides a *corpus* (documents an agent can search) and *questions* (each with gold answers,
+aliases allowed, and the ids of the documents that support it). Environments in ``memenv`` compose one or
+more questions into an episode ("objectives", MEM1 style).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class DataFormatError(ValueError):
+    """A data file (or record inside one) does not have the expected layout.
+
+    The message always names the file and, where there is one, the line or record index.
+    """
+
+
+@dataclass(frozen=True)
+class Document:
+    """One searchable document. ``id`` is unique within a corpus."""
+
+    id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """Search-R1/FlashRAG style ``"title\\ntext"`` string (what search backends index)."""
+        return f"{self.title}\n{self.text}"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question (objective) with its gold answers.
+
+    ``answers`` holds every accepted surface form (the first is the canonical one); scoring takes the best
+    match over them. ``supporting_ids`` are the ids of the corpus documents needed to answer, in the order a
+    reader would visit them (for bridge chains: the chain order).
+    """
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    supporting_ids: tuple[str, ...] = ()
+    hops: int = 1
+    kind: str = "bridge"  # "bridge" | "comparison" | other source-specific labels
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.answers:
+            raise ValueError(f"question {self.id!r} has no gold answer")
