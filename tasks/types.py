@@ -51,3 +51,33 @@ class Question:
     def __post_init__(self) -> None:
         if not self.answers:
             raise ValueError(f"question {self.id!r} has no gold answer")
+
+
+class QADataset:
+    """A fixed corpus plus a fixed pool of questions (real data: HotpotQA, generic JSONL pairs).
+
+    Environments draw the questions of an episode with :meth:`sample_questions`, passing their own
+    ``np_random`` generator so that seeding stays Gymnasium's.
+    """
+
+    def __init__(self, documents: list[Document], questions: list[Question], name: str = "dataset") -> None:
+        if not documents:
+            raise ValueError(f"{name}: empty corpus")
+        if not questions:
+            raise ValueError(f"{name}: no questions")
+        ids = [d.id for d in documents]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{name}: duplicate document ids in corpus")
+        self.documents = documents
+        self.questions = questions
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def sample_questions(self, rng, n: int) -> list[Question]:
+        """``n`` distinct questions drawn with ``rng`` (a ``numpy.random.Generator``)."""
+        if n > len(self.questions):
+            raise ValueError(f"{self.name}: asked for {n} objectives but only {len(self.questions)} questions")
+        idx = rng.choice(len(self.questions), size=n, replace=False)
+        return [self.questions[int(i)] for i in idx]
