@@ -1,0 +1,200 @@
+"""Machinery every memenv environment shares: text spaces, the context window, snapshots and episode stats.
+
+Subclasses implement the task (what the tools do, how answers are scored); this base keeps the observation
+builder, the invocation snapshot of DESIGN.md's info contract and the episode summary in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_left
+
+# Every character a real document or a model may produce, minus control characters and surrogates; text
+# outside it (astral-plane emoji, NUL, ...) is replaced by U+FFFD before it reaches an observation.
+_CHARSET_RANGES = ((0x20, 0x7F), (0xA0, 0xD800), (0xE000, 0xFFFE))
+CHARSET = "\t\n" + "".join(chr(c) for lo, hi in _CHARSET_RANGES for c in range(lo, hi))
+_OUTSIDE_CHARSET = re.compile("[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]")
+
+
+def sanitize(text: str) -> str:
+    """``text`` with every character outside :data:`CHARSET` replaced by U+FFFD."""
+    return _OUTSIDE_CHARSET.sub("\ufffd", text)
+
+
+@functools.lru_cache(maxsize=None)
+def _text_space_template(max_length: int, min_length: int) -> spaces.Text:
+    return spaces.Text(max_length, min_length=min_length, charset=CHARSET)
+
+
+def text_space(max_length: int, min_length: int = 0) -> spaces.Text:
+    """A ``Text`` space over :data:`CHARSET`.
+
+    Building a Text space over ~63k characters takes ~40 ms, so spaces are shallow copies of one template
+    (the charset tables are read-only); each copy gets its own sampling generator.
+    """
+    space = copy.copy(_text_space_template(max_length, min_length))
+    space._np_random = None  # noqa: SLF001 - a fresh RNG per copy, seeded through Space.seed()
+    return space
+
+
+class MemEnvBase(gym.Env):
+    """Base class: observation assembly under a context mode and budget, snapshots, episode summary.
+
+    Subclasses call :meth:`_start_episode` in ``reset`` and :meth:`_record` in ``step``, and provide
+    :meth:`_task_block`.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, *, context: str = "memory", context_budget: int | None = None,
+                 token_counter: TokenCounter | None = None, memory_budget: int | None = None,
+                 invalid_penalty: float = 0.0, max_observation_chars: int = 1_000_000,
+                 max_action_chars: int = 100_000, render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if context_budget is not None and (not isinstance(context_budget, int) or context_budget < 1):
+            raise ValueError(f"context_budget must be a positive int (tokens) or None, got {context_budget!r}")
+        if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget < 0):
+            raise ValueError(f"memory_budget must be a non-negative int (tokens) or None, got {memory_budget!r}")
+        self.mode = ContextMode.parse(context)
+        self.context_budget = context_budget
+        self.token_counter = token_counter
+        self.count_tokens: TokenCounter = token_counter or count_words
+        self.memory_budget = memory_budget
+        self.invalid_penalty = float(invalid_penalty)
+        self.max_observation_chars = int(max_observation_chars)
+        self.render_mode = render_mode
+        self.observation_space = text_space(self.max_observation_chars)
+        self.action_space = text_space(int(max_action_chars))
+        self._episode_id = ""
+        self._turn = 0
+        self._memory = ""
+        self._snapshots: list[dict[str, Any]] = []
+        self._transcript: list[str] = []  # history/window modes: information blocks and actions, in order
+        self._obs = ""
+        self._obs_tokens = 0
+        self._obs_truncated = 0
+        self._done = True
+
+    # ------------------------------------------------------------------ to implement
+    def _task_block(self) -> str:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ episode bookkeeping
+    def _start_episode(self, first_information: str) -> None:
+        self._episode_id = f"{int(self.np_random.integers(2**63)):016x}"
+        self._turn = 0
+        self._memory = ""
+        self._snapshots = []
+        self._transcript = [first_information]
+        self._information = first_information
+        self._peak_tokens = 0
+        self._total_tokens = 0
+        self._invalid = 0
+        self._done = False
+        self._render_obs()
+
+    def _set_memory(self, memory: str) -> int:
+        """Store a rewritten memory, enforcing ``memory_budget`` (keeps the start); returns tokens cut."""
+        memory = sanitize(memory)
+        dropped = 0
+        if self.memory_budget is not None and self.count_tokens(memory) > self.memory_budget:
+            # Keep the *start* of the memory: the writer decides what comes first.
+            words = memory.split()
+            kept = " ".join(words[: self.memory_budget]) if self.token_counter is None else memory
+            if self.token_counter is not None:
+                while kept and self.count_tokens(kept) > self.memory_budget:
+                    kept = kept.rsplit(None, 1)[0] if " " in kept.strip() else ""
+            dropped = self.count_tokens(memory) - self.count_tokens(kept)
+            memory = kept
+        self._memory = memory
+        return dropped
+
+    def _advance(self, information: str, action_text: str) -> None:
+        """Append this turn to the transcript and build the next observation."""
+        self._information = information
+        if self.mode.keeps_transcript:
+            self._transcript.append(sanitize(action_text))
+            self._transcript.append(information)
+        self._render_obs()
+
+    def _render_obs(self) -> None:
+        task = self._task_block()
+        if self.mode.name == "memory":
+            body = f"\n<memory>\n{self._memory}\n</memory>\n{self._information}"
+        elif self.mode.name == "none":
+            body = "\n" + self._information
+        else:
+            parts = self._transcript
+            if self.mode.name == "window":
+                parts = parts[-(2 * self.mode.window + 1):]  # K (action, information) pairs + one more block
+            body = "\n" + "\n".join(parts)
+        text, tokens, truncated = fit_context(task, body, self.context_budget, self.token_counter)
+        if len(text) > self.max_observation_chars:  # hard cap of the Text space, far above real budgets
+            keep = self.max_observation_chars - len(task) - 4
+            text = task + "[…] " + text[-keep:] if keep > 0 else text[-self.max_observation_chars:]
+            truncated += max(0, tokens - self.count_tokens(text))
+            tokens = self.count_tokens(text)
+        self._obs, self._obs_tokens, self._obs_truncated = text, tokens, truncated
+
+    def _record(self, *, action: Any, memory_before: str, tool: str | None, tool_input: str | None,
+                tool_output: str, valid: bool, error: str | None, reward: float, **extra: Any) -> dict[str, Any]:
+        """The invocation snapshot of DESIGN.md for the observation just acted on."""
+        snapshot = {
+            "episode_id": self._episode_id,
+            "turn": self._turn,
+            "observation": self._obs,
+            "memory_before": memory_before,
+            "action": action if isinstance(action, str) else repr(action),
+            "memory_after": self._memory,
+            "tool": tool,
+            "tool_input": tool_input,
+            "tool_output": tool_output,
+            "valid": valid,
+            "error": error,
+            "context_tokens": self._obs_tokens,
+            "truncated_tokens": self._obs_truncated,
+            "reward": float(reward),
+            **extra,
+        }
+        self._snapshots.append(snapshot)
+        self._peak_tokens = max(self._peak_tokens, self._obs_tokens)
+        self._total_tokens += self._obs_tokens
+        if not valid:
+            self._invalid += 1
+        return snapshot
+
+    def _episode_stats(self) -> dict[str, Any]:
+        return {
+            "episode_id": self._episode_id,
+            "turns": self._turn,
+            "peak_context_tokens": self._peak_tokens,
+            "total_context_tokens": self._total_tokens,
+            "invalid_actions": self._invalid,
+            "invalid_rate": self._invalid / max(1, self._turn),
+            "snapshots": list(self._snapshots),
+        }
+
+    # ------------------------------------------------------------------ gymnasium API
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        header = f"=== episode {self._episode_id} | turn {self._turn} | {self._obs_tokens} context tokens ==="
+        lines = [header, self._obs]
+        if self._snapshots:
+            last = self._snapshots[-1]
+            lines.append(f"--- last action (turn {last['turn']}, {'valid' if last['valid'] else 'INVALID: ' + str(last['error'])}) ---")
+            lines.append(last["action"])
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def truncate_memory_text(text: str, budget: int) -> str:
+        """Helper for agents: the end of ``text`` within ``budget`` words."""
+        return truncate_left(text, budget)[0]

@@ -1,0 +1,100 @@
+"""Context modes, token counting and the context budget.
+
+The observation is built from a *task block* (always first) and a *body* (memory and tool results, or the
+transcript). ``context_budget`` left-truncates the body like a sliding context window; the task block is
+kept, as chat systems keep the system prompt, unless it alone exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+TokenCounter = Callable[[str], int]
+_WORD = re.compile(r"\S+")
+
+
+def count_words(text: str) -> int:
+    """The default token counter: whitespace-separated words."""
+    return len(text.split())
+
+
+@dataclass(frozen=True)
+class ContextMode:
+    """``memory`` (task + memory + newest result), ``history`` (whole transcript), ``window`` (last K turns
+    of the transcript) or ``none`` (task + newest result, nothing remembered)."""
+
+    name: str
+    window: int = 0
+
+    @classmethod
+    def parse(cls, spec: str) -> "ContextMode":
+        if not isinstance(spec, str):
+            raise ValueError(f"context must be a string like 'memory', got {spec!r}")
+        if spec in ("memory", "history", "none"):
+            return cls(spec)
+        if spec.startswith("window:"):
+            try:
+                k = int(spec.split(":", 1)[1])
+            except ValueError:
+                k = 0
+            if k >= 1:
+                return cls("window", k)
+        raise ValueError(f"unknown context mode {spec!r}: use 'memory', 'history', 'window:K' (K >= 1) or 'none'")
+
+    @property
+    def uses_memory(self) -> bool:
+        """Whether the policy must rewrite an explicit memory each turn."""
+        return self.name == "memory"
+
+    @property
+    def keeps_transcript(self) -> bool:
+        return self.name in ("history", "window")
+
+
+def truncate_left(text: str, budget: int, counter: TokenCounter | None = None) -> tuple[str, int]:
+    """Keep the end of ``text`` within ``budget`` tokens, cutting at a word boundary.
+
+    Returns the kept text and the number of tokens dropped. With a custom ``counter`` the cut point is
+    found by binary search over word starts (O(log n) counter calls).
+    """
+    if budget <= 0:
+        return "", (counter or count_words)(text)
+    if counter is None:
+        starts = [m.start() for m in _WORD.finditer(text)]
+        if len(starts) <= budget:
+            return text, 0
+        return text[starts[len(starts) - budget]:], len(starts) - budget
+    total = counter(text)
+    if total <= budget:
+        return text, 0
+    starts = [m.start() for m in _WORD.finditer(text)]
+    lo, hi = 0, len(starts)  # find the smallest word index whose suffix fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if counter(text[starts[mid]:]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = text[starts[lo]:] if lo < len(starts) else ""
+    return kept, total - counter(kept)
+
+
+def fit_context(task_block: str, body: str, budget: int | None,
+                counter: TokenCounter | None = None) -> tuple[str, int, int]:
+    """Join task block and body under ``budget``; returns (text, context_tokens, truncated_tokens)."""
+    count = counter or count_words
+    task_tokens = count(task_block)
+    if budget is None:
+        return task_block + body, task_tokens + count(body), 0
+    if task_tokens >= budget:  # even the task does not fit: the window only holds its end
+        kept, dropped = truncate_left(task_block + body, budget, counter)
+        return kept, count(kept), dropped
+    available = budget - task_tokens
+    kept, dropped = truncate_left(body, available, counter)
+    if dropped:  # mark the cut, keeping the marker itself inside the budget
+        marker = "[…] "
+        kept, dropped = truncate_left(body, available - count(marker), counter)
+        kept = marker + kept
+    return task_block + kept, task_tokens + count(kept), dropped
