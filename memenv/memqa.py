@@ -40,6 +40,11 @@ def _sanitized_corpus(source: World | QADataset) -> tuple[Document, ...]:
 
 
 @functools.lru_cache(maxsize=8)
+def _document_positions(source: World | QADataset) -> dict[str, int]:
+    return {d.id: i for i, d in enumerate(source.documents)}
+
+
+@functools.lru_cache(maxsize=8)
 def _search_index(source: World | QADataset, backend: str) -> SearchBackend:
     """One index per (source, backend), shared by every env instance in the process."""
     return make_backend(backend, [d.contents for d in _sanitized_corpus(source)])
@@ -161,6 +166,10 @@ class MemQAEnv(MemEnvBase):
             head += f"\n[{notice}]"
         return f"<information>{head}\n{content}\n</information>"
 
+    def document(self, doc_id: str) -> Document:
+        """The corpus document with id ``doc_id`` (as shown to the policy: sanitised text)."""
+        return self.documents[_document_positions(self.source)[doc_id]]
+
     def format_results(self, doc_indices: list[int]) -> str:
         if not doc_indices:
             return "No documents matched the query."
@@ -181,6 +190,7 @@ class MemQAEnv(MemEnvBase):
         lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
         self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
         self._last_result = "No search results yet."
+        self._turn = 0  # the information block shows the turns left of the new episode
         self._start_episode(self._information_block(self._last_result))
         info = {
             "episode_id": self._episode_id,

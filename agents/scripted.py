@@ -1,0 +1,219 @@
+"""Scripted memory strategies: policies that need no model and act only through the text protocol.
+
+Every strategy except the oracle is a pure function of the observation text (``act(observation)``): whatever
+it knows at turn t must have survived in what the environment shows it, that is in its own memory (context
+``memory``), in the transcript (``history``) or nowhere (``last-observation``). They share one reader
+(:mod:`agents.reader`), so differences in score come from the memory strategy alone.
+
+- ``oracle``: reads the gold supporting documents through the task; searches each by title, keeps the gold
+  fact sentences, answers the gold answers. The upper bound, and the source of expert trajectories.
+- ``keep-all``: memory accumulates every sentence that states a fact.
+- ``relevance``: memory keeps answers found so far and the facts on the open questions' chains, most relevant
+  first, within ``memory_budget`` words.
+- ``last-observation``: empty memory; answers from the newest result only.
+- ``history``: no rewriting; the env keeps the whole transcript (context mode ``history``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from agents.reader import (
+    Fact,
+    facts_in,
+    parse_fact,
+    parse_question,
+    read_observation,
+    resolve,
+    sentences,
+)
+from memenv.protocol import format_action
+
+_ANSWER_LINE = re.compile(r"^Answer (\d+): (.*)$")
+
+
+class ScriptedPolicy:
+    """Base class. ``context`` is the env context mode the strategy is meant for."""
+
+    name = "scripted"
+    context = "memory"
+
+    def reset(self, env: Any = None) -> None:
+        """Called at the start of each episode (only the oracle uses the env)."""
+
+    def act(self, observation: str) -> str:
+        raise NotImplementedError
+
+    # Shared decision rule: answer when every question is resolved or this is the last turn; else search
+    # for the first entity whose fact is missing.
+    @staticmethod
+    def _decide(questions: list[str], facts: dict[tuple[str, str], str], turns_left: int,
+                known_answers: dict[int, str] | None = None) -> tuple[str, str, list]:
+        known_answers = known_answers or {}
+        answers, progress_list, query = [], [], None
+        for i, question in enumerate(questions, 1):
+            progress = resolve(parse_question(question), facts)
+            progress_list.append(progress)
+            answer = progress.answer or known_answers.get(i)
+            answers.append(answer or "")
+            if answer is None and query is None and progress.need is not None:
+                query = progress.need[0]
+        if query is None or turns_left <= 1:
+            return "answer", "; ".join(answers), progress_list
+        return "search", query, progress_list
+
+
+class KeepAllPolicy(ScriptedPolicy):
+    """Never forgets: appends every useful sentence of each result to the memory.
+
+    Useful = a fact sentence about an entity the questions name or a question's chain has reached.
+    """
+
+    name = "keep-all"
+
+    def act(self, observation: str) -> str:
+        view = read_observation(observation)
+        # Only fact sentences survive a rewrite: a fragment left by a truncated window is not kept.
+        kept = [s for s in sentences(view.memory) if parse_fact(s)]
+        new = [s for s in dict.fromkeys(sentences(view.information)) if s not in set(kept) and parse_fact(s)]
+        tool, argument, progress = self._decide(view.questions, facts_in(" ".join(kept + new)), view.turns_left)
+        used = {(f[0], f[1]) for p in progress for f in p.used}
+        for sentence in new:
+            fact = parse_fact(sentence)
+            if (fact[0], fact[1]) in used or any(fact[0] in q for q in view.questions):
+                kept.append(sentence)
+        return format_action(" ".join(kept), tool, argument)
+
+
+class RelevancePolicy(ScriptedPolicy):
+    """Keeps resolved answers (one short line each) and the facts most relevant to still-open questions."""
+
+    name = "relevance"
+
+    def __init__(self, memory_budget: int = 80) -> None:
+        self.memory_budget = memory_budget
+
+    def act(self, observation: str) -> str:
+        view = read_observation(observation)
+        known: dict[int, str] = {}
+        memory_facts: list[str] = []
+        for line in view.memory.split("\n"):
+            match = _ANSWER_LINE.match(line.strip())
+            if match:
+                known[int(match.group(1))] = match.group(2)
+            elif line.strip():
+                memory_facts.extend(sentences(line))
+        candidates = memory_facts + [s for s in sentences(view.information) if parse_fact(s)]
+        facts = facts_in(" ".join(candidates))
+        tool, argument, progress = self._decide(view.questions, facts, view.turns_left, known)
+        for i, p in enumerate(progress, 1):
+            if p.answer is not None:
+                known[i] = p.answer
+        # Relevance: facts a still-open question's chain went through rank first, then facts whose subject
+        # is named in an open question, then nothing (dropped).
+        open_questions = [q for i, q in enumerate(view.questions, 1) if i not in known]
+        on_chain = {(f[0], f[1]) for i, p in enumerate(progress, 1) if i not in known for f in p.used}
+        scored = []
+        for order, sentence in enumerate(dict.fromkeys(candidates)):
+            fact = parse_fact(sentence)
+            if fact is None:
+                continue
+            score = 2 if (fact[0], fact[1]) in on_chain else 1 if any(fact[0] in q for q in open_questions) else 0
+            if score:
+                scored.append((-score, order, sentence))
+        lines = [f"Answer {i}: {a}" for i, a in sorted(known.items())]
+        budget = self.memory_budget - sum(len(line.split()) for line in lines)
+        for _, _, sentence in sorted(scored):
+            words = len(sentence.split())
+            if words <= budget:
+                lines.append(sentence)
+                budget -= words
+        return format_action("\n".join(lines), tool, argument)
+
+
+class LastObservationPolicy(ScriptedPolicy):
+    name = "last-observation"
+
+    def act(self, observation: str) -> str:
+        view = read_observation(observation)
+        tool, argument, _ = self._decide(view.questions, facts_in(view.information), view.turns_left)
+        return format_action("", tool, argument)
+
+
+class HistoryPolicy(ScriptedPolicy):
+    """Search-R1-style: no memory rewriting; reads whatever of the transcript is still in the window."""
+
+    name = "history"
+    context = "history"
+
+    def act(self, observation: str) -> str:
+        view = read_observation(observation)
+        tool, argument, _ = self._decide(view.questions, facts_in(view.visible), view.turns_left)
+        return format_action(None, tool, argument)
+
+
+class OraclePolicy(ScriptedPolicy):
+    """Reads the gold supporting documents through the task (``reset(env)`` hands it the env).
+
+    Memory holds one line per supporting document read: ``Title: gold sentences``. It is a function of the
+    observation and the gold task only, so its trajectories are valid expert demonstrations.
+    """
+
+    name = "oracle"
+
+    def __init__(self) -> None:
+        self.env = None
+
+    def reset(self, env: Any = None) -> None:
+        if env is None:
+            raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
+        self.env = getattr(env, "unwrapped", env)
+
+    def _gold_sentences(self, question, doc_title: str, doc_text: str) -> list[str]:
+        gold: set[Fact] = set(map(tuple, question.meta.get("facts", ())))
+        if gold:
+            return [s for s in sentences(doc_text) if parse_fact(s) in gold]
+        answers = [a.lower() for a in question.answers]
+        doc_sentences = sentences(doc_text)
+        hits = [s for s in doc_sentences if any(a in s.lower() for a in answers)]
+        return hits[:2] or doc_sentences[:1]
+
+    def act(self, observation: str) -> str:
+        if self.env is None:
+            raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
+        view = read_observation(observation)
+        lines = [line for line in view.memory.split("\n") if line.strip()]
+        read_titles = {line.split(": ", 1)[0] for line in lines}
+        docs = {d: self.env.document(d) for q in self.env.questions for d in q.supporting_ids}
+        # Keep the gold sentences of every supporting document in the newest result.
+        for question in self.env.questions:
+            for doc_id in question.supporting_ids:
+                doc = docs[doc_id]
+                header = f"(Title: {doc.title}) "
+                if doc.title not in read_titles and header in view.information:
+                    start = view.information.index(header) + len(header)
+                    text = view.information[start:].split("\n", 1)[0]
+                    lines.append(f"{doc.title}: " + " ".join(self._gold_sentences(question, doc.title, text)))
+                    read_titles.add(doc.title)
+        pending = [docs[d].title for q in self.env.questions for d in q.supporting_ids if docs[d].title not in read_titles]
+        memory = "\n".join(lines)
+        if pending and view.turns_left > 1:
+            return format_action(memory, "search", pending[0])
+        return format_action(memory, "answer", "; ".join(q.answers[0] for q in self.env.questions))
+
+
+STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
+    "oracle": OraclePolicy,
+    "keep-all": KeepAllPolicy,
+    "relevance": RelevancePolicy,
+    "last-observation": LastObservationPolicy,
+    "history": HistoryPolicy,
+}
+
+
+def make_strategy(name: str, **kwargs: Any) -> ScriptedPolicy:
+    """A scripted strategy by name (see :data:`STRATEGIES`)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](**kwargs)
