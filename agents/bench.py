@@ -1,0 +1,201 @@
+"""``memenv bench``: memory strategies x environments x episodes -> a table, ``results.csv`` and a PNG.
+
+    memenv bench                                   # the default below, < 2 minutes on 2 cores
+    memenv bench --strategies relevance history --envs "MemQA-v0:objectives=8,context_budget=800" -n 50
+
+An env spec is ``ID`` or ``ID:key=value,key=value`` (values parsed as Python literals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import gymnasium as gym
+import pandas as pd
+from tqdm.auto import tqdm
+
+import memenv  # noqa: F401 - registers the environments
+from agents.scripted import STRATEGIES, make_strategy
+
+DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
+DEFAULT_EPISODES = 30
+SUMMARY_COLUMNS = ["env", "strategy", "episodes", "f1", "em", "peak_context_tokens", "total_context_tokens",
+                   "invocations", "invalid_rate", "steps_per_s"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> "EnvSpec":
+        env_id, _, rest = spec.partition(":")
+        kwargs: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in _split_top_level(rest))):
+            if "=" not in item:
+                raise ValueError(f"bad env spec {spec!r}: {item!r} is not key=value")
+            key, value = item.split("=", 1)
+            try:
+                kwargs[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                kwargs[key.strip()] = value.strip()
+        if env_id not in gym.registry:
+            raise ValueError(f"unknown environment {env_id!r} in spec {spec!r}; registered memenv envs: "
+                             + ", ".join(k for k in gym.registry if k.startswith("Mem")))
+        return cls(env_id, kwargs)
+
+    @property
+    def label(self) -> str:
+        return self.env_id + ("" if not self.kwargs else ":" + ",".join(f"{k}={v}" for k, v in self.kwargs.items()))
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets (so ``hops=(1,2)`` stays one item)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return parts + [current]
+
+
+def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
+    """One episode of ``policy`` on ``env``; returns ``info["episode"]`` and the number of steps."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset(env.unwrapped)
+    steps = 0
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        steps += 1
+        if terminated or truncated:
+            return info["episode"], steps
+
+
+def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes: int = DEFAULT_EPISODES,
+              seed: int = 0, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run every strategy on every env for ``episodes`` seeded episodes (seeds ``seed..seed+episodes-1``,
+    the same for every strategy, so strategies face the same questions).
+
+    Returns (summary table, one row per episode).
+    """
+    specs = [e if isinstance(e, EnvSpec) else EnvSpec.parse(e) for e in envs]
+    strategies = list(strategies)
+    for name in strategies:
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
+    rows, summary = [], []
+    bar = tqdm(total=len(specs) * len(strategies) * episodes, desc="bench", unit="ep", disable=not progress)
+    for spec in specs:
+        for name in strategies:
+            policy = make_strategy(name)
+            kwargs = {"context": policy.context, **spec.kwargs}
+            env = gym.make(spec.env_id, **kwargs)
+            steps, start = 0, time.perf_counter()
+            cell = []
+            for i in range(episodes):
+                episode, n = run_episode(env, policy, seed + i)
+                steps += n
+                cell.append({
+                    "env": spec.label, "strategy": name, "seed": seed + i, "f1": episode["f1"], "em": episode["em"],
+                    "peak_context_tokens": episode["peak_context_tokens"],
+                    "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
+                    "invalid_actions": episode["invalid_actions"], "answered": episode["answered"],
+                })
+                bar.update(1)
+            elapsed = time.perf_counter() - start
+            env.close()
+            frame = pd.DataFrame(cell)
+            summary.append({
+                "env": spec.label, "strategy": name, "episodes": episodes, "f1": frame.f1.mean(), "em": frame.em.mean(),
+                "peak_context_tokens": frame.peak_context_tokens.mean(),
+                "total_context_tokens": frame.total_context_tokens.mean(), "invocations": frame.invocations.mean(),
+                "invalid_rate": frame.invalid_actions.sum() / max(1, frame.invocations.sum()),
+                "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
+            })
+            rows.extend(cell)
+    bar.close()
+    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(rows)
+
+
+def write_atomic(path: Path, write) -> None:
+    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
+    """F1 against peak context tokens, one marker per strategy, one panel per env."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(summary.env))
+    strategies = list(dict.fromkeys(summary.strategy))
+    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(strategies)}
+    markers = "osD^vP*X"
+    fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 4.2), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        part = summary[summary.env == env]
+        for _, row in part.iterrows():
+            i = strategies.index(row.strategy)
+            ax.scatter(row.peak_context_tokens, row.f1, s=70, color=colors[row.strategy],
+                       marker=markers[i % len(markers)], label=row.strategy, alpha=0.85)
+        ax.set_xlabel("peak context tokens (mean per episode)")
+        ax.set_ylabel("F1")
+        ax.set_ylim(-0.05, 1.08)
+        ax.set_title(env, fontsize=9)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(strategies), frameon=False)
+    fig.suptitle("memenv bench: F1 vs peak context")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+
+
+def format_table(summary: pd.DataFrame) -> str:
+    return summary.to_string(index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 10 else f"{v:.0f}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    summary, episodes = run_bench(args.strategies, args.envs, args.episodes, args.seed, progress=not args.quiet)
+    out = Path(args.out)
+    write_atomic(out / "results.csv", lambda tmp: summary.to_csv(tmp, index=False))
+    write_atomic(out / "episodes.csv", lambda tmp: episodes.to_csv(tmp, index=False))
+    plot_tradeoff(summary, out / "f1_vs_peak_context.png")
+    print(format_table(summary))
+    print(f"\nwrote {out / 'results.csv'}, {out / 'episodes.csv'}, {out / 'f1_vs_peak_context.png'}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Adds ``memenv bench`` (entry point ``memenv.commands``)."""
+    parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS), help="env specs ID[:key=value,...]")
+    parser.add_argument("-n", "--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per cell")
+    parser.add_argument("--seed", type=int, default=0, help="first episode seed")
+    parser.add_argument("--out", default="bench_out", help="output folder (results.csv, PNG)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_run)
