@@ -92,14 +92,14 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     """
     specs = [e if isinstance(e, EnvSpec) else EnvSpec.parse(e) for e in envs]
     strategies = list(strategies)
-    for name in strategies:
-        if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
+    for spec in specs:  # fail before any work on a strategy an env family does not have
+        for name in strategies:
+            make_strategy(name, spec.env_id)
     rows, summary = [], []
     bar = tqdm(total=len(specs) * len(strategies) * episodes, desc="bench", unit="ep", disable=not progress)
     for spec in specs:
         for name in strategies:
-            policy = make_strategy(name)
+            policy = make_strategy(name, spec.env_id)
             kwargs = {"context": policy.context, **spec.kwargs}
             env = gym.make(spec.env_id, **kwargs)
             steps, start = 0, time.perf_counter()

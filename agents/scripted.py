@@ -212,8 +212,20 @@ STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
 }
 
 
-def make_strategy(name: str, **kwargs: Any) -> ScriptedPolicy:
-    """A scripted strategy by name (see :data:`STRATEGIES`)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](**kwargs)
+# Strategies per environment family (the env id up to its first "-": "MemQA-v0" -> "MemQA"). Reading envs
+# (MemRead, MemDialog) register their own implementations of the same strategy names here.
+STRATEGY_FAMILIES: dict[str, dict[str, Callable[[], ScriptedPolicy]]] = {"MemQA": STRATEGIES}
+
+
+def env_family(env_id: str) -> str:
+    return env_id.split(":")[-1].split("-", 1)[0]
+
+
+def make_strategy(name: str, env_id: str = "MemQA-v0", **kwargs: Any) -> ScriptedPolicy:
+    """A scripted strategy by name for the env ``env_id`` (see :data:`STRATEGY_FAMILIES`)."""
+    family = STRATEGY_FAMILIES.get(env_family(env_id))
+    if family is None:
+        raise ValueError(f"no scripted strategies for {env_id!r}; families: {', '.join(STRATEGY_FAMILIES)}")
+    if name not in family:
+        raise ValueError(f"unknown strategy {name!r} for {env_id}: choose from {', '.join(family)}")
+    return family[name](**kwargs)
