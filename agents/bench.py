@@ -174,7 +174,14 @@ def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
 
 
 def format_table(summary: pd.DataFrame) -> str:
-    return summary.to_string(index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 10 else f"{v:.0f}")
+    """The summary as text, each column rounded to what it can resolve."""
+    digits = {"f1": 3, "em": 3, "peak_context_tokens": 0, "total_context_tokens": 0, "invocations": 1,
+              "invalid_rate": 3, "steps_per_s": 0}
+    shown = summary.copy()
+    for column, n in digits.items():
+        if column in shown:
+            shown[column] = shown[column].map(lambda v, n=n: f"{v:.{n}f}")
+    return shown.to_string(index=False)
 
 
 def _run(args: argparse.Namespace) -> int:
