@@ -13,6 +13,13 @@ from gymnasium.envs.registration import register, registry
 ENVIRONMENTS: dict[str, tuple[str, dict]] = {
     "MemQA-v0": ("memenv.memqa:MemQAEnv", {}),
     "MemQA-Hotpot-v0": ("memenv.memqa:MemQAEnv", {"dataset": "hotpotqa", "objectives": 1}),
+    # Horizon scaling (MEM1's multi-objective composition): N questions per episode, answered together. The
+    # turn limit grows with N (2 * N * hops + 2), so these are the long-horizon variants of MemQA-v0.
+    "MemQA-N1-v0": ("memenv.memqa:MemQAEnv", {"objectives": 1}),
+    "MemQA-N2-v0": ("memenv.memqa:MemQAEnv", {"objectives": 2}),
+    "MemQA-N4-v0": ("memenv.memqa:MemQAEnv", {"objectives": 4}),
+    "MemQA-N8-v0": ("memenv.memqa:MemQAEnv", {"objectives": 8}),
+    "MemQA-N16-v0": ("memenv.memqa:MemQAEnv", {"objectives": 16}),
 }
 
 
