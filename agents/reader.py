@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from memenv.search import tokenize
 from tasks.world import COMPARISONS, RELATIONS
 
 NAME = r"[A-Z][A-Za-z'\-]*(?: (?:of )?[A-Z][A-Za-z'\-]*)*"
 NUMBER = r"\d+"
 _DOC_HEADER = re.compile(r"Doc \d+ \(Title: [^)\n]*\)\s*")
+_ENV_NOTICE = re.compile(r"\[(?:turns left|invalid action)[^\]\n]*\]|\[…\]")  # env status lines, the cut mark
 _SENTENCE_SPLIT = re.compile(r"(?<=\.)\s+|\n+")
 _QUESTION_LINE = re.compile(r"^Question (\d+): (.*)$", re.MULTILINE)
 _TURNS_LEFT = re.compile(r"\[turns left: (\d+)\]")
@@ -50,7 +52,7 @@ Fact = tuple[str, str, str]  # (subject, relation, object)
 
 def sentences(text: str) -> list[str]:
     """Sentences of observation text, with search-result headers removed."""
-    text = _DOC_HEADER.sub("\n", text)
+    text = _ENV_NOTICE.sub("\n", _DOC_HEADER.sub("\n", text))
     return [s.strip() for s in _SENTENCE_SPLIT.split(text) if s.strip()]
 
 
@@ -126,6 +128,7 @@ class Progress:
     answer: str | None
     need: tuple[str, str] | None
     used: tuple[Fact, ...]
+    evidence: tuple[str, ...] = ()  # open questions: the sentences the answer was read from
 
 
 def _follow(chain: Chain, facts: dict[tuple[str, str], str], used: list[Fact]) -> tuple[str | None, tuple[str, str] | None]:
@@ -155,6 +158,37 @@ def resolve(plan: Chain | ComparisonPlan | None, facts: dict[tuple[str, str], st
     (name_a, val_a), (name_b, val_b) = ends
     smaller_wins = COMPARISONS[plan.attribute].smaller_wins
     return Progress(name_a if (val_a < val_b) == smaller_wins else name_b, None, tuple(used))
+
+
+# ---------------------------------------------------------------- open questions (outside the world's language)
+_YES_NO_START = ("are ", "is ", "was ", "were ", "do ", "does ", "did ", "can ", "has ", "have ")
+_CANDIDATE = re.compile(r"(?:[A-Z][\w'\-]*(?:\s+(?:of\s+|the\s+|de\s+)?[A-Z][\w'\-]*)*)|\d[\d,.]*")
+
+
+def overlap(question_words: set[str], sentence: str) -> int:
+    """Number of the question's content words a sentence contains."""
+    return len(question_words & set(tokenize(sentence)))
+
+
+def resolve_open(question: str, candidates: list[str], min_overlap: int = 2) -> Progress:
+    """Extractive fallback for free-text questions (HotpotQA and the like).
+
+    The sentence sharing the most content words with the question is the evidence; the answer is "yes" for
+    a yes/no question, else the first name or number in it that the question does not already contain.
+    Until some sentence shares ``min_overlap`` words, the question itself is the search query.
+    """
+    words = set(tokenize(question))
+    scored = sorted(((overlap(words, s), -i, s) for i, s in enumerate(candidates)), reverse=True)
+    if not scored or scored[0][0] < min(min_overlap, max(1, len(words))):
+        return Progress(None, (question, "open"), ())
+    evidence = tuple(s for score, _, s in scored[:3] if score >= min_overlap)
+    if question.lower().startswith(_YES_NO_START):
+        return Progress("yes", None, (), evidence)
+    for sentence in evidence:
+        for match in _CANDIDATE.finditer(sentence):
+            if not set(tokenize(match.group())) <= words:
+                return Progress(match.group().rstrip(".,"), None, (), evidence)
+    return Progress(None, (question, "open"), (), evidence)
 
 
 @dataclass

@@ -21,13 +21,17 @@ from typing import Any, Callable
 
 from agents.reader import (
     Fact,
+    Progress,
     facts_in,
+    overlap,
     parse_fact,
     parse_question,
     read_observation,
     resolve,
+    resolve_open,
     sentences,
 )
+from memenv.search import tokenize
 from memenv.protocol import format_action
 
 _ANSWER_LINE = re.compile(r"^Answer (\d+): (.*)$")
@@ -46,14 +50,20 @@ class ScriptedPolicy:
         raise NotImplementedError
 
     # Shared decision rule: answer when every question is resolved or this is the last turn; else search
-    # for the first entity whose fact is missing.
+    # for the first entity whose fact is missing (or, for a free-text question, the question itself).
     @staticmethod
-    def _decide(questions: list[str], facts: dict[tuple[str, str], str], turns_left: int,
-                known_answers: dict[int, str] | None = None) -> tuple[str, str, list]:
+    def _decide(questions: list[str], text: str, turns_left: int,
+                known_answers: dict[int, str] | None = None) -> tuple[str, str, list[Progress]]:
         known_answers = known_answers or {}
+        facts, candidates = facts_in(text), None
         answers, progress_list, query = [], [], None
         for i, question in enumerate(questions, 1):
-            progress = resolve(parse_question(question), facts)
+            plan = parse_question(question)
+            if plan is None:
+                candidates = sentences(text) if candidates is None else candidates
+                progress = resolve_open(question, candidates)
+            else:
+                progress = resolve(plan, facts)
             progress_list.append(progress)
             answer = progress.answer or known_answers.get(i)
             answers.append(answer or "")
@@ -64,30 +74,35 @@ class ScriptedPolicy:
         return "search", query, progress_list
 
 
-class KeepAllPolicy(ScriptedPolicy):
-    """Never forgets: appends every useful sentence of each result to the memory.
+def _useful(sentence: str, progress: list[Progress], questions: list[str]) -> bool:
+    """A sentence worth remembering: a fact on a question's chain or about an entity a question names, or
+    evidence for a free-text question."""
+    fact = parse_fact(sentence)
+    if fact is not None:
+        used = {(f[0], f[1]) for p in progress for f in p.used}
+        return (fact[0], fact[1]) in used or any(fact[0] in q for q in questions)
+    return any(sentence in p.evidence for p in progress)
 
-    Useful = a fact sentence about an entity the questions name or a question's chain has reached.
-    """
+
+class KeepAllPolicy(ScriptedPolicy):
+    """Never forgets: appends every useful sentence of each result to the memory (see :func:`_useful`)."""
 
     name = "keep-all"
 
     def act(self, observation: str) -> str:
         view = read_observation(observation)
-        # Only fact sentences survive a rewrite: a fragment left by a truncated window is not kept.
-        kept = [s for s in sentences(view.memory) if parse_fact(s)]
-        new = [s for s in dict.fromkeys(sentences(view.information)) if s not in set(kept) and parse_fact(s)]
-        tool, argument, progress = self._decide(view.questions, facts_in(" ".join(kept + new)), view.turns_left)
-        used = {(f[0], f[1]) for p in progress for f in p.used}
-        for sentence in new:
-            fact = parse_fact(sentence)
-            if (fact[0], fact[1]) in used or any(fact[0] in q for q in view.questions):
-                kept.append(sentence)
+        # A fragment left by a truncated window is not kept: only whole sentences with content survive.
+        kept = sentences(view.memory)
+        seen = set(kept)
+        new = [s for s in dict.fromkeys(sentences(view.information)) if s not in seen]
+        tool, argument, progress = self._decide(view.questions, "\n".join(kept + new), view.turns_left)
+        kept += [s for s in new if _useful(s, progress, view.questions)]
         return format_action(" ".join(kept), tool, argument)
 
 
 class RelevancePolicy(ScriptedPolicy):
-    """Keeps resolved answers (one short line each) and the facts most relevant to still-open questions."""
+    """Keeps resolved answers (one short line each) and the facts most relevant to still-open questions,
+    within ``memory_budget`` words."""
 
     name = "relevance"
 
@@ -97,29 +112,32 @@ class RelevancePolicy(ScriptedPolicy):
     def act(self, observation: str) -> str:
         view = read_observation(observation)
         known: dict[int, str] = {}
-        memory_facts: list[str] = []
+        candidates: list[str] = []
         for line in view.memory.split("\n"):
             match = _ANSWER_LINE.match(line.strip())
             if match:
                 known[int(match.group(1))] = match.group(2)
             elif line.strip():
-                memory_facts.extend(sentences(line))
-        candidates = memory_facts + [s for s in sentences(view.information) if parse_fact(s)]
-        facts = facts_in(" ".join(candidates))
-        tool, argument, progress = self._decide(view.questions, facts, view.turns_left, known)
+                candidates.extend(sentences(line))
+        candidates = list(dict.fromkeys(candidates + sentences(view.information)))
+        tool, argument, progress = self._decide(view.questions, "\n".join(candidates), view.turns_left, known)
         for i, p in enumerate(progress, 1):
             if p.answer is not None:
                 known[i] = p.answer
         # Relevance: facts a still-open question's chain went through rank first, then facts whose subject
-        # is named in an open question, then nothing (dropped).
+        # is named in an open question, then evidence for open free-text questions; the rest is dropped.
+        open_progress = [p for i, p in enumerate(progress, 1) if i not in known]
         open_questions = [q for i, q in enumerate(view.questions, 1) if i not in known]
-        on_chain = {(f[0], f[1]) for i, p in enumerate(progress, 1) if i not in known for f in p.used}
+        on_chain = {(f[0], f[1]) for p in open_progress for f in p.used}
+        open_words = [set(tokenize(q)) for q, p in zip(view.questions, progress) if p.answer is None]
         scored = []
-        for order, sentence in enumerate(dict.fromkeys(candidates)):
+        for order, sentence in enumerate(candidates):
             fact = parse_fact(sentence)
-            if fact is None:
-                continue
-            score = 2 if (fact[0], fact[1]) in on_chain else 1 if any(fact[0] in q for q in open_questions) else 0
+            if fact is not None:
+                score = 3 if (fact[0], fact[1]) in on_chain else 2 if any(fact[0] in q for q in open_questions) else 0
+            else:
+                best = max((overlap(w, sentence) for w in open_words), default=0)
+                score = 1 if best >= 2 else 0
             if score:
                 scored.append((-score, order, sentence))
         lines = [f"Answer {i}: {a}" for i, a in sorted(known.items())]
@@ -137,7 +155,7 @@ class LastObservationPolicy(ScriptedPolicy):
 
     def act(self, observation: str) -> str:
         view = read_observation(observation)
-        tool, argument, _ = self._decide(view.questions, facts_in(view.information), view.turns_left)
+        tool, argument, _ = self._decide(view.questions, view.information, view.turns_left)
         return format_action("", tool, argument)
 
 
@@ -149,7 +167,7 @@ class HistoryPolicy(ScriptedPolicy):
 
     def act(self, observation: str) -> str:
         view = read_observation(observation)
-        tool, argument, _ = self._decide(view.questions, facts_in(view.visible), view.turns_left)
+        tool, argument, _ = self._decide(view.questions, view.visible, view.turns_left)
         return format_action(None, tool, argument)
 
 
