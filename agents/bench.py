@@ -4,6 +4,13 @@
     memenv bench --strategies relevance history --envs "MemQA-v0:objectives=8,context_budget=800" -n 50
 
 An env spec is ``ID`` or ``ID:key=value,key=value`` (values parsed as Python literals).
+
+Horizon sweep (the figure MEM1 uses to show constant memory): ``--sweep KEY=V1,V2,...`` sets the env kwarg
+``KEY`` to each value in turn on every ``--envs`` spec (default ``MemQA-v0`` when sweeping) and writes, per
+strategy, F1 and peak context tokens against the value: ``sweep.csv``, ``sweep_episodes.csv`` and
+``sweep.png`` (two panels: F1 and peak context vs the value, one line per strategy).
+
+    memenv bench --sweep objectives=1,2,4,8,16 --strategies relevance keep-all history -n 20
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from agents.scripted import STRATEGIES, make_strategy
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
+SWEEP_ENVS = ("MemQA-v0",)  # the base specs of ``--sweep`` when --envs is not given
 SUMMARY_COLUMNS = ["env", "strategy", "episodes", "f1", "em", "peak_context_tokens", "total_context_tokens",
                    "invocations", "invalid_rate", "steps_per_s"]
 
@@ -173,6 +181,116 @@ def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """``KEY=V1,V2,...``: an env kwarg and the values it takes (parsed as Python literals)."""
+
+    key: str
+    values: tuple[Any, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> "Sweep":
+        key, sep, rest = text.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ValueError(f"bad sweep {text!r}: expected KEY=V1,V2,... (e.g. objectives=1,2,4,8,16)")
+        values: list[Any] = []
+        for item in filter(None, (part.strip() for part in _split_top_level(rest))):
+            try:
+                value = ast.literal_eval(item)
+            except (ValueError, SyntaxError):
+                value = item
+            if value not in values:
+                values.append(value)
+        if not values:
+            raise ValueError(f"bad sweep {text!r}: no values after '='")
+        return cls(key, tuple(values))
+
+
+def run_sweep(strategies: Iterable[str], envs: Iterable[str | EnvSpec], sweep: str | Sweep,
+              episodes: int = DEFAULT_EPISODES, seed: int = 0,
+              progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`run_bench` with ``sweep.key = v`` for every value ``v``, on every env spec.
+
+    Returns (sweep table, one row per episode). The sweep table has one row per (env, strategy, value) and
+    the columns ``env`` (the base spec's label), ``strategy``, the swept key (e.g. ``objectives``), then the
+    summary metrics of :data:`SUMMARY_COLUMNS` (``episodes``, ``f1``, ``em``, ``peak_context_tokens``, ...).
+    """
+    sweep = sweep if isinstance(sweep, Sweep) else Sweep.parse(sweep)
+    reserved = set(SUMMARY_COLUMNS) | {"seed", "invalid_actions", "answered"}
+    if sweep.key in reserved:
+        raise ValueError(f"cannot sweep {sweep.key!r}: the name clashes with a result column")
+    bases = [e if isinstance(e, EnvSpec) else EnvSpec.parse(e) for e in envs]
+    specs, where = [], {}
+    for base in bases:
+        for value in sweep.values:
+            spec = EnvSpec(base.env_id, {**base.kwargs, sweep.key: value})
+            specs.append(spec)
+            where[spec.label] = (base.label, value)
+    summary, rows = run_bench(strategies, specs, episodes, seed, progress)
+    for frame in (summary, rows):
+        labels = list(frame.env)
+        frame["env"] = [where[label][0] for label in labels]
+        frame.insert(2, sweep.key, [where[label][1] for label in labels])
+    return summary, rows
+
+
+def format_sweep(table: pd.DataFrame, key: str) -> str:
+    """F1 and peak context tokens against the swept value, one column per strategy (one block per env)."""
+    blocks = []
+    for env, part in table.groupby("env", sort=False):
+        order = list(dict.fromkeys(part.strategy))
+        values = list(dict.fromkeys(part[key]))
+        for metric, fmt in (("f1", "{:.3f}"), ("peak_context_tokens", "{:.0f}")):
+            pivot = part.pivot(index=key, columns="strategy", values=metric).reindex(index=values)[order]
+            text = pivot.to_string(float_format=lambda v, f=fmt: f.format(v))
+            blocks.append(f"{env}: {metric} vs {key}\n{text}")
+    return "\n\n".join(blocks)
+
+
+def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
+    """Two panels per env: F1 vs the swept value and peak context tokens vs it, one line per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(table.env))
+    strategies = list(dict.fromkeys(table.strategy))
+    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(strategies)}
+    markers = "osD^vP*X"
+    values = list(dict.fromkeys(table[key]))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    positions = {v: (v if numeric else i) for i, v in enumerate(values)}
+    fig, axes = plt.subplots(len(envs), 2, figsize=(11, 4.0 * len(envs)), squeeze=False)
+    for row, env in zip(axes, envs):
+        part = table[table.env == env]
+        for i, name in enumerate(strategies):
+            line = part[part.strategy == name]
+            xs = [positions[v] for v in line[key]]
+            style = dict(color=colors[name], marker=markers[i % len(markers)], label=name, alpha=0.9)
+            row[0].plot(xs, line.f1, **style)
+            row[1].plot(xs, line.peak_context_tokens, **style)
+        row[0].set_ylabel("F1")
+        row[0].set_ylim(-0.05, 1.08)
+        row[1].set_ylabel("peak context tokens (mean per episode)")
+        for ax in row:
+            ax.set_xlabel(key)
+            ax.set_title(env, fontsize=9)
+            ax.grid(alpha=0.3)
+            if numeric and min(values) > 0 and max(values) / min(values) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks([positions[v] for v in values])
+            ax.set_xticklabels([str(v) for v in values])
+            ax.minorticks_off()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(strategies), frameon=False)
+    fig.suptitle(f"memenv bench: F1 and peak context vs {key}")
+    fig.tight_layout(rect=(0, 0.06 if len(envs) > 1 else 0.09, 1, 1))
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+
+
 def format_table(summary: pd.DataFrame) -> str:
     """The summary as text, each column rounded to what it can resolve."""
     digits = {"f1": 3, "em": 3, "peak_context_tokens": 0, "total_context_tokens": 0, "invocations": 1,
@@ -184,7 +302,24 @@ def format_table(summary: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
+def _run_sweep(args: argparse.Namespace) -> int:
+    sweep = Sweep.parse(args.sweep)
+    envs = args.envs if args.envs is not None else list(SWEEP_ENVS)
+    table, episodes = run_sweep(args.strategies, envs, sweep, args.episodes, args.seed, progress=not args.quiet)
+    out = Path(args.out)
+    write_atomic(out / "sweep.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_atomic(out / "sweep_episodes.csv", lambda tmp: episodes.to_csv(tmp, index=False))
+    plot_sweep(table, sweep.key, out / "sweep.png")
+    print(format_sweep(table, sweep.key))
+    print(f"\nwrote {out / 'sweep.csv'}, {out / 'sweep_episodes.csv'}, {out / 'sweep.png'}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "sweep", None):
+        return _run_sweep(args)
+    if args.envs is None:
+        args.envs = list(DEFAULT_ENVS)
     summary, episodes = run_bench(args.strategies, args.envs, args.episodes, args.seed, progress=not args.quiet)
     out = Path(args.out)
     write_atomic(out / "results.csv", lambda tmp: summary.to_csv(tmp, index=False))
@@ -200,9 +335,14 @@ def register_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
-    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS), help="env specs ID[:key=value,...]")
+    parser.add_argument("--envs", nargs="+", default=None,
+                        help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
+                             f"with --sweep: {' '.join(SWEEP_ENVS)})")
     parser.add_argument("-n", "--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per cell")
     parser.add_argument("--seed", type=int, default=0, help="first episode seed")
     parser.add_argument("--out", default="bench_out", help="output folder (results.csv, PNG)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--sweep", metavar="KEY=V1,V2,...", default=None,
+                        help="sweep an env kwarg over values on every --envs spec, e.g. objectives=1,2,4,8,16; "
+                             "writes sweep.csv and sweep.png (F1 and peak context vs the value)")
     parser.set_defaults(func=_run)
