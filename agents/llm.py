@@ -1,0 +1,277 @@
+"""The LLM policy: batched sampling from any transformers causal LM, token-exact.
+
+For every invocation the policy keeps the ids it was given (``prompt_ids``), the ids it sampled
+(``response_ids``) and the behaviour log-probs of those ids (``response_logprobs``); the text handed to the env
+is decoded once from ``response_ids``. Nothing downstream re-tokenizes sampled text.
+
+Log-probs convention: ``response_logprobs[t] = log_softmax(logits_t / T)[token_t]`` with ``T`` the temperature
+the token was sampled with, *before* top-p truncation (top-p only restricts which tokens can be drawn; the
+trainers recompute exactly this quantity for the PPO ratio). With ``temperature=0`` (greedy) ``T=1`` is used.
+The quantity is reproduced by :func:`sequence_logprobs` (one sequence, no padding) within 1e-4 in fp32.
+
+Sampling: prompts are left-padded into one batch with ``position_ids = cumsum(attention_mask) - 1`` (every
+row starts at position 0, as when run alone), one prefill, then a token-by-token loop with the KV cache.
+A row stops at the closing tag of the action (``</search>`` or ``</answer>`` by default; any string in
+``stop``), at eos, or after ``max_new_tokens``.
+
+Templates: ``template="auto"`` uses ``tokenizer.apply_chat_template`` when the tokenizer has a chat template
+(instruct models: the observation is the user message, optional ``system_prompt``), else the plain template
+``"{observation}\\n"`` (tiny models of :mod:`agents.models`; a bos token is prepended if the tokenizer has one).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+DEFAULT_STOP = ("</search>", "</answer>")
+PLAIN_TEMPLATE = "{observation}\n"
+
+
+@dataclass
+class Generation:
+    """One sampled invocation (before it meets the env)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    text: str  # decode(response_ids, skip_special_tokens=True): what the env receives
+    finish_reason: str  # "stop" (a stop string), "eos" or "length"
+    temperature: float  # the T of response_logprobs (1.0 for greedy)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _forward_kwargs(model) -> tuple[str, str | None]:
+    """Names of the cache argument and of the keep-last-logits argument across transformers versions."""
+    params = inspect.signature(model.forward).parameters
+    cache = "cache" if "cache" in params else "past_key_values"
+    keep = "logits_to_keep" if "logits_to_keep" in params else ("num_logits_to_keep" if "num_logits_to_keep" in params else None)
+    return cache, keep
+
+
+def _get_cache(out) -> Any:
+    for name in ("cache", "past_key_values"):
+        value = out.get(name) if hasattr(out, "get") else getattr(out, name, None)
+        if value is not None:
+            return value
+    raise RuntimeError("the model returned no KV cache (use_cache=True)")
+
+
+class LLMPolicy:
+    """Sampling policy over a causal LM.
+
+    Args:
+        model: a ``transformers`` causal LM, or a local path (loaded with :func:`agents.models.load_pretrained`).
+        tokenizer: its tokenizer (required with an in-memory model).
+        temperature: sampling temperature; 0 means greedy.
+        top_p: nucleus sampling threshold (1.0: off).
+        max_new_tokens: per invocation.
+        stop: strings that end an action (the closing tags); eos always stops.
+        template: ``"auto"`` | ``"chat"`` | ``"plain"``.
+        system_prompt: optional system message for chat templates.
+        batch_size: rows per forward pass.
+        seed: seeds the sampling generator (reproducible rollouts).
+    """
+
+    def __init__(self, model, tokenizer=None, *, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
+                 system_prompt: str | None = None, plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
+                 max_prompt_tokens: int | None = None, seed: int | None = 0) -> None:
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            from agents.models import load_pretrained
+
+            model, loaded_tok = load_pretrained(model)
+            tokenizer = tokenizer or loaded_tok
+        if tokenizer is None:
+            raise ValueError("LLMPolicy needs the tokenizer of an in-memory model")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        if template not in ("auto", "chat", "plain"):
+            raise ValueError(f"template must be 'auto', 'chat' or 'plain', got {template!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.max_new_tokens = int(max_new_tokens)
+        self.stop = tuple(stop)
+        self.use_chat = template == "chat" or (template == "auto" and getattr(tokenizer, "chat_template", None))
+        if self.use_chat and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("template='chat' but the tokenizer has no chat template")
+        self.system_prompt = system_prompt
+        self.plain_template = plain_template
+        self.batch_size = int(batch_size)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_id is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token")
+        eos = tokenizer.eos_token_id
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos_ids |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [] if gen_eos is None else [gen_eos])
+        self.eos_ids = eos_ids
+        # Stop strings that are one token are matched on ids; longer ones on the decoded tail.
+        self.stop_ids: set[int] = set()
+        self.stop_strings: list[str] = []
+        for s in self.stop:
+            ids = tokenizer.encode(s, add_special_tokens=False)
+            if len(ids) == 1 and tokenizer.decode(ids) == s:
+                self.stop_ids.add(ids[0])
+            else:
+                self.stop_strings.append(s)
+        self._tail = max((len(s) for s in self.stop_strings), default=0) + 4
+        self._cache_arg, self._keep_arg = _forward_kwargs(model)
+        self.generator = torch.Generator(device="cpu")
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        self.last: Generation | None = None
+
+    # ------------------------------------------------------------------ prompts
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prompt_text(self, observation: str) -> str:
+        if self.use_chat:
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            messages.append({"role": "user", "content": observation})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.plain_template.format(observation=observation)
+
+    def encode_prompt(self, observation: str) -> list[int]:
+        """The prompt ids of one observation (the same for sampling, SFT and scoring)."""
+        ids = list(self.tokenizer.encode(self.prompt_text(observation), add_special_tokens=False))
+        bos = self.tokenizer.bos_token_id
+        if not self.use_chat and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            ids = ids[-self.max_prompt_tokens:]
+        return ids
+
+    def encode_action(self, action: str) -> list[int]:
+        """Ids of an expert action (SFT targets). Sampled actions are never re-encoded."""
+        return list(self.tokenizer.encode(action, add_special_tokens=False))
+
+    # ------------------------------------------------------------------ policy API
+    def reset(self, env: Any = None) -> None:
+        """Scripted-policy compatible; the LLM policy keeps no per-episode state."""
+
+    def act(self, observation: str) -> str:
+        self.last = self.generate([observation])[0]
+        return self.last.text
+
+    def generate(self, observations: Sequence[str]) -> list[Generation]:
+        prompts = [self.encode_prompt(o) for o in observations]
+        return self.generate_ids(prompts)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[Generation]:
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), self.batch_size):
+                out.extend(self._generate_batch([list(p) for p in prompts[start:start + self.batch_size]]))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled ids and their log-probs (temperature-scaled, before top-p) for a (B, V) fp32 logits."""
+        if self.temperature == 0:
+            logp = torch.log_softmax(logits, dim=-1)
+            token = logits.argmax(dim=-1)
+            return token, logp.gather(-1, token[:, None])[:, 0]
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        probs = logp.exp()
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # always keeps the most likely token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        token = torch.multinomial(probs.cpu(), 1, generator=self.generator)[:, 0].to(logits.device)
+        return token, logp.gather(-1, token[:, None])[:, 0]
+
+    def _stopped(self, response: list[int]) -> str | None:
+        last = response[-1]
+        if last in self.stop_ids:
+            return "stop"
+        if last in self.eos_ids:
+            return "eos"
+        if self.stop_strings:
+            tail = self.tokenizer.decode(response[-self._tail:], skip_special_tokens=False)
+            if any(s in tail for s in self.stop_strings):
+                return "stop"
+        return None
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
+        device = self.device
+        n = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {"use_cache": True}
+        if self._keep_arg:
+            kwargs[self._keep_arg] = 1
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, **kwargs)
+        cache = _get_cache(out)
+        logits = out.logits[:, -1].float()
+        next_pos = positions[:, -1] + 1
+        responses: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        for step in range(self.max_new_tokens):
+            token, logp = self._sample(logits)
+            token_list, logp_list = token.tolist(), logp.tolist()
+            for i in range(n):
+                if reasons[i] is None:
+                    responses[i].append(token_list[i])
+                    logprobs[i].append(logp_list[i])
+                    reasons[i] = self._stopped(responses[i])
+            if all(r is not None for r in reasons) or step == self.max_new_tokens - 1:
+                break
+            done = torch.tensor([r is not None for r in reasons], device=device)
+            feed = torch.where(done, torch.full_like(token, self.pad_id), token)
+            attention = torch.cat([attention, torch.ones((n, 1), dtype=attention.dtype, device=device)], dim=1)
+            out = self.model(input_ids=feed[:, None], attention_mask=attention, position_ids=next_pos[:, None],
+                             use_cache=True, **{self._cache_arg: cache})
+            cache = _get_cache(out)
+            logits = out.logits[:, -1].float()
+            next_pos = next_pos + 1
+        temperature = self.temperature if self.temperature > 0 else 1.0
+        return [
+            Generation(prompt_ids=prompts[i], response_ids=responses[i], response_logprobs=logprobs[i],
+                       text=self.tokenizer.decode(responses[i], skip_special_tokens=True),
+                       finish_reason=reasons[i] or "length", temperature=temperature)
+            for i in range(n)
+        ]
+
+
+# ---------------------------------------------------------------------- scoring
+@torch.no_grad()
+def sequence_logprobs(model, prompt_ids: Sequence[int], response_ids: Sequence[int],
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of ``response_ids`` after ``prompt_ids``: one sequence, no padding, positions from 0.
+
+    ``log_softmax(logits / temperature)`` at the response positions, fp32 (the convention of
+    :class:`LLMPolicy`). Used to check records round-trip."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    finally:
+        model.train(was_training)
+    start = len(prompt_ids)
+    logits = logits[start - 1: start - 1 + len(response_ids)] / temperature
+    target = ids[0, start:start + len(response_ids)]
+    return torch.log_softmax(logits, dim=-1).gather(-1, target[:, None])[:, 0].cpu()

@@ -1,0 +1,187 @@
+"""Tiny causal LMs without a hub: a tokenizer trained on task text and a small Qwen2/Llama config.
+
+Nothing here downloads anything. The tokenizer is a byte-level BPE (lossless: ``decode(encode(t)) == t``)
+trained with ``tokenizers`` on the text of oracle trajectories (observations and actions); the protocol tags
+(``<memory>``, ``</memory>``, ``<search>``, ``</search>``, ``<answer>``, ``</answer>``, ``<think>``, ``</think>``)
+are single added tokens (not "special": they survive ``skip_special_tokens``), and ``<pad>``/``<eos>`` are
+special tokens. The tokenizer is wrapped as a :class:`transformers.PreTrainedTokenizerFast`, so everything
+downstream (the LLM policy, SFT, PPO, ``distill/``) treats tiny and real checkpoints the same way.
+
+    texts = task_texts("MemQA-v0", {"objectives": 1, "hops": 2}, episodes=200)
+    tok = build_tokenizer(texts, vocab_size=4096)
+    model = build_tiny_model(tok, hidden_size=128, layers=4)
+    save_pretrained(model, tok, "runs/tiny")           # atomic: temp dir, then rename
+    model, tok = load_pretrained("runs/tiny")           # any local causal LM checkpoint works too
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+PROTOCOL_TAGS = ("<memory>", "</memory>", "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>")
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<eos>"
+
+
+def task_texts(env_id: str = "MemQA-v0", env_kwargs: dict[str, Any] | None = None, episodes: int = 200,
+               seed: int = 0, include_corpus: bool = False) -> list[str]:
+    """Observations and actions of ``episodes`` oracle trajectories (seeds ``seed..``), the tokenizer's
+    training text. ``include_corpus`` adds every corpus document (full coverage of entity names)."""
+    import gymnasium as gym
+
+    import memenv  # noqa: F401 - registers the envs
+    from agents.scripted import make_strategy
+
+    env = gym.make(env_id, **(env_kwargs or {}))
+    policy = make_strategy("oracle", env_id)
+    texts: list[str] = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        policy.reset(env.unwrapped)
+        while True:
+            action = policy.act(obs)
+            texts += [obs, action]
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+    if include_corpus:
+        texts += [f"(Title: {d.title}) {d.text}" for d in getattr(env.unwrapped, "documents", ())]
+    env.close()
+    return texts
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096, *, min_frequency: int = 2,
+                    byte_alphabet: bool = True, extra_tokens: Iterable[str] = ()):
+    """A byte-level BPE tokenizer trained on ``texts``, as a ``PreTrainedTokenizerFast``.
+
+    Ids: ``<pad>`` 0, ``<eos>`` 1, then the protocol tags (and ``extra_tokens``) as single non-special added
+    tokens, then the byte alphabet and merges. ``byte_alphabet=False`` keeps only characters seen in
+    ``texts`` (for toy vocabularies of a few dozen tokens; unseen characters are then dropped on encode).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tags = list(dict.fromkeys([*PROTOCOL_TAGS, *extra_tokens]))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=int(vocab_size), min_frequency=int(min_frequency), show_progress=False,
+        special_tokens=[PAD_TOKEN, EOS_TOKEN, *tags],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_alphabet else [],
+    )
+    tok.train_from_iterator(list(texts), trainer)
+    # The trainer reserves ids for its special tokens; the protocol tags must stay visible in decoded text,
+    # so they are turned into ordinary (non-special) added tokens.
+    spec = json.loads(tok.to_str())
+    for token in spec["added_tokens"]:
+        if token["content"] in tags:
+            token["special"] = False
+    tok = Tokenizer.from_str(json.dumps(spec))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN,
+                                   clean_up_tokenization_spaces=False, padding_side="left",
+                                   model_max_length=1 << 20)
+
+
+def tiny_config(tokenizer, arch: str = "qwen2", *, hidden_size: int = 128, layers: int = 4, heads: int = 4,
+                kv_heads: int | None = None, intermediate_size: int | None = None, max_positions: int = 2048,
+                rope_theta: float = 10000.0, tie_embeddings: bool = True, **extra: Any):
+    """A small Qwen2 (default) or Llama config sized for ``tokenizer``."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(arch)
+    if cls is None:
+        raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
+    if hidden_size % heads:
+        raise ValueError(f"hidden_size {hidden_size} is not divisible by heads {heads}")
+    return cls(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 3 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+        max_position_embeddings=max_positions, rope_theta=rope_theta, tie_word_embeddings=tie_embeddings,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        attention_dropout=0.0, **extra,
+    )
+
+
+def build_tiny_model(tokenizer, arch: str = "qwen2", *, seed: int = 0, **config_kwargs: Any):
+    """A randomly initialised causal LM (fp32) from :func:`tiny_config`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(tokenizer, arch, **config_kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path:
+    """``save_pretrained`` of model and tokenizer into a temporary sibling folder, then a rename: a reader
+    never sees half a checkpoint. An existing ``path`` is replaced. ``extra_files``: name -> callable(path)
+    writing more files into the folder before the rename (e.g. optimizer state)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, write in (extra_files or {}).items():
+            write(tmp / name)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any = None):
+    """``(model, tokenizer)`` from a local folder (a tiny model of this module or any causal LM checkpoint).
+
+    Never touches the network. ``dtype`` defaults to float32 (token-exact log-probs on CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model checkpoint at {path} (config.json missing)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32,
+                                                 attn_implementation="sdpa")
+    if device is not None:
+        model.to(device)
+    return model, tokenizer
+
+
+def make_tiny(path: str | os.PathLike | None = None, env_id: str = "MemQA-v0",
+              env_kwargs: dict[str, Any] | None = None, *, episodes: int = 200, vocab_size: int = 4096,
+              include_corpus: bool = True, seed: int = 0, arch: str = "qwen2", **config_kwargs: Any):
+    """Tokenizer from the env's task text + a random-init tiny model; saved to ``path`` when given.
+
+    Returns ``(model, tokenizer)``. Tokenizer text comes from seeds ``10**6 + seed ..`` (not the training
+    or evaluation seeds of the trainers)."""
+    texts = task_texts(env_id, env_kwargs, episodes=episodes, seed=10**6 + seed, include_corpus=include_corpus)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    model = build_tiny_model(tokenizer, arch, seed=seed, **config_kwargs)
+    if path is not None:
+        save_pretrained(model, tokenizer, path)
+    return model, tokenizer
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

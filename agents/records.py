@@ -1,0 +1,164 @@
+"""The invocation record of DESIGN.md: one model invocation, exact to the token.
+
+An invocation occupies positions ``0 .. len(prompt_ids) + len(response_ids) - 1``, as when it was sampled
+(:attr:`InvocationRecord.input_ids`). ``action_mask`` and ``memory_mask`` are aligned with ``response_ids``
+(one entry per response token; prompt tokens are never actions): ``action_mask[t] = 1`` for a sampled token
+(every response token of :class:`agents.llm.LLMPolicy`), ``memory_mask[t] = 1`` for a sampled token strictly
+inside ``<memory>…</memory>`` (the tag tokens themselves are 0; an unclosed ``<memory>`` runs to the end of
+the response). :meth:`InvocationRecord.sequence_masks` gives both over the whole sequence.
+
+Masks are computed on ids: when the tags are single tokens (the tiny tokenizers of :mod:`agents.models`) by
+matching ids, otherwise from the character offsets of the decoded ids (decoding, never re-tokenizing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Sequence
+
+
+@dataclass
+class InvocationRecord:
+    episode_id: str
+    turn: int  # 1-based, as in the env snapshot
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]  # behaviour policy: log_softmax(logits / temperature)[token]
+    action_mask: list[int]
+    memory_mask: list[int]
+    reward: float = 0.0  # env reward of this step (the final F1 on the answering step of MemQA)
+    done: bool = False  # last invocation of its episode (terminated or truncated)
+    terminated: bool = False
+    episode_return: float = 0.0  # sum of the episode's rewards, known once the episode ended
+    return_to_go: float = 0.0  # sum_{k>=0} gamma^k r_{turn+k}, over invocations (gamma of the rollout)
+    advantage: float | None = None  # sequence-level advantage (GRPO: the trajectory's group-normalised one)
+    token_advantages: list[float] | None = None  # per response token (PPO GAE; or GRPO broadcast)
+    token_returns: list[float] | None = None  # per response token value targets (PPO)
+    values: list[float] | None = None  # per response token old values (PPO)
+    temperature: float = 1.0
+    finish_reason: str = ""
+    seed: int | None = None  # the task seed the episode was reset with
+    group: int | None = None  # GRPO group id (episodes sharing a task seed)
+    snapshot: dict[str, Any] = field(default_factory=dict)  # info["invocation"] of the env
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.response_logprobs) != n or len(self.action_mask) != n or len(self.memory_mask) != n:
+            raise ValueError(f"record {self.key}: response_ids ({n}), response_logprobs "
+                             f"({len(self.response_logprobs)}), action_mask ({len(self.action_mask)}) and "
+                             f"memory_mask ({len(self.memory_mask)}) must have the same length")
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.episode_id, self.turn)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return list(self.prompt_ids) + list(self.response_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def sequence_masks(self) -> tuple[list[int], list[int]]:
+        """``(action_mask, memory_mask)`` over ``input_ids`` (0 on the prompt)."""
+        pad = [0] * len(self.prompt_ids)
+        return pad + list(self.action_mask), pad + list(self.memory_mask)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "InvocationRecord":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _tag_ids(tokenizer, tag: str) -> int | None:
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 and tokenizer.decode(ids) == tag else None
+
+
+def memory_mask(response_ids: Sequence[int], tokenizer, open_tag: str = "<memory>",
+                close_tag: str = "</memory>") -> list[int]:
+    """1 for the tokens strictly inside ``open_tag … close_tag`` of ``response_ids`` (see module doc)."""
+    ids = list(response_ids)
+    cache = getattr(tokenizer, "_memenv_tag_ids", None)
+    if cache is None:
+        cache = {}
+        try:
+            tokenizer._memenv_tag_ids = cache
+        except AttributeError:
+            pass
+    if (open_tag, close_tag) not in cache:
+        cache[(open_tag, close_tag)] = (_tag_ids(tokenizer, open_tag), _tag_ids(tokenizer, close_tag))
+    open_id, close_id = cache[(open_tag, close_tag)]
+    mask = [0] * len(ids)
+    if open_id is not None and close_id is not None:
+        inside = False
+        for i, t in enumerate(ids):
+            if t == open_id and not inside:
+                inside = True
+            elif t == close_id and inside:
+                inside = False
+            elif inside:
+                mask[i] = 1
+        return mask
+    # Multi-token tags: character spans of each token from decoding growing prefixes of the ids.
+    ends, prev = [], 0
+    for i in range(len(ids)):
+        prev = max(prev, len(tokenizer.decode(ids[:i + 1], skip_special_tokens=False)))
+        ends.append(prev)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    spans, pos = [], 0
+    while True:
+        a = text.find(open_tag, pos)
+        if a < 0:
+            break
+        b = text.find(close_tag, a + len(open_tag))
+        spans.append((a + len(open_tag), len(text) if b < 0 else b))
+        if b < 0:
+            break
+        pos = b + len(close_tag)
+    start = 0
+    for i, end in enumerate(ends):
+        if any(start < hi and end > lo for lo, hi in spans):
+            mask[i] = 1
+        start = end
+    return mask
+
+
+def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -> None:
+    """JSON lines, one record a line (written atomically)."""
+    from agents.bench import write_atomic
+    from pathlib import Path
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for r in records:
+                fh.write(json.dumps(r.to_dict(), default=_json_default) + "\n")
+
+    write_atomic(Path(path), write)
+
+
+def load_records(path: str | os.PathLike) -> list[InvocationRecord]:
+    with open(path, encoding="utf-8") as fh:
+        return [InvocationRecord.from_dict(json.loads(line)) for line in fh if line.strip()]
+
+
+def _json_default(value: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    return repr(value)

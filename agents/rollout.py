@@ -1,0 +1,256 @@
+"""Rollouts of an LLM policy over several envs at once, joined into invocation records.
+
+At each step the observations of every active env go through one batched ``policy.generate`` call; the
+generation of env i is stored under the key ``(episode_id, turn)`` it is about to produce, then joined with the
+snapshot that ``env.step`` returns in ``info["invocation"]`` (same key) into an :class:`InvocationRecord`.
+Envs without snapshots (toy envs) get a minimal one.
+
+``envs`` is a list of envs (each takes the next task seed as soon as it is free) or a Gymnasium vector env
+(``SyncVectorEnv``/``AsyncVectorEnv``; autoreset modes NEXT_STEP and SAME_STEP): it is reset with ``num_envs`` seeds per round and
+each sub-env contributes its first episode of the round; after a sub-env's episode ends, its later steps
+(autoreset, filler actions) are ignored.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from agents.records import InvocationRecord, memory_mask
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    seed: int | None
+    records: list[InvocationRecord]
+    info: dict[str, Any] = field(default_factory=dict)  # info["episode"] without the snapshots
+    group: int | None = None
+
+    @property
+    def reward(self) -> float:
+        """Undiscounted return (MemQA: the final F1; minus invalid-action penalties if any)."""
+        return float(sum(r.reward for r in self.records))
+
+    @property
+    def f1(self) -> float:
+        return float(self.info.get("f1", self.reward))
+
+    @property
+    def turns(self) -> int:
+        return len(self.records)
+
+
+def _py(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_py(v) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {k: _py(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_py(v) for v in value)
+    return value
+
+
+def unbatch_info(info: dict[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s info out of a Gymnasium vector-env info dict (keys with their ``_key`` masks)."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_"):
+            continue
+        mask = info.get("_" + key)
+        if mask is not None and not bool(mask[i]):
+            continue
+        if isinstance(value, dict):
+            out[key] = unbatch_info(value, i)
+        elif isinstance(value, np.ndarray):
+            out[key] = _py(value[i])
+        else:
+            out[key] = _py(value[i]) if isinstance(value, (list, tuple)) else value
+    return out
+
+
+def _finish(records: list[InvocationRecord], gamma: float, terminated: bool) -> None:
+    total = float(sum(r.reward for r in records))
+    running = 0.0
+    for r in reversed(records):
+        running = r.reward + gamma * running
+        r.return_to_go = running
+        r.episode_return = total
+    if records:
+        records[-1].done = True
+        records[-1].terminated = terminated
+
+
+class _Slot:
+    """Bookkeeping of one env's current episode."""
+
+    def __init__(self, seed: int | None, group: int | None, episode_id: str) -> None:
+        self.seed, self.group, self.episode_id = seed, group, episode_id
+        self.turn = 0
+        self.records: list[InvocationRecord] = []
+
+
+def _make_record(gen, key: tuple[str, int], snapshot: dict[str, Any], reward: float, tokenizer, slot: _Slot):
+    if snapshot.get("episode_id", key[0]) != key[0] or snapshot.get("turn", key[1]) != key[1]:
+        raise RuntimeError(f"snapshot {(snapshot.get('episode_id'), snapshot.get('turn'))} does not match the "
+                           f"invocation {key}: the env and the rollout disagree on the episode")
+    return InvocationRecord(
+        episode_id=key[0], turn=key[1], prompt_ids=list(gen.prompt_ids), response_ids=list(gen.response_ids),
+        response_logprobs=list(gen.response_logprobs), action_mask=[1] * len(gen.response_ids),
+        memory_mask=memory_mask(gen.response_ids, tokenizer), reward=float(reward),
+        temperature=gen.temperature, finish_reason=gen.finish_reason, seed=slot.seed, group=slot.group,
+        snapshot=snapshot,
+    )
+
+
+def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
+    return {"episode_id": key[0], "turn": key[1], "observation": observation, "action": action,
+            "reward": float(reward)}
+
+
+def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
+            gamma: float = 1.0, progress: bool = False) -> list[Episode]:
+    """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.LLMPolicy`) and return
+    them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
+
+    ``groups[i]`` tags episode i (GRPO groups); ``gamma`` discounts ``return_to_go`` over invocations.
+    """
+    groups = list(groups) if groups is not None else [None] * len(seeds)
+    if len(groups) != len(seeds):
+        raise ValueError("groups must have one entry per seed")
+    import gymnasium as gym
+
+    if isinstance(envs, gym.vector.VectorEnv):
+        return _rollout_vector(policy, envs, list(seeds), groups, gamma, progress)
+    return _rollout_list(policy, list(envs), list(seeds), groups, gamma, progress)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="rollout", unit="ep", disable=not enabled, leave=False)
+
+
+def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: bool) -> list[Episode]:
+    if not envs:
+        raise ValueError("rollout needs at least one env")
+    queue = iter(enumerate(zip(seeds, groups)))
+    slots: list[_Slot | None] = [None] * len(envs)
+    observations: list[str | None] = [None] * len(envs)
+    order: dict[int, int] = {}  # env index -> episode index in seeds
+    results: list[Episode | None] = [None] * len(seeds)
+    counter = itertools.count()
+    bar = _progress(len(seeds), progress)
+
+    def start(e: int) -> bool:
+        nxt = next(queue, None)
+        if nxt is None:
+            slots[e] = None
+            return False
+        index, (seed, group) = nxt
+        obs, info = envs[e].reset(seed=seed)
+        episode_id = str(info.get("episode_id") or f"ep{seed}-{next(counter)}")
+        slots[e], observations[e], order[e] = _Slot(seed, group, episode_id), obs, index
+        return True
+
+    for e in range(len(envs)):
+        start(e)
+    while any(s is not None for s in slots):
+        active = [e for e, s in enumerate(slots) if s is not None]
+        gens = policy.generate([observations[e] for e in active])
+        pending = {}
+        for e, gen in zip(active, gens):
+            slot = slots[e]
+            slot.turn += 1
+            pending[(slot.episode_id, slot.turn)] = gen
+        for e in active:
+            slot = slots[e]
+            key = (slot.episode_id, slot.turn)
+            gen = pending.pop(key)
+            obs, reward, terminated, truncated, info = envs[e].step(gen.text)
+            snapshot = info.get("invocation")
+            if snapshot is None:
+                snapshot = _minimal_snapshot(key, observations[e], gen.text, reward)
+            record = _make_record(gen, (str(snapshot.get("episode_id", key[0])), int(snapshot.get("turn", key[1]))),
+                                  snapshot, reward, policy.tokenizer, slot)
+            slot.records.append(record)
+            observations[e] = obs
+            if terminated or truncated:
+                _finish(slot.records, gamma, bool(terminated))
+                episode_info = {k: v for k, v in (info.get("episode") or {}).items() if k != "snapshots"}
+                results[order[e]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
+                bar.update(1)
+                start(e)
+    bar.close()
+    return [r for r in results if r is not None]
+
+
+def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progress: bool) -> list[Episode]:
+    n = venv.num_envs
+    results: dict[int, Episode] = {}
+    bar = _progress(len(seeds), progress)
+    counter = itertools.count()
+    for start in range(0, len(seeds), n):
+        chunk = list(range(start, min(start + n, len(seeds))))
+        # Sub-envs beyond the chunk run a throw-away episode (seeded after the chunk's last seed).
+        round_seeds = [seeds[i] for i in chunk]
+        filler = [None if round_seeds[-1] is None else int(round_seeds[-1]) + 1 + k for k in range(n - len(chunk))]
+        obs, info = venv.reset(seed=round_seeds + filler)
+        slots: list[_Slot | None] = []
+        for k in range(n):
+            if k < len(chunk):
+                eid = unbatch_info(info, k).get("episode_id") or f"ep{seeds[chunk[k]]}-{next(counter)}"
+                slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid)))
+            else:
+                slots.append(None)
+        observations = list(obs)
+        while any(s is not None for s in slots):
+            active = [k for k, s in enumerate(slots) if s is not None]
+            gens = dict(zip(active, policy.generate([observations[k] for k in active])))
+            actions = []
+            for k in range(n):
+                if k in gens:
+                    slots[k].turn += 1
+                    actions.append(gens[k].text)
+                else:
+                    actions.append("")  # finished or filler sub-env: its steps are ignored
+            obs, rewards, terms, truncs, info = venv.step(actions)
+            for k in active:
+                slot, gen = slots[k], gens[k]
+                key = (slot.episode_id, slot.turn)
+                env_info = unbatch_info(info, k)
+                snapshot = env_info.get("invocation") or _minimal_snapshot(key, observations[k], gen.text, rewards[k])
+                slot.records.append(_make_record(gen, key, snapshot, float(rewards[k]), policy.tokenizer, slot))
+                if terms[k] or truncs[k]:
+                    _finish(slot.records, gamma, bool(terms[k]))
+                    episode_info = env_info.get("episode")
+                    if episode_info is None and "final_info" in info:  # SAME_STEP autoreset
+                        episode_info = unbatch_info(info["final_info"], k).get("episode")
+                    episode_info = {k2: v for k2, v in (episode_info or {}).items() if k2 != "snapshots"}
+                    results[chunk[k]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
+                    bar.update(1)
+                    slots[k] = None
+            observations = list(obs)
+    bar.close()
+    return [results[i] for i in sorted(results)]
+
+
+def records_of(episodes: Iterable[Episode]) -> list[InvocationRecord]:
+    return [r for ep in episodes for r in ep.records]
+
+
+def evaluate(policy, envs, seeds: Sequence[int], progress: bool = False) -> dict[str, float]:
+    """Mean F1 / EM / reward / turns / invalid rate over one episode per seed."""
+    episodes = rollout(policy, envs, seeds, progress=progress)
+    f1 = [ep.f1 for ep in episodes]
+    em = [float(ep.info.get("em", ep.reward >= 1.0)) for ep in episodes]
+    invalid = sum(int(ep.info.get("invalid_actions", 0)) for ep in episodes)
+    turns = sum(ep.turns for ep in episodes)
+    return {"f1": float(np.mean(f1)), "em": float(np.mean(em)), "reward": float(np.mean([e.reward for e in episodes])),
+            "turns": turns / max(1, len(episodes)), "invalid_rate": invalid / max(1, turns),
+            "answered": float(np.mean([bool(ep.info.get("answered", True)) for ep in episodes]))}

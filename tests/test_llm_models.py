@@ -1,0 +1,39 @@
+"""Tiny models without a hub: tokenizer from task text, Qwen2/Llama configs, save/load round trip."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
+
+from agents.models import PROTOCOL_TAGS, load_pretrained, save_pretrained  # noqa: E402
+
+
+def test_tokenizer_is_lossless_and_tags_are_single_tokens():
+    tok = memqa_tokenizer()
+    text = "<memory>Wigei: Wigei is a city in Wubuxora.\nÜber ☃</memory><search>Wubuxora</search>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    for tag in PROTOCOL_TAGS:
+        tag_ids = tok.encode(tag, add_special_tokens=False)
+        assert len(tag_ids) == 1 and tok.decode(tag_ids, skip_special_tokens=True) == tag
+    assert tok.pad_token_id == 0 and tok.eos_token_id == 1
+    assert tok.decode([tok.eos_token_id], skip_special_tokens=True) == ""
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_save_load_round_trip(tmp_path, arch):
+    tok = memqa_tokenizer()
+    model = tiny_model(tok, arch=arch)
+    path = save_pretrained(model, tok, tmp_path / "m")
+    save_pretrained(model, tok, path)  # replacing an existing checkpoint works
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    loaded, tok2 = load_pretrained(path)
+    assert loaded.config.model_type == arch
+    ids = torch.tensor([tok.encode("<task>Question 1: What is the capital of Wigei?</task>")])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    text = "<memory>a b</memory><answer>c; d</answer>"
+    assert tok2.encode(text) == tok.encode(text)
+    assert tok2.decode(tok2.encode(text)) == text
