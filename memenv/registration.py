@@ -20,6 +20,11 @@ ENVIRONMENTS: dict[str, tuple[str, dict]] = {
     "MemQA-N4-v0": ("memenv.memqa:MemQAEnv", {"objectives": 4}),
     "MemQA-N8-v0": ("memenv.memqa:MemQAEnv", {"objectives": 8}),
     "MemQA-N16-v0": ("memenv.memqa:MemQAEnv", {"objectives": 16}),
+    # Long-document reading (MemAgent style): chunks of a document with buried gold paragraphs.
+    "MemRead-v0": ("memenv.memread:MemReadEnv", {}),
+    # Long conversations (LoCoMo/BEAM style): sessions read one by one, then questions from memory.
+    "MemDialog-v0": ("memenv.memdialog:MemDialogEnv", {}),
+    "MemDialog-LoCoMo-v0": ("memenv.memdialog:MemDialogEnv", {"dataset": "locomo", "questions": 10}),
 }
 
 

@@ -1,0 +1,329 @@
+"""MemDialog: a long multi-session conversation read session by session, then questions answered from memory.
+
+Task sources: a seeded synthetic conversation per episode (default; :mod:`tasks.conversations`, question types
+single-hop, multi-hop, temporal, knowledge-update, abstention) or the LoCoMo file (``data_path=``; one of its
+10 conversations per episode, drawn with ``np_random`` unless ``conversation=`` fixes it).
+
+Turns (context mode ``memory``)::
+
+    turn i (1..S)      observation: task + memory + "[session i/S, DATE]" and the session's turns "Speaker: text"
+                       action: <memory>...</memory>
+    turn S+j (1..Q)    observation: task + memory + "[question j/Q]" and question j
+                       action: [<memory>...</memory>]<answer>...</answer>    (one answer, to question j)
+
+Questions are asked one per turn (so an episode with many questions never needs one giant answer); the
+memory may still be rewritten while answering (omitted: unchanged). With ``questions_upfront=True`` (default)
+the task block lists every question from the start, as MemAgent shows its question while reading; with
+``False`` the reader learns them only after the last session (the LoCoMo/BEAM memory-probing setting).
+
+In the ``history``, ``window:K`` and ``none`` modes the memory is not shown: an empty action (or a lone
+``<think>``) reads the next session. An invalid action repeats the same session or question with a notice;
+the turn is used. The turn limit defaults to ``2 * (sessions + questions)``; unanswered questions score 0.
+
+Scoring: SQuAD F1/EM against the gold answers; on an abstention question (synthetic ``abstention``, LoCoMo
+category 5) any answer that abstains scores 1.0 (it contains "not mentioned" or "no information available",
+see :data:`tasks.conversations.ABSTENTION_ANSWER`). Reward at the end: mean F1 over the questions.
+``info["episode"]`` adds ``f1_by_type``/``em_by_type``/``count_by_type`` per question type.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+from memenv.base import MemEnvBase, sanitize
+from memenv.context import TokenCounter
+from memenv.memread import blank_action
+from memenv.protocol import parse_action
+from memenv.scoring import best_em_f1
+from tasks.conversations import (
+    ABSTENTION_ANSWER,
+    Conversation,
+    generate_conversation,
+    is_abstention_answer,
+    sample_questions,
+)
+from tasks.types import Question
+
+__all__ = ["MemDialogEnv", "score_answer"]
+
+INSTRUCTIONS = {
+    True: (
+        "You are reading a long conversation between {a} and {b}, one session at a time. You will not see a "
+        "session again: after each session, rewrite your memory inside <memory>...</memory> (at most {budget}); "
+        "it is all you keep. After the last session you will be asked {n} question(s), one at a time; answer each "
+        "with <memory>...</memory><answer>...</answer>. If the conversation does not contain the answer, answer "
+        "\"{abstain}\"."
+    ),
+    False: (
+        "You are reading a long conversation between {a} and {b}, one session at a time. Reply with an empty "
+        "action (or <think>...</think>) to read the next session. After the last session you will be asked {n} "
+        "question(s), one at a time; answer each with <answer>...</answer>. If the conversation does not contain "
+        "the answer, answer \"{abstain}\"."
+    ),
+}
+
+
+def score_answer(prediction: str | None, question: Question) -> tuple[float, float]:
+    """``(em, f1)`` of one prediction (see the module docstring for abstention questions)."""
+    prediction = prediction or ""
+    if question.meta.get("abstention"):
+        if is_abstention_answer(prediction):
+            return 1.0, 1.0
+        others = [a for a in question.answers if a != ABSTENTION_ANSWER]
+        return best_em_f1(prediction, others) if others else (0.0, 0.0)
+    return best_em_f1(prediction, question.answers)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_locomo(path: str, mtime: float) -> tuple[Conversation, ...]:
+    from tasks.locomo import load_locomo
+
+    return tuple(load_locomo(path))
+
+
+class MemDialogEnv(MemEnvBase):
+    """Long-conversation memory (LoCoMo/BEAM style) with explicit memory rewrites.
+
+    Args:
+        questions: questions per episode (``None``: every question of the conversation). Synthetic questions
+            are drawn stratified by type, so 5 covers all five types.
+        sessions: synthetic: sessions per conversation (default 8); LoCoMo: keep only the first ``sessions``
+            sessions and the questions whose evidence lies in them (default: all).
+        turns_per_session: synthetic: dialogue turns per session (at least; more when a session has a lot to say).
+        dataset: ``synthetic`` or ``locomo`` (implied by ``data_path``).
+        data_path: the LoCoMo JSON file.
+        conversation: LoCoMo: a fixed conversation index (default: drawn with ``np_random`` at each reset).
+        question_types: keep only questions of these types (e.g. ``("single-hop", "temporal")``).
+        questions_upfront: list the questions in the task block while reading (default) or only after.
+        memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
+        max_turns: turn limit (default ``2 * (sessions + questions)``, per episode).
+        keep_snapshots: keep every invocation snapshot for ``info["episode"]["snapshots"]``.
+        context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
+    """
+
+    def __init__(
+        self,
+        questions: int | None = 5,
+        sessions: int | None = None,
+        *,
+        turns_per_session: int = 20,
+        dataset: str = "synthetic",
+        data_path: str | os.PathLike | None = None,
+        conversation: int | None = None,
+        question_types: tuple[str, ...] | list[str] | None = None,
+        questions_upfront: bool = True,
+        max_turns: int | None = None,
+        context: str = "memory",
+        context_budget: int | None = None,
+        token_counter: TokenCounter | None = None,
+        memory_budget: int | None = 256,
+        invalid_penalty: float = 0.0,
+        keep_snapshots: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
+                         memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
+        if questions is not None and (not isinstance(questions, int) or isinstance(questions, bool) or questions < 1):
+            raise ValueError(f"questions must be a positive int or None, got {questions!r}")
+        if sessions is not None and (not isinstance(sessions, int) or sessions < 1):
+            raise ValueError(f"sessions must be a positive int or None, got {sessions!r}")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        if dataset not in ("synthetic", "locomo"):
+            raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'locomo'")
+        self.n_questions = questions
+        self.question_types = None if question_types is None else tuple(question_types)
+        self.questions_upfront = bool(questions_upfront)
+        self.keep_snapshots = bool(keep_snapshots)
+        self._max_turns_arg = max_turns
+        self.conversations: tuple[Conversation, ...] = ()
+        if data_path is not None or dataset == "locomo":
+            if data_path is None:
+                raise ValueError("MemDialog-LoCoMo-v0 needs data_path= (the LoCoMo JSON file), e.g. "
+                                 "gym.make('MemDialog-LoCoMo-v0', data_path='../shared/data/locomo/locomo10.json')")
+            path = os.fspath(data_path)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"LoCoMo data file not found: {path}")
+            self.conversations = _load_locomo(path, os.path.getmtime(path))
+            if conversation is not None and not 0 <= conversation < len(self.conversations):
+                raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")
+            self.dataset = "locomo"
+            self.sessions = sessions
+        else:
+            if conversation is not None:
+                raise ValueError("conversation= selects a LoCoMo conversation; it needs data_path=")
+            self.dataset = "synthetic"
+            self.sessions = 8 if sessions is None else sessions
+            if self.sessions < 2:
+                raise ValueError(f"a synthetic conversation needs sessions >= 2, got {sessions!r}")
+            if not isinstance(turns_per_session, int) or turns_per_session < 4:
+                raise ValueError(f"turns_per_session must be an int >= 4, got {turns_per_session!r}")
+        self.turns_per_session = turns_per_session
+        self.conversation_index = conversation
+        self.conversation: Conversation | None = None
+        self.questions: list[Question] = []
+        self.max_turns = max_turns or 0
+        self._session = 0
+        self._question = 0
+        self._task_text = ""
+        self._answers: list[str] = []
+        self._scores: list[tuple[float, float]] = []
+
+    # ------------------------------------------------------------------ text
+    def _task_block(self) -> str:
+        return self._task_text
+
+    @property
+    def n_sessions(self) -> int:
+        return 0 if self.conversation is None else len(self.conversation.sessions)
+
+    @property
+    def reading(self) -> bool:
+        """Whether a session is being shown (``False`` once the questions are asked)."""
+        return self._session < self.n_sessions
+
+    def session_text(self, i: int) -> str:
+        """The dialogue of session ``i`` (0-based): one ``Speaker: text`` line per turn."""
+        session = self.conversation.sessions[i]
+        if not session.turns:
+            return "(no dialogue in this session)"
+        return "\n".join(sanitize(t.render()) for t in session.turns)
+
+    def _information_block(self, notice: str | None = None) -> str:
+        tail = f"\n[{notice}]" if notice else ""
+        if self.reading:
+            session = self.conversation.sessions[self._session]
+            head = f"[session {self._session + 1}/{self.n_sessions}, {sanitize(session.date)}]"
+            return f"<information>{head}{tail}\n{self.session_text(self._session)}\n</information>"
+        if self._question >= len(self.questions):
+            return "<information>[all questions answered]\n</information>"
+        question = sanitize(self.questions[self._question].question)
+        how = "<memory>...</memory><answer>...</answer>" if self.mode.uses_memory else "<answer>...</answer>"
+        return (f"<information>[question {self._question + 1}/{len(self.questions)}]{tail}\n{question}\n"
+                f"Answer it now with {how}.\n</information>")
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if self.dataset == "locomo":
+            index = self.conversation_index
+            if index is None:
+                index = int(self.np_random.integers(len(self.conversations)))
+            conv = self.conversations[index]
+            if self.sessions is not None:
+                conv = conv.first_sessions(self.sessions)
+        else:
+            conv = generate_conversation(self.np_random, self.sessions, self.turns_per_session)
+        self.conversation = conv
+        self.questions = sample_questions(self.np_random, conv, self.n_questions, self.question_types)
+        self.max_turns = self._max_turns_arg or 2 * (len(conv.sessions) + len(self.questions))
+        budget = "no limit" if self.memory_budget is None else f"{self.memory_budget} tokens"
+        speakers = [sanitize(s) for s in conv.speakers] + ["", ""]
+        lines = [INSTRUCTIONS[self.mode.uses_memory].format(a=speakers[0], b=speakers[1], budget=budget,
+                                                            n=len(self.questions), abstain=ABSTENTION_ANSWER)]
+        if self.questions_upfront:
+            lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
+        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._session = 0
+        self._question = 0
+        self._turn = 0
+        self._answers = [""] * len(self.questions)
+        self._scores = [(0.0, 0.0)] * len(self.questions)
+        self._start_episode(self._information_block())
+        info = {
+            "episode_id": self._episode_id,
+            "conversation_id": conv.id,
+            "questions": [q.question for q in self.questions],
+            "question_ids": [q.id for q in self.questions],
+            "question_types": [q.kind for q in self.questions],
+            "sessions": len(conv.sessions),
+            "max_turns": self.max_turns,
+            "context_tokens": self._obs_tokens,
+        }
+        return self._obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode: call reset() first")
+        memory_before = self._memory
+        shown = ("session", self._session) if self.reading else ("question", self._question)
+        self._turn += 1
+        reward, terminated, extra = 0.0, False, {}
+        memory_cut, tool, tool_input, memory, error = 0, None, None, None, None
+        if not (not self.mode.uses_memory and blank_action(action) and self.reading):
+            parsed = parse_action(action, require_memory=False, tools=("answer",), allow_memory_only=True)
+            error, memory, tool, tool_input = parsed.error, parsed.memory, parsed.tool, parsed.argument
+            if error is None and self.reading and tool == "answer":
+                error = "the questions come after the last session: rewrite your memory with <memory>...</memory>"
+            elif error is None and not self.reading and tool != "answer":
+                error = "answer the question with <answer>...</answer>"
+        valid = error is None
+        if not valid:
+            reward = -self.invalid_penalty
+            notice = f"invalid action, state unchanged: {error}"
+            tool, tool_input, tool_output = None, None, notice
+            information = self._information_block(notice)
+        else:
+            if memory is not None:
+                memory_cut = self._set_memory(memory)
+            if tool == "answer":
+                j = self._question
+                self._answers[j] = tool_input
+                self._scores[j] = score_answer(tool_input, self.questions[j])
+                extra["question_index"] = j
+                extra["answer_f1"] = self._scores[j][1]
+                tool_output = f"answer {j + 1}/{len(self.questions)} recorded"
+                self._question += 1
+                terminated = self._question >= len(self.questions)
+                if terminated:
+                    reward = float(np.mean([f for _, f in self._scores]))
+            else:
+                self._session += 1
+                tool_output = (f"session {self._session + 1}/{self.n_sessions} shown next" if self.reading
+                               else "conversation finished; questions follow")
+            information = self._information_block()
+        truncated = not terminated and self._turn >= self.max_turns
+        snapshot = self._record(
+            action=action, memory_before=memory_before, tool=tool, tool_input=tool_input, tool_output=tool_output,
+            valid=valid, error=error, reward=reward, memory_truncated_tokens=memory_cut,
+            phase=shown[0], index=shown[1], **extra,
+        )
+        if not self.keep_snapshots:
+            self._snapshots.clear()
+        self._advance(information, action if isinstance(action, str) else repr(action))
+        info: dict[str, Any] = {"invocation": snapshot}
+        if terminated or truncated:
+            self._done = True
+            info["episode"] = self._episode_summary(terminated)
+        return self._obs, reward, terminated, truncated, info
+
+    def _episode_summary(self, answered: bool) -> dict[str, Any]:
+        em = [e for e, _ in self._scores]
+        f1 = [f for _, f in self._scores]
+        n = len(self.questions)
+        by_type: dict[str, list[int]] = {}
+        for i, q in enumerate(self.questions):
+            by_type.setdefault(q.kind, []).append(i)
+        return {
+            **self._episode_stats(),
+            "f1": sum(f1) / n, "em": sum(em) / n,
+            "f1_sum": float(sum(f1)), "em_sum": float(sum(em)),
+            "f1_mean": sum(f1) / n, "em_mean": sum(em) / n,
+            "f1_per_objective": f1, "em_per_objective": em,
+            "answers": list(self._answers),
+            "gold": [list(q.answers) for q in self.questions],
+            "questions": [q.question for q in self.questions],
+            "question_types": [q.kind for q in self.questions],
+            "f1_by_type": {k: float(np.mean([f1[i] for i in idx])) for k, idx in by_type.items()},
+            "em_by_type": {k: float(np.mean([em[i] for i in idx])) for k, idx in by_type.items()},
+            "count_by_type": {k: len(idx) for k, idx in by_type.items()},
+            "answered": answered,
+            "questions_answered": self._question,
+            "conversation_id": self.conversation.id,
+            "sessions": self.n_sessions,
+            "sessions_read": min(self._session, self.n_sessions),
+        }

@@ -1,0 +1,284 @@
+"""MemRead: a long document read chunk by chunk, the agent rewriting its memory after each chunk (MemAgent).
+
+One episode: ``objectives`` questions (synthetic world by default, HotpotQA items with ``data_path=``) and a
+long document of about ``doc_tokens`` whitespace tokens in which the questions' gold supporting documents are
+buried among distractor documents (see :mod:`tasks.documents`). The document is streamed: the env keeps a
+plan of paragraph indices and renders one chunk at a time, so its memory use does not grow with the length.
+
+Turns (context mode ``memory``)::
+
+    turn i (1..n)   observation: task + memory + "[chunk i/n]" and the chunk
+                    action: <memory>...</memory>               (next chunk)
+                         or <memory>...</memory><answer>a1; a2</answer>   (answers now, ends the episode)
+    turn n+1        observation: task + memory + "[document finished ...]"
+                    action: [<memory>...</memory>]<answer>a1; a2</answer>
+
+In the ``history``, ``window:K`` and ``none`` modes the memory is not shown and may be omitted: an empty
+action (or a lone ``<think>``) reads the next chunk. An invalid action repeats the same chunk with a notice;
+the turn is used. The turn limit defaults to ``2 * (chunks + 1)``; reaching it without an answer ends the
+episode (truncated) with F1 0. Reward: mean F1 over the questions, at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from memenv.base import MemEnvBase, sanitize
+from memenv.context import TokenCounter
+from memenv.memqa import MemQAEnv, _document_positions, _sanitized_corpus
+from memenv.protocol import parse_action
+from memenv.scoring import score_objectives, split_answers
+from tasks.documents import READ_INSTRUCTIONS, READ_INSTRUCTIONS_NO_MEMORY, DocumentPlan, plan_long_document, token_counts
+from tasks.types import Document, Question
+from tasks.world import World
+
+__all__ = ["MemReadEnv"]
+
+_THINK_ONLY = re.compile(r"\s*(?:<think>.*?</think>)?\s*", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_counts(source: Any) -> tuple[np.ndarray, np.ndarray]:
+    return token_counts(_sanitized_corpus(source))
+
+
+def blank_action(action: Any) -> bool:
+    """Whether ``action`` is empty apart from an optional ``<think>`` block (a "continue" without memory)."""
+    return isinstance(action, str) and _THINK_ONLY.fullmatch(action) is not None
+
+
+class MemReadEnv(MemEnvBase):
+    """Long-document reading with memory rewrites (MemAgent style).
+
+    Args:
+        objectives: questions per episode, answered together as ``<answer>a1; a2; ...</answer>``.
+        hops, comparison_rate, corpus_size, lookalike_rate, distractors, world_seed: the synthetic world and
+            its questions (as in MemQA).
+        data_path, data_limit: a HotpotQA file (official or HF layout) instead of the world; its pooled
+            context paragraphs are the corpus the distractors come from.
+        corpus_path, questions_path: a generic corpus + questions JSONL pair; ``source``: any object with
+            ``documents`` and ``sample_questions(rng, n)``.
+        doc_tokens: length of the long document in whitespace tokens (about 2,000 to 1,000,000 and more).
+        chunk_tokens: tokens per chunk (whole paragraphs are packed; a longer paragraph is split).
+        memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
+        max_turns: turn limit (default ``2 * (chunks + 1)``, per episode).
+        keep_snapshots: keep every invocation snapshot for ``info["episode"]["snapshots"]``; ``False`` keeps
+            none (``info["invocation"]`` is still returned each step), for million-token episodes.
+        context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
+    """
+
+    def __init__(
+        self,
+        objectives: int = 1,
+        hops: int | tuple[int, ...] = 2,
+        *,
+        doc_tokens: int = 8000,
+        chunk_tokens: int = 512,
+        corpus_size: int = 1200,
+        lookalike_rate: float = 0.3,
+        distractors: int = 3,
+        comparison_rate: float = 0.25,
+        world_seed: int = 0,
+        dataset: str = "synthetic",
+        data_path: str | os.PathLike | None = None,
+        data_limit: int | None = None,
+        corpus_path: str | os.PathLike | None = None,
+        questions_path: str | os.PathLike | None = None,
+        source: Any = None,
+        max_turns: int | None = None,
+        context: str = "memory",
+        context_budget: int | None = None,
+        token_counter: TokenCounter | None = None,
+        memory_budget: int | None = 256,
+        invalid_penalty: float = 0.0,
+        keep_snapshots: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
+                         memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
+        if not isinstance(objectives, int) or isinstance(objectives, bool) or objectives < 1:
+            raise ValueError(f"objectives must be a positive int, got {objectives!r}")
+        depths = (hops,) if isinstance(hops, int) else tuple(hops)
+        if not depths or any(not isinstance(h, int) or not 1 <= h <= 6 for h in depths):
+            raise ValueError(f"hops must be an int in 1..6 or a tuple of them, got {hops!r}")
+        if not isinstance(doc_tokens, (int, np.integer)) or doc_tokens < 1:
+            raise ValueError(f"doc_tokens must be a positive int, got {doc_tokens!r}")
+        if not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 16:
+            raise ValueError(f"chunk_tokens must be an int >= 16, got {chunk_tokens!r}")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
+        if data_path is None and dataset == "hotpotqa" and source is None:
+            raise ValueError("a HotpotQA MemRead env needs data_path= (a HotpotQA JSON or JSONL file), e.g. "
+                             "gym.make('MemRead-v0', data_path='../shared/data/hotpotqa/hotpot_dev_distractor_1100.json')")
+        self.objectives = objectives
+        self.hops = depths
+        self.comparison_rate = float(comparison_rate)
+        self.doc_tokens = int(doc_tokens)
+        self.chunk_tokens = int(chunk_tokens)
+        self.keep_snapshots = bool(keep_snapshots)
+        self._max_turns_arg = max_turns
+        self.source = MemQAEnv._resolve_source(dataset, source, data_path, data_limit, corpus_path, questions_path,
+                                               corpus_size, lookalike_rate, distractors, world_seed)
+        self.documents: tuple[Document, ...] = _sanitized_corpus(self.source)
+        self._header_tokens, self._text_tokens = _token_counts(self.source)
+        self.questions: list[Question] = []
+        self.plan: DocumentPlan | None = None
+        self.max_turns = max_turns or 0
+        self._chunk = 0
+        self._task_text = ""
+        self._block = ""
+
+    # ------------------------------------------------------------------ text
+    def _task_block(self) -> str:
+        return self._task_text
+
+    def _instructions(self) -> str:
+        if not self.mode.uses_memory:
+            return READ_INSTRUCTIONS_NO_MEMORY
+        budget = "no limit" if self.memory_budget is None else f"{self.memory_budget} tokens"
+        return READ_INSTRUCTIONS.format(budget=budget)
+
+    @property
+    def n_chunks(self) -> int:
+        return 0 if self.plan is None else self.plan.n_chunks
+
+    @property
+    def reading(self) -> bool:
+        """Whether a chunk is being shown (``False`` once the env asks for the answer)."""
+        return self._chunk < self.n_chunks
+
+    def chunk(self, c: int) -> str:
+        """The text of chunk ``c`` (0-based) of the current episode's document."""
+        if self.plan is None:
+            raise RuntimeError("call reset() first")
+        return self.plan.chunk_text(c, self.documents)
+
+    def iter_chunks(self):
+        """Every chunk of the current document, rendered one at a time (nothing is kept)."""
+        if self.plan is None:
+            raise RuntimeError("call reset() first")
+        return self.plan.iter_chunks(self.documents)
+
+    def document(self, doc_id: str) -> Document:
+        """The corpus document with id ``doc_id`` (as shown to the policy: sanitised text)."""
+        return self.documents[_document_positions(self.source)[doc_id]]
+
+    def _information_block(self, notice: str | None = None) -> str:
+        tail = f"\n[{notice}]" if notice else ""
+        if self.reading:
+            head = f"[chunk {self._chunk + 1}/{self.n_chunks}]"
+            return f"<information>{head}{tail}\n{self.chunk(self._chunk)}\n</information>"
+        head = f"[document finished: all {self.n_chunks} chunks read; turns left: {self.max_turns - self._turn}]"
+        return (f"<information>{head}{tail}\nAnswer now with <answer>answer 1; answer 2; ...</answer>, one answer "
+                "per question, in order.\n</information>")
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if isinstance(self.source, World):
+            self.questions = self.source.sample_questions(self.np_random, self.objectives, self.hops,
+                                                          self.comparison_rate)
+        else:
+            self.questions = self.source.sample_questions(self.np_random, self.objectives)
+        positions = _document_positions(self.source)
+        gold = [positions[d] for q in self.questions for d in q.supporting_ids if d in positions]
+        self.plan = plan_long_document(self.np_random, self._header_tokens, self._text_tokens, gold,
+                                       self.doc_tokens, self.chunk_tokens)
+        self.max_turns = self._max_turns_arg or 2 * (self.plan.n_chunks + 1)
+        lines = [self._instructions()]
+        lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
+        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._chunk = 0
+        self._turn = 0
+        self._block = self._information_block()
+        self._start_episode(self._block)
+        info = {
+            "episode_id": self._episode_id,
+            "questions": [q.question for q in self.questions],
+            "question_ids": [q.id for q in self.questions],
+            "doc_tokens": self.plan.total_tokens,
+            "chunks": self.plan.n_chunks,
+            "chunk_tokens": self.chunk_tokens,
+            "max_turns": self.max_turns,
+            "context_tokens": self._obs_tokens,
+        }
+        return self._obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode: call reset() first")
+        memory_before = self._memory
+        shown_chunk = self._chunk if self.reading else None
+        self._turn += 1
+        reward, terminated, extra = 0.0, False, {}
+        memory_cut, tool, tool_input = 0, None, None
+        answers: list[str] = []
+
+        if not self.mode.uses_memory and blank_action(action):
+            parsed_error, memory, tool = None, None, None
+        else:
+            parsed = parse_action(action, require_memory=False, tools=("answer",), allow_memory_only=True)
+            parsed_error, memory, tool = parsed.error, parsed.memory, parsed.tool
+            tool_input = parsed.argument
+            if parsed_error is None and tool is None and not self.reading:
+                parsed_error = "the document is finished: answer with <answer>answer 1; answer 2; ...</answer>"
+        valid = parsed_error is None
+
+        if not valid:
+            reward = -self.invalid_penalty
+            notice = f"invalid action, state unchanged: {parsed_error}"
+            tool, tool_input = None, None
+            tool_output = notice
+            information = self._information_block(notice)
+        else:
+            if memory is not None:
+                memory_cut = self._set_memory(memory)
+            if tool == "answer":
+                answers = split_answers(tool_input, len(self.questions))
+                scores = score_objectives(answers, [q.answers for q in self.questions])
+                reward = float(scores["f1_mean"])
+                terminated = True
+                extra["scores"] = scores
+                tool_output = f"answers submitted; F1 {reward:.3f}"
+                information = f"<information>[{tool_output}]\n</information>"
+            else:
+                self._chunk += 1
+                tool_output = (f"chunk {self._chunk + 1}/{self.n_chunks} shown next" if self.reading
+                               else "document finished; answer requested")
+                information = self._information_block()
+        truncated = not terminated and self._turn >= self.max_turns
+        snapshot = self._record(
+            action=action, memory_before=memory_before, tool=tool, tool_input=tool_input, tool_output=tool_output,
+            valid=valid, error=parsed_error, reward=reward, memory_truncated_tokens=memory_cut,
+            chunk=shown_chunk, chunks=self.n_chunks, **extra,
+        )
+        if not self.keep_snapshots:
+            self._snapshots.clear()
+        self._advance(information, action if isinstance(action, str) else repr(action))
+        info: dict[str, Any] = {"invocation": snapshot}
+        if terminated or truncated:
+            self._done = True
+            scores = extra.get("scores") or score_objectives([""] * len(self.questions),
+                                                             [q.answers for q in self.questions])
+            info["episode"] = {
+                **self._episode_stats(),
+                "f1": scores["f1_mean"], "em": scores["em_mean"],
+                "f1_sum": scores["f1_sum"], "em_sum": scores["em_sum"],
+                "f1_mean": scores["f1_mean"], "em_mean": scores["em_mean"],
+                "f1_per_objective": list(scores["f1"]), "em_per_objective": list(scores["em"]),
+                "answers": answers,
+                "gold": [list(q.answers) for q in self.questions],
+                "questions": [q.question for q in self.questions],
+                "answered": terminated,
+                "doc_tokens": self.plan.total_tokens,
+                "chunks": self.plan.n_chunks,
+                "chunks_read": min(self._chunk, self.n_chunks),
+                "chunk_tokens": self.chunk_tokens,
+                "gold_chunks": self.plan.gold_chunks,
+            }
+        return self._obs, reward, terminated, truncated, info
