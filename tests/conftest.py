@@ -1,0 +1,153 @@
+"""Shared fixtures: a tiny HotpotQA file, the real HotpotQA dev file (skipped when absent), an episode runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REAL_HOTPOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_1100.json"
+
+# Four items in the official HotpotQA layout; each item's supporting paragraphs are among its own context.
+TINY_HOTPOT = [
+    {
+        "_id": "h1",
+        "question": "In which city was the founder of Velmora Records born?",
+        "answer": "Tarsk",
+        "type": "bridge",
+        "level": "medium",
+        "supporting_facts": [["Velmora Records", 0], ["Ilsa Brandt", 1]],
+        "context": [
+            ["Velmora Records", ["Velmora Records is a label founded by Ilsa Brandt.", " It releases folk music."]],
+            ["Ilsa Brandt", ["Ilsa Brandt is a producer.", " She was born in Tarsk."]],
+            ["Tarsk", ["Tarsk is a river town.", " It hosts a glass fair."]],
+        ],
+    },
+    {
+        "_id": "h2",
+        "question": "Are Quillon Tower and Marrow Bridge both in Ostvale?",
+        "answer": "yes",
+        "type": "comparison",
+        "level": "easy",
+        "supporting_facts": [["Quillon Tower", 0], ["Marrow Bridge", 0]],
+        "context": [
+            ["Quillon Tower", ["Quillon Tower stands in Ostvale."]],
+            ["Marrow Bridge", ["Marrow Bridge crosses the river in Ostvale."]],
+            ["Ostvale", ["Ostvale is a city of bridges."]],
+        ],
+    },
+    {
+        "_id": "h3",
+        "question": "Which instrument does the lead singer of The Gravel Hymns play?",
+        "answer": "the cello",
+        "type": "bridge",
+        "level": "hard",
+        "supporting_facts": [["The Gravel Hymns", 0], ["Oren Vasquez", 0]],
+        "context": [
+            ["The Gravel Hymns", ["The Gravel Hymns are fronted by Oren Vasquez."]],
+            ["Oren Vasquez", ["Oren Vasquez plays the cello on stage.", " He tours every summer."]],
+            ["Cello", ["The cello is a bowed string instrument."]],
+        ],
+    },
+    {
+        "_id": "h4",
+        "question": "What year did the observatory on Mount Keld open?",
+        "answer": "1911",
+        "type": "bridge",
+        "level": "easy",
+        "supporting_facts": [["Keld Observatory", 1]],
+        "context": [
+            ["Keld Observatory", ["Keld Observatory sits on Mount Keld.", " It opened in 1911."]],
+            ["Mount Keld", ["Mount Keld is a peak in the north."]],
+        ],
+    },
+]
+
+
+@pytest.fixture
+def hotpot_path(tmp_path: Path) -> str:
+    """A four-item HotpotQA file (official layout)."""
+    path = tmp_path / "tiny_hotpot.json"
+    path.write_text(json.dumps(TINY_HOTPOT), encoding="utf-8")
+    return str(path)
+
+
+def _tiny_locomo() -> list[dict]:
+    """One LoCoMo sample (official layout): two sessions and twelve questions over categories 1..5."""
+    turns_1 = [
+        {"speaker": "Mara", "dia_id": "D1:1", "text": "I adopted a grey cat called Pepper last week."},
+        {"speaker": "Joel", "dia_id": "D1:2", "text": "Nice! I started learning the violin in March."},
+        {"speaker": "Mara", "dia_id": "D1:3", "text": "I work as a nurse at Linden Hospital.",
+         "blip_caption": "a photo of a hospital"},
+    ]
+    turns_2 = [
+        {"speaker": "Joel", "dia_id": "D2:1", "text": "I moved to Oslo for a new job at a bakery."},
+        {"speaker": "Mara", "dia_id": "D2:2", "text": "Pepper knocked over my plant yesterday."},
+    ]
+    facts = [
+        ("What is the name of Mara's cat?", "Pepper", ["D1:1"], 4),
+        ("Which instrument does Joel play?", "violin", ["D1:2"], 4),
+        ("Where does Mara work?", "Linden Hospital", ["D1:3"], 4),
+        ("Which city did Joel move to?", "Oslo", ["D2:1"], 4),
+        ("When did Joel start the violin?", "March", ["D1:2"], 2),
+        ("What colour is the cat that knocked over the plant?", "grey", ["D1:1", "D2:2"], 1),
+        ("What is Mara's job?", "nurse", ["D1:3"], 4),
+        ("Where does Joel work now?", "a bakery", ["D2:1"], 4),
+        ("Would Mara likely enjoy a hospital drama?", "Likely yes", ["D1:3"], 3),
+        ("What did Pepper knock over?", "my plant", ["D2:2"], 4),
+    ]
+    qa = [{"question": q, "answer": a, "evidence": e, "category": c} for q, a, e, c in facts]
+    qa += [
+        {"question": "What is the name of Joel's dog?", "adversarial_answer": "Pepper", "evidence": [], "category": 5},
+        {"question": "Which instrument does Mara play?", "adversarial_answer": "violin", "evidence": [], "category": 5},
+    ]
+    return [{
+        "sample_id": "tiny-1",
+        "conversation": {
+            "speaker_a": "Mara", "speaker_b": "Joel",
+            "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": turns_1,
+            "session_2_date_time": "10:02 am on 20 May, 2023", "session_2": turns_2,
+        },
+        "qa": qa,
+        "event_summary": {}, "observation": {}, "session_summary": {},
+    }]
+
+
+@pytest.fixture
+def locomo_path(tmp_path: Path) -> str:
+    """A one-conversation LoCoMo file (official layout)."""
+    path = tmp_path / "tiny_locomo.json"
+    path.write_text(json.dumps(_tiny_locomo()), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def data_paths(hotpot_path: str, locomo_path: str) -> dict[str, str]:
+    """Tiny data file per registered ``dataset=`` value that needs one."""
+    return {"hotpotqa": hotpot_path, "locomo": locomo_path}
+
+
+@pytest.fixture
+def real_hotpot() -> str:
+    if not REAL_HOTPOT.exists():
+        pytest.skip(f"real HotpotQA file absent: {REAL_HOTPOT}")
+    return str(REAL_HOTPOT)
+
+
+def _run_episode(env: Any, policy: Any, seed: int) -> tuple[list[dict], dict]:
+    """Roll one episode; returns (the step infos, the final info)."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset(env)
+    infos = []
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        infos.append(info)
+        if terminated or truncated:
+            return infos, info
+
+
+@pytest.fixture
+def run_episode() -> Callable[[Any, Any, int], tuple[list[dict], dict]]:
+    return _run_episode
