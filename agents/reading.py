@@ -288,6 +288,8 @@ _TURN_LINE = re.compile(r"^(?P<speaker>[A-Z][^:\n\[<]{0,59}): (?P<text>.+)$")
 _TURN_SENTENCES = re.compile(r"(?<=[.!?])\s+")
 _DATE = re.compile(r"(\d{1,2}) ([A-Z][a-z]+),? (\d{4})")
 _QUESTION_TASK_LINE = re.compile(r"^Question (\d+): (.*)$", re.MULTILINE)
+_LINE_START = re.compile(r"\s+(?=\[(?!shares )[^\]\n]{1,60}\] [A-Z][^:\n\[\]]{0,59}: )")
+_SPEAKERS = re.compile(r"conversation between (.+?) and (.+?), one session")
 
 
 @dataclass(frozen=True)
@@ -315,9 +317,13 @@ def parse_date(text: str) -> _dt.date | None:
 
 def dated_lines(text: str) -> list[DatedLine]:
     """Every dialogue turn in ``text``, in order: memory lines ``[date] Speaker: text`` and session blocks
-    (a ``[session i/n, date]`` header dates the ``Speaker: text`` lines under it)."""
+    (a ``[session i/n, date]`` header dates the ``Speaker: text`` lines under it).
+
+    Memory lines run together on one line (the env's budget cut joins words with single spaces) are split
+    again at each ``[date] Speaker:`` start.
+    """
     lines, date = [], ""
-    for raw in text.split("\n"):
+    for raw in _LINE_START.sub("\n", text).split("\n"):
         line = raw.strip()
         head = _SESSION_HEAD.search(line)
         if head:
@@ -488,6 +494,12 @@ def _keywords(questions: list[str]) -> set[str]:
     return {w for q in questions for w in tokenize(q)} - {"s"}
 
 
+def _speaker_words(observation: str) -> set[str]:
+    """The speakers' names as tokens (read off the instructions): in every greeting, so not topical."""
+    match = _SPEAKERS.search(observation[: max(0, observation.find("</task>"))])
+    return set(tokenize(f"{match.group(1)} {match.group(2)}")) if match else set()
+
+
 class _DialogPolicy(ScriptedPolicy):
     """Shared MemDialog logic: answer the asked question from the memory (or transcript)."""
 
@@ -543,13 +555,13 @@ class DialogOraclePolicy(_DialogPolicy):
 
 
 class DialogKeepAllPolicy(_DialogPolicy):
-    """Appends every turn that shares a keyword with the questions (every turn when none are shown yet);
-    the env's budget cuts the newest."""
+    """Appends every turn that shares a keyword with the questions (speakers' names aside; every turn when
+    no question is shown yet); the env's budget cuts the newest."""
 
     name = "keep-all"
 
     def _rewrite(self, view: DialogView, observation: str) -> list[DatedLine]:
-        words = _keywords(view.questions)
+        words = _keywords(view.questions) - _speaker_words(observation)
         new = [line for line in view.session_lines if not words or words & set(tokenize(line.text))]
         return list(view.memory) + new
 
@@ -564,15 +576,19 @@ class DialogRelevancePolicy(_DialogPolicy):
     def _rewrite(self, view: DialogView, observation: str) -> list[DatedLine]:
         candidates = list(dict.fromkeys(view.memory + view.session_lines))
         words = _keywords(view.questions)
-        tokens = [set(tokenize(f"{line.speaker} {line.text}")) for line in candidates]
+        speakers = _speaker_words(observation)
         if words:
-            scores = [len(words & t) for t in tokens]
+            # Topical words in what is said (a name someone is greeted with is not topical), plus one when
+            # the speaker is a person the questions ask about.
+            said = [set(tokenize(line.text)) - speakers for line in candidates]
+            by = [bool(set(tokenize(line.speaker)) & words) for line in candidates]
+            scores = [len(words & t) + b for t, b in zip(said, by)]
             bridge = set()
             for line, score in zip(candidates, scores):
                 if score >= 2:
                     bridge |= {w.lower() for w in re.findall(r"\b[A-Z][a-z]+\b", line.text)[1:]}
-            bridge -= words
-            scores = [s + (1 if bridge & t else 0) for s, t in zip(scores, tokens)]
+            bridge -= words | speakers
+            scores = [s + (1 if bridge & t else 0) for s, t in zip(scores, said)]
             threshold = 2
         else:  # questions not shown yet: first-person statements and named people are what memories keep
             scores = [1 + (" I " in f" {line.text} " or "My " in line.text) for line in candidates]

@@ -264,7 +264,7 @@ class MemDialogEnv(MemEnvBase):
         valid = error is None
         if not valid:
             reward = -self.invalid_penalty
-            notice = f"invalid action, state unchanged: {error}"
+            notice = sanitize(f"invalid action, state unchanged: {error}")
             tool, tool_input, tool_output = None, None, notice
             information = self._information_block(notice)
         else:

@@ -231,7 +231,7 @@ class MemReadEnv(MemEnvBase):
 
         if not valid:
             reward = -self.invalid_penalty
-            notice = f"invalid action, state unchanged: {parsed_error}"
+            notice = sanitize(f"invalid action, state unchanged: {parsed_error}")
             tool, tool_input = None, None
             tool_output = notice
             information = self._information_block(notice)
