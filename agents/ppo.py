@@ -1,0 +1,412 @@
+"""PPO and GRPO on invocation records, CleanRL style: one file, one config dataclass, one loop.
+
+Each update: every rank rolls out its own episodes with the current policy (sampling at ``temperature``),
+computes advantages, then runs ``epochs`` x ``num_minibatches`` clipped-surrogate steps on its records. Under
+``torchrun`` the actor(-critic) is wrapped in DDP, so gradients are all-reduced and parameters stay identical.
+Training is one invocation per sequence (memory-aligned: the exact prompt ids of the invocation, positions from
+0); observation (prompt) tokens never get loss.
+
+Credit assignment (how the terminal reward reaches earlier invocations of the same episode):
+
+- **PPO** (value head on the LM's last hidden state): token-level GAE over the *concatenated action tokens of
+  the episode*, in turn order. The env reward of a step is placed on the last token of that invocation; the
+  value after the last action token of invocation k is the value of the first action token of invocation k+1,
+  so the bootstrap crosses invocation boundaries and the final F1 flows back to earlier memory writes and
+  searches. The episode end (answer or turn limit) is terminal: value 0 after it (the remaining turns are part
+  of the observation, so the turn limit is part of the state, not a time-out). ``gamma``/``lam`` are per token.
+- **GRPO** (no value head): each task seed is played ``group_size`` times; a trajectory's advantage is its
+  return minus the group mean, divided by the group std (population std; ``grpo_std_norm=False`` skips the
+  division), broadcast to every action token of every invocation of that trajectory.
+
+Loss per action token, averaged over all action tokens of the minibatch (token-mean):
+``max(-A r, -A clip(r, 1-eps, 1+eps)) + vf_coef * 0.5 * max((V-R)^2, (V_clip-R)^2) - ent_coef * H
++ kl_coef * KL_k3(pi || pi_ref)``, with ``r = exp(logp - logp_behaviour)``; ``logp_behaviour`` are the records'
+``response_logprobs`` (same temperature; token-exact, so ``r == 1`` at the first minibatch) and
+``KL_k3 = exp(ref - logp) - (ref - logp) - 1`` against a frozen copy of the starting model.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from agents.records import InvocationRecord
+from agents.training import (
+    ActorCritic,
+    MetricsLog,
+    RunConfig,
+    Timer,
+    collate,
+    distributed_evaluate,
+    init_distributed,
+    latest_checkpoint,
+    load_or_build_model,
+    load_trainer_state,
+    make_envs,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
+
+
+@dataclass
+class PPOConfig(RunConfig):
+    algo: str = "ppo"  # "ppo" | "grpo"
+    updates: int = 100
+    episodes_per_update: int = 32  # per rank; GRPO: tasks_per_update * group_size
+    group_size: int = 8  # GRPO: episodes per task seed
+    temperature: float = 1.0
+    top_p: float = 1.0
+    epochs: int = 2
+    num_minibatches: int = 4  # per epoch, per rank (the same on every rank: DDP needs equal step counts)
+    lr: float = 1e-4
+    value_lr_mult: float = 10.0  # lr of the value head = lr * value_lr_mult
+    clip: float = 0.2
+    clip_vf: float | None = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    norm_adv: bool = True  # PPO: whiten token advantages over the rank's batch
+    grpo_std_norm: bool = True
+    target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
+    max_seconds: float | None = None
+    eval_every: int = 10
+    save_every: int = 20
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("ppo", "grpo"):
+            raise ValueError(f"algo must be 'ppo' or 'grpo', got {self.algo!r}")
+        if self.algo == "grpo" and (self.group_size < 2 or self.episodes_per_update % self.group_size):
+            raise ValueError("GRPO needs group_size >= 2 dividing episodes_per_update")
+        if self.num_minibatches > self.episodes_per_update:
+            raise ValueError("num_minibatches must not exceed episodes_per_update")
+
+    @property
+    def uses_value(self) -> bool:
+        return self.algo == "ppo"
+
+
+# ---------------------------------------------------------------------- advantage math (pure)
+def gae(rewards: Sequence[float], values: Sequence[float], gamma: float = 1.0, lam: float = 0.95,
+        last_value: float = 0.0) -> tuple[list[float], list[float]]:
+    """Generalised advantage estimation over one token sequence; returns ``(advantages, returns)``.
+
+    ``delta_j = r_j + gamma v_{j+1} - v_j`` (``v_T = last_value``), ``A_j = delta_j + gamma lam A_{j+1}``,
+    ``R_j = A_j + v_j``."""
+    n = len(rewards)
+    adv = [0.0] * n
+    running = 0.0
+    for j in reversed(range(n)):
+        next_value = values[j + 1] if j + 1 < n else last_value
+        delta = rewards[j] + gamma * next_value - values[j]
+        running = delta + gamma * lam * running
+        adv[j] = running
+    return adv, [a + v for a, v in zip(adv, values)]
+
+
+def episode_gae(records: Sequence[InvocationRecord], values: Sequence[Sequence[float]], gamma: float = 1.0,
+                lam: float = 0.95) -> None:
+    """PPO credit: GAE over the concatenated action tokens of one episode (records in turn order); the env
+    reward of each invocation sits on its last action token. Sets ``token_advantages``, ``token_returns`` and
+    ``values`` (per response token; non-action tokens get 0 advantage)."""
+    flat_r, flat_v, where = [], [], []
+    for k, (rec, vals) in enumerate(zip(records, values)):
+        action = [t for t, m in enumerate(rec.action_mask) if m]
+        if len(vals) != len(action):
+            raise ValueError(f"record {rec.key}: {len(vals)} values for {len(action)} action tokens")
+        for i, t in enumerate(action):
+            flat_r.append(rec.reward if i == len(action) - 1 else 0.0)
+            flat_v.append(float(vals[i]))
+            where.append((k, t))
+        if not action and rec.reward:  # an empty response still carries its reward to the previous token
+            if flat_r:
+                flat_r[-1] += rec.reward
+    adv, ret = gae(flat_r, flat_v, gamma, lam)
+    for rec in records:
+        n = len(rec.response_ids)
+        rec.token_advantages, rec.token_returns, rec.values = [0.0] * n, [0.0] * n, [0.0] * n
+    for (k, t), a, r, v in zip(where, adv, ret, flat_v):
+        records[k].token_advantages[t] = a
+        records[k].token_returns[t] = r
+        records[k].values[t] = v
+
+
+def group_advantages(returns: Sequence[float], groups: Sequence[Any], std_norm: bool = True,
+                     eps: float = 1e-6) -> list[float]:
+    """GRPO: ``(R_i - mean_g) / (std_g + eps)`` per group g (population std), or ``R_i - mean_g``."""
+    returns = np.asarray(returns, dtype=np.float64)
+    out = np.zeros_like(returns)
+    keys = list(groups)
+    for g in dict.fromkeys(keys):
+        idx = np.array([i for i, k in enumerate(keys) if k == g])
+        centred = returns[idx] - returns[idx].mean()
+        out[idx] = centred / (returns[idx].std() + eps) if std_norm else centred
+    return out.tolist()
+
+
+def grpo_assign(episodes, std_norm: bool = True) -> None:
+    """Trajectory advantage of each episode, broadcast to all action tokens of its invocations."""
+    adv = group_advantages([ep.reward for ep in episodes], [ep.group for ep in episodes], std_norm)
+    for ep, a in zip(episodes, adv):
+        for rec in ep.records:
+            rec.advantage = float(a)
+            rec.token_advantages = [float(a) if m else 0.0 for m in rec.action_mask]
+
+
+def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, clip: float = 0.2,
+             values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
+             returns: torch.Tensor | None = None, clip_vf: float | None = 0.2, vf_coef: float = 0.5,
+             entropy: torch.Tensor | None = None, ent_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
+             kl_coef: float = 0.0) -> dict[str, torch.Tensor]:
+    """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc."""
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+    out = {"pg_loss": pg}
+    loss = pg
+    if values is not None:
+        v_unclipped = (values - returns) ** 2
+        if clip_vf is not None:
+            v_clipped = (old_values + (values - old_values).clamp(-clip_vf, clip_vf) - returns) ** 2
+            v_loss = 0.5 * torch.max(v_unclipped, v_clipped).mean()
+        else:
+            v_loss = 0.5 * v_unclipped.mean()
+        out["v_loss"] = v_loss
+        loss = loss + vf_coef * v_loss
+    if entropy is not None:
+        out["entropy"] = entropy.mean()
+        loss = loss - ent_coef * out["entropy"]
+    if ref_logp is not None:
+        d = ref_logp - logp
+        out["kl_ref"] = (d.exp() - d - 1).mean()
+        loss = loss + kl_coef * out["kl_ref"]
+    with torch.no_grad():
+        out["approx_kl"] = ((ratio - 1) - log_ratio).mean()
+        out["clipfrac"] = ((ratio - 1).abs() > clip).float().mean()
+    out["loss"] = loss
+    return out
+
+
+# ---------------------------------------------------------------------- trainer
+def _flat(records: Sequence[InvocationRecord], name: str) -> torch.Tensor:
+    return torch.tensor([v for r in records for v, m in zip(getattr(r, name), r.action_mask) if m],
+                        dtype=torch.float32)
+
+
+def _batch(records, pad_id, device):
+    return collate([(r.prompt_ids, r.response_ids) for r in records], pad_id,
+                   memory_masks=[r.memory_mask for r in records], action_masks=[r.action_mask for r in records],
+                   device=device)
+
+
+@torch.no_grad()
+def _score(module, records, pad_id, device, temperature, chunk: int = 16, values: bool = True):
+    """Per-record lists of log-probs and values at action tokens (no grad)."""
+    logps, vals = [], []
+    module.eval()
+    for i in range(0, len(records), chunk):
+        part = records[i:i + chunk]
+        b = _batch(part, pad_id, device)
+        logp, _, v = module(**b.inputs(), temperature=temperature)
+        for j in range(len(part)):
+            sel = b.seq_index == j
+            logps.append(logp[sel].tolist())
+            vals.append(v[sel].tolist() if (values and v is not None) else None)
+    module.train()
+    return logps, vals
+
+
+def task_seeds(cfg: PPOConfig, update: int, rank: int) -> tuple[list[int], list[int | None]]:
+    """Training task seeds of one update on one rank (and GRPO group ids). Disjoint from held-out seeds."""
+    rng = np.random.default_rng([cfg.seed, update, rank, 17])
+    if cfg.algo == "grpo":
+        tasks = rng.integers(0, 10**6, size=cfg.episodes_per_update // cfg.group_size).tolist()
+        seeds = [t for t in tasks for _ in range(cfg.group_size)]
+        return seeds, [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
+    return rng.integers(0, 10**6, size=cfg.episodes_per_update).tolist(), [None] * cfg.episodes_per_update
+
+
+def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[str, Any]:
+    """PPO or GRPO (``cfg.algo``); returns the last metrics row. Runs unchanged under torchrun.
+
+    ``model``/``tokenizer``: an in-memory start (else ``cfg.model`` or a fresh tiny model); ``env_fn``: a
+    callable making one env (else ``gym.make(cfg.env_id, **cfg.env_kwargs)``)."""
+    from tqdm.auto import tqdm
+
+    from agents.llm import LLMPolicy
+    from agents.rollout import records_of, rollout
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dist = init_distributed()
+    out = Path(cfg.out_dir)
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.to_json())
+    seed_everything(cfg.seed)
+    resume_from = latest_checkpoint(out) if cfg.resume else None
+    start_lm = model
+    if model is not None and resume_from is None:
+        lm, tok = model.to(dist.device), tokenizer
+    else:
+        lm, tok = load_or_build_model(cfg, dist, resume_from)
+    model = ActorCritic(lm, value_head=cfg.uses_value).to(dist.device)
+    ref = None
+    if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
+        if start_lm is not None:
+            ref_lm = copy.deepcopy(start_lm) if start_lm is not lm else copy.deepcopy(lm)
+        else:
+            ref_lm = copy.deepcopy(lm) if resume_from is None else load_or_build_model(cfg, dist)[0]
+        ref = ActorCritic(ref_lm).to(dist.device).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    head = list(model.value_head.parameters()) if model.value_head is not None else []
+    head_ids = {id(p) for p in head}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in head_ids], "lr": cfg.lr}]
+    if head:
+        groups.append({"params": head, "lr": cfg.lr * cfg.value_lr_mult})
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    if resume_from is not None:
+        state = load_trainer_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        if model.value_head is not None and (resume_from / "value_head.pt").exists():
+            model.value_head.load_state_dict(torch.load(resume_from / "value_head.pt", map_location=dist.device))
+        start = int(state["update"])
+        set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
+    train_model = torch.nn.parallel.DistributedDataParallel(model) if dist.enabled else model
+    policy = LLMPolicy(lm, tok, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                       seed=cfg.seed * 1000 + dist.rank + 7919 * start)
+    greedy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    envs = [env_fn() for _ in range(cfg.num_envs)] if env_fn is not None else make_envs(cfg)
+    log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
+    log.truncate("update", start)
+    pad = tok.pad_token_id
+    temperature = policy.temperature if policy.temperature > 0 else 1.0
+    mb_rng = np.random.default_rng([cfg.seed, dist.rank, start, 23])
+    bar = tqdm(total=cfg.updates, initial=start, desc=cfg.algo, unit="update",
+               disable=not (cfg.progress and dist.main))
+    timer, last = Timer(), {}
+    if start == 0 and cfg.eval_every:
+        last = {"update": 0, "seconds": 0.0, **distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)}
+        log.append(last)
+    update = start
+    for update in range(start, cfg.updates):
+        t0 = Timer()
+        seeds, group_ids = task_seeds(cfg, update, dist.rank)
+        episodes = rollout(policy, envs, seeds, groups=group_ids, gamma=cfg.gamma)
+        records = records_of(episodes)
+        rollout_s = t0()
+        if cfg.uses_value:
+            _, old_values = _score(model, records, pad, dist.device, temperature)
+            k0 = 0
+            for ep in episodes:
+                episode_gae(ep.records, old_values[k0:k0 + len(ep.records)], cfg.gamma, cfg.lam)
+                k0 += len(ep.records)
+        else:
+            grpo_assign(episodes, cfg.grpo_std_norm)
+        ref_logps = _score(ref, records, pad, dist.device, temperature, values=False)[0] if ref is not None else None
+        adv_all = _flat(records, "token_advantages")
+        adv_mean, adv_std = float(adv_all.mean()), float(adv_all.std()) if len(adv_all) > 1 else 1.0
+        stats: dict[str, list[float]] = {}
+        stop_early = False
+        for epoch in range(cfg.epochs):
+            order = mb_rng.permutation(len(records))
+            for part in np.array_split(order, cfg.num_minibatches):
+                mb = [records[i] for i in part]
+                b = _batch(mb, pad, dist.device)
+                logp, ent, values = train_model(**b.inputs(), temperature=temperature,
+                                                entropy=True)
+                adv = _flat(mb, "token_advantages").to(dist.device)
+                if cfg.uses_value and cfg.norm_adv:
+                    adv = (adv - adv_mean) / (adv_std + 1e-8)
+                kw: dict[str, Any] = {}
+                if cfg.uses_value:
+                    kw = {"values": values, "old_values": _flat(mb, "values").to(dist.device),
+                          "returns": _flat(mb, "token_returns").to(dist.device), "clip_vf": cfg.clip_vf,
+                          "vf_coef": cfg.vf_coef}
+                if ref_logps is not None:
+                    kw["ref_logp"] = torch.tensor([v for i in part for v in ref_logps[i]], device=dist.device)
+                    kw["kl_coef"] = cfg.kl_coef
+                losses = ppo_loss(logp, _flat(mb, "response_logprobs").to(dist.device), adv, clip=cfg.clip,
+                                  entropy=ent, ent_coef=cfg.ent_coef, **kw)
+                optimizer.zero_grad(set_to_none=True)
+                losses["loss"].backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                for k, v in losses.items():
+                    stats.setdefault(k, []).append(float(v.detach()))
+                stats.setdefault("grad_norm", []).append(float(grad_norm))
+            if cfg.target_kl is not None:
+                kl = dist.mean({"kl": float(np.mean(stats["approx_kl"][-cfg.num_minibatches:]))})["kl"]
+                if kl > cfg.target_kl:
+                    stop_early = True
+                    break
+        sampled = sum(len(r.response_ids) for r in records)
+        row = {"update": update + 1, "seconds": round(timer(), 2)}
+        row.update(dist.mean({
+            "reward": float(np.mean([ep.reward for ep in episodes])),
+            "f1": float(np.mean([ep.f1 for ep in episodes])),
+            "turns": float(np.mean([ep.turns for ep in episodes])),
+            "invalid_rate": float(sum(ep.info.get("invalid_actions", 0) for ep in episodes) / max(1, len(records))),
+            "response_tokens": sampled / max(1, len(records)),
+            "memory_tokens": sum(sum(r.memory_mask) for r in records) / max(1, len(records)),
+            "adv_mean": adv_mean, "rollout_s": rollout_s, "update_s": t0() - rollout_s,
+            "sampled_tokens_per_s": sampled / max(1e-9, rollout_s),
+            **{k: float(np.mean(v)) for k, v in stats.items()},
+        }))
+        row["early_stop"] = int(stop_early)
+        done = update + 1 == cfg.updates or (cfg.max_seconds is not None and timer() > cfg.max_seconds)
+        if dist.enabled and cfg.max_seconds is not None:
+            done = dist.mean({"d": float(done)})["d"] > 0
+        if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
+            row.update(distributed_evaluate(greedy, envs, cfg.eval_episodes, dist))
+        log.append(row)
+        last = row
+        log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy"],
+                 f"{cfg.algo.upper()} {cfg.env_id} {cfg.env_kwargs}")
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
+        if (update + 1) % cfg.save_every == 0 or done:
+            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model)
+        if done:
+            break
+    bar.close()
+    dist.barrier()
+    return last
+
+
+def _save(cfg, dist, out, update, lm, tok, optimizer, model) -> None:
+    rngs = [rng_state()]
+    if dist.enabled:
+        gathered: list[Any] = [None] * dist.world
+        torch.distributed.all_gather_object(gathered, rng_state())
+        rngs = gathered
+    if dist.main:
+        save_checkpoint(out, update, lm, tok, {"update": update, "optimizer": optimizer.state_dict(), "rng": rngs,
+                                               "config": cfg.to_json(), "algo": cfg.algo},
+                        value_head=model.value_head, keep=cfg.keep_checkpoints)
+    dist.barrier()
+
+
+def param_checksum(module: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes (identical across DDP ranks after synchronised updates)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(module.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+__all__ = ["PPOConfig", "train_rl", "gae", "episode_gae", "group_advantages", "grpo_assign", "ppo_loss",
+           "param_checksum", "task_seeds"]

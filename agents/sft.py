@@ -1,0 +1,177 @@
+"""SFT: behaviour cloning of the oracle, one invocation per sequence, loss on action tokens only.
+
+Demonstrations are the oracle's trajectories (:class:`agents.scripted.OraclePolicy`) on training seeds
+``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
+LLM policy builds it (:meth:`agents.llm.LLMPolicy.encode_prompt`), so SFT and sampling see the same ids.
+Held-out evaluation: greedy rollouts on seeds ``10**7 + i``.
+
+    cfg = SFTConfig(out_dir="runs/sft", steps=2000)
+    train_sft(cfg)                          # or: memenv train --algo sft --out runs/sft --steps 2000
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.training import (
+    ActorCritic,
+    MetricsLog,
+    RunConfig,
+    Timer,
+    collate,
+    distributed_evaluate,
+    init_distributed,
+    latest_checkpoint,
+    load_or_build_model,
+    load_trainer_state,
+    make_envs,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
+
+
+@dataclass
+class SFTConfig(RunConfig):
+    episodes: int = 2000  # oracle demonstrations (task seeds 0..episodes-1)
+    steps: int = 2000
+    batch_size: int = 16  # sequences (invocations) per step and rank
+    lr: float = 1e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    log_every: int = 10
+    max_seconds: float | None = None  # stop (and checkpoint) after this wall time
+
+
+def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
+    """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds``."""
+    from agents.records import memory_mask
+    from agents.scripted import make_strategy
+
+    env = make_envs(cfg, 1)[0]
+    oracle = make_strategy("oracle", cfg.env_id)
+    data = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=int(seed))
+        oracle.reset(env.unwrapped)
+        while True:
+            action = oracle.act(obs)
+            ids = policy.encode_action(action)
+            data.append((policy.encode_prompt(obs), ids, memory_mask(ids, policy.tokenizer)))
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+    env.close()
+    return data
+
+
+def lr_at(step: int, cfg: SFTConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train_sft(cfg: SFTConfig) -> dict[str, Any]:
+    """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
+    from tqdm.auto import tqdm
+
+    from agents.llm import LLMPolicy
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dist = init_distributed()
+    out = Path(cfg.out_dir)
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.to_json())
+    seed_everything(cfg.seed)
+    resume_from = latest_checkpoint(out) if cfg.resume else None
+    lm, tok = load_or_build_model(cfg, dist, resume_from)
+    model = ActorCritic(lm)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    if resume_from is not None:
+        state = load_trainer_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
+    seed_everything(cfg.seed * 1000 + dist.rank + start)  # rank-specific batches, reproducible on resume
+    train_model = model
+    if dist.enabled:
+        train_model = torch.nn.parallel.DistributedDataParallel(model)
+    sampler = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    data = expert_data(sampler, cfg, range(cfg.episodes))
+    envs = make_envs(cfg)
+    log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
+    log.truncate("step", start)
+    rng = np.random.default_rng(cfg.seed * 7919 + dist.rank * 104729 + start)
+    pad = tok.pad_token_id
+    bar = tqdm(total=cfg.steps, initial=start, desc="sft", unit="step", disable=not (cfg.progress and dist.main))
+    timer, tokens, last = Timer(), 0, {}
+    loss_sum = acc_sum = n_sum = 0.0
+    step = start
+    for step in range(start, cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        idx = rng.choice(len(data), size=cfg.batch_size, replace=len(data) < cfg.batch_size)
+        batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device)
+        model.train()
+        logp, _, _ = train_model(**batch.inputs())
+        loss = -logp.mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        tokens += int(batch.attention_mask.sum())
+        loss_sum += float(loss.detach()) * len(logp)
+        acc_sum += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
+        n_sum += len(logp)
+        bar.update(1)
+        done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer() > cfg.max_seconds)
+        if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
+            done = dist.mean({"d": float(done)})["d"] > 0
+        row = None
+        if (step + 1) % cfg.log_every == 0 or done:
+            stats = dist.mean({"loss": loss_sum / max(1, n_sum), "token_acc": acc_sum / max(1, n_sum)})
+            row = {"step": step + 1, "seconds": round(timer(), 2), **stats, "lr": lr_at(step, cfg),
+                   "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
+            loss_sum = acc_sum = n_sum = 0.0
+            bar.set_postfix(loss=f"{stats['loss']:.3f}")
+        if (step + 1) % cfg.eval_every == 0 or done:
+            row = row or {"step": step + 1, "seconds": round(timer(), 2)}
+            row.update(distributed_evaluate(sampler, envs, cfg.eval_episodes, dist))
+            bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
+        if row is not None:
+            log.append(row)
+            last = row
+            log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
+        if (step + 1) % cfg.save_every == 0 or done:
+            _save(cfg, dist, out, step + 1, lm, tok, optimizer)
+        if done:
+            break
+    bar.close()
+    if dist.enabled:
+        dist.barrier()
+    return last
+
+
+def _save(cfg, dist, out, step, lm, tok, optimizer) -> None:
+    from agents.training import Dist  # noqa: F401
+
+    rngs = [rng_state()]
+    if dist.enabled:
+        gathered: list[Any] = [None] * dist.world
+        torch.distributed.all_gather_object(gathered, rng_state())
+        rngs = gathered
+    if dist.main:
+        save_checkpoint(out, step, lm, tok, {"step": step, "optimizer": optimizer.state_dict(), "rng": rngs,
+                                             "config": cfg.to_json(), "algo": "sft"}, keep=cfg.keep_checkpoints)
+    dist.barrier()

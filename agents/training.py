@@ -1,0 +1,389 @@
+"""What the SFT and PPO/GRPO trainers share: the actor(-critic) module, batching of invocations, distributed
+set-up (``torchrun``), atomic checkpoints with resume, ``metrics.csv`` and the learning-curve PNG.
+
+Batching: one invocation per sequence (already memory-aligned, see DESIGN.md), right-padded; the model sees
+``prompt_ids + response_ids`` at positions ``0..n-1``; log-probs, entropies and values are computed only at
+the response (action) positions: the logits of response token t come from the hidden state at position
+``len(prompt) + t - 1``. Observation tokens never get loss.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+# ---------------------------------------------------------------------- seeds
+TOKENIZER_SEED_BASE = 10**6  # agents.models.make_tiny builds the tokenizer from these seeds
+EVAL_SEED_BASE = 10**7  # held-out evaluation episodes: seeds EVAL_SEED_BASE + i
+
+
+# ---------------------------------------------------------------------- configs
+@dataclass
+class RunConfig:
+    """Fields every trainer shares (see the CLI ``memenv train --help``)."""
+
+    env_id: str = "MemQA-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"objectives": 1, "hops": 2})
+    model: str | None = None  # local checkpoint path; None: build a tiny model (tiny_* fields)
+    out_dir: str = "runs/train"
+    seed: int = 0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_episodes: int = 64
+    save_every: int = 100
+    keep_checkpoints: int = 2
+    resume: bool = False
+    max_new_tokens: int = 96
+    num_envs: int = 16
+    threads: int | None = None
+    progress: bool = True
+    tiny_vocab: int = 4096
+    tiny_hidden: int = 128
+    tiny_layers: int = 4
+    tiny_heads: int = 4
+    tiny_arch: str = "qwen2"
+    tiny_tokenizer_episodes: int = 200
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# ---------------------------------------------------------------------- distributed
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of each value (identical on every rank)."""
+        if not self.enabled or not values:
+            return dict(values)
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return {k: float(v) / self.world for k, v in zip(keys, t.tolist())}
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(list(values), dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+
+def init_distributed() -> Dist:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): init the process group (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local_rank, device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------- model wrapper
+class ActorCritic(nn.Module):
+    """A causal LM plus an optional scalar value head, evaluated at action positions only.
+
+    ``forward`` takes a :class:`Batch` and returns log-probs (temperature-scaled, fp32), entropies and
+    values of the action tokens, flattened in batch order. Wrapping this module in DDP synchronises the
+    gradients of both the LM and the value head.
+    """
+
+    def __init__(self, lm: nn.Module, value_head: bool = False) -> None:
+        super().__init__()
+        self.lm = lm
+        hidden = lm.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1) if value_head else None
+        if self.value_head is not None:
+            nn.init.normal_(self.value_head.weight, std=1.0 / hidden)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, rows, cols, targets, temperature: float = 1.0,
+                entropy: bool = False):
+        base = self.lm.base_model
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state
+        h = hidden[rows, cols]  # (N, H): states that predict each action token
+        logits = self.lm.get_output_embeddings()(h).float() / temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets[:, None])[:, 0]
+        ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+        values = self.value_head(h.float() if h.dtype != self.value_head.weight.dtype else h)[:, 0] \
+            if self.value_head is not None else None
+        return logp, ent, values
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    rows: torch.Tensor  # (N,) batch row of each action token
+    cols: torch.Tensor  # (N,) position of the hidden state predicting it
+    targets: torch.Tensor  # (N,) the action token ids
+    memory: torch.Tensor  # (N,) bool: inside <memory>
+    seq_index: torch.Tensor  # (N,) index of the sequence in the list given to collate
+
+    def to(self, device) -> "Batch":
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids, "rows": self.rows, "cols": self.cols, "targets": self.targets}
+
+
+def collate(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
+            memory_masks: Sequence[Sequence[int]] | None = None, action_masks: Sequence[Sequence[int]] | None = None,
+            device=None) -> Batch:
+    """Right-padded batch of ``(prompt_ids, response_ids)``; action tokens are the response tokens whose
+    ``action_mask`` is 1 (all of them by default)."""
+    width = max(len(p) + len(r) for p, r in sequences)
+    n = len(sequences)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    rows, cols, targets, memory, seq_index = [], [], [], [], []
+    for i, (prompt, response) in enumerate(sequences):
+        ids = list(prompt) + list(response)
+        input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[i, :len(ids)] = 1
+        amask = action_masks[i] if action_masks is not None else [1] * len(response)
+        mmask = memory_masks[i] if memory_masks is not None else [0] * len(response)
+        for t, tok in enumerate(response):
+            if amask[t]:
+                rows.append(i)
+                cols.append(len(prompt) + t - 1)
+                targets.append(tok)
+                memory.append(bool(mmask[t]))
+                seq_index.append(i)
+    positions = torch.arange(width, dtype=torch.long).expand(n, width).contiguous()
+    batch = Batch(input_ids, attention, positions, torch.tensor(rows, dtype=torch.long),
+                  torch.tensor(cols, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
+                  torch.tensor(memory, dtype=torch.bool), torch.tensor(seq_index, dtype=torch.long))
+    return batch.to(device) if device is not None else batch
+
+
+# ---------------------------------------------------------------------- checkpoints
+LATEST = "latest"
+
+
+def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state: dict[str, Any],
+                    value_head: nn.Module | None = None, keep: int = 2) -> Path:
+    """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt``
+    (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
+    then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
+    are removed."""
+    from agents.bench import write_atomic
+    from agents.models import save_pretrained
+
+    out_dir = Path(out_dir)
+    extra = {"trainer_state.pt": lambda p: torch.save(state, p)}
+    if value_head is not None:
+        extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)
+    path = save_pretrained(lm, tokenizer, out_dir / f"checkpoint-{step:07d}", extra_files=extra)
+    write_atomic(out_dir / LATEST, lambda tmp: Path(tmp).write_text(path.name + "\n"))
+    old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name)
+    for p in old[:max(0, len(old) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+    return path
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    out_dir = Path(out_dir)
+    pointer = out_dir / LATEST
+    if pointer.exists():
+        path = out_dir / pointer.read_text().strip()
+        if (path / "trainer_state.pt").exists():
+            return path
+    found = sorted(p for p in out_dir.glob("checkpoint-*") if (p / "trainer_state.pt").exists())
+    return found[-1] if found else None
+
+
+def load_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+# ---------------------------------------------------------------------- metrics
+class MetricsLog:
+    """``metrics.csv`` (rewritten atomically on each append: columns may grow) and a learning-curve PNG."""
+
+    def __init__(self, out_dir: str | os.PathLike, enabled: bool = True, resume: bool = False) -> None:
+        self.path = Path(out_dir) / "metrics.csv"
+        self.enabled = enabled
+        self.rows: list[dict[str, Any]] = []
+        if resume and self.path.exists():
+            with open(self.path, newline="") as fh:
+                self.rows = [{k: _num(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+    def truncate(self, key: str, below: float) -> None:
+        """Drop rows logged after the checkpoint we resume from (they will be redone)."""
+        self.rows = [r for r in self.rows if float(r.get(key, 0) or 0) <= below]
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(dict(row))
+        if not self.enabled:
+            return
+        from agents.bench import write_atomic
+
+        columns = list(dict.fromkeys(k for r in self.rows for k in r))
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=columns)
+                writer.writeheader()
+                for r in self.rows:
+                    writer.writerow({k: r.get(k, "") for k in columns})
+
+        write_atomic(self.path, write)
+
+    def plot(self, x: str, ys: Sequence[str], title: str, path: str | os.PathLike | None = None) -> Path | None:
+        if not self.enabled:
+            return None
+        return plot_curves(self.rows, x, ys, title, Path(path) if path else self.path.with_name("learning_curve.png"))
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], x: str, ys: Sequence[str], title: str, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agents.bench import write_atomic
+
+    ys = [y for y in ys if any(_is_num(r.get(y)) for r in rows)]
+    if not ys:
+        return None
+    fig, axes = plt.subplots(1, len(ys), figsize=(4.2 * len(ys), 3.4), squeeze=False)
+    for ax, y in zip(axes[0], ys):
+        pts = [(float(r[x]), float(r[y])) for r in rows if _is_num(r.get(y)) and _is_num(r.get(x))]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None, ms=3)
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return path
+
+
+def _is_num(v: Any) -> bool:
+    if v is None or v == "":
+        return False
+    try:
+        return np.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _num(v: str) -> Any:
+    try:
+        f = float(v)
+        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+    except (TypeError, ValueError):
+        return v
+
+
+# ---------------------------------------------------------------------- model/env setup
+def make_envs(cfg: RunConfig, n: int | None = None):
+    import gymnasium as gym
+
+    import memenv  # noqa: F401
+
+    return [gym.make(cfg.env_id, **cfg.env_kwargs) for _ in range(n or cfg.num_envs)]
+
+
+def load_or_build_model(cfg: RunConfig, dist: Dist, path: str | os.PathLike | None = None):
+    """``(lm, tokenizer)``: from ``path`` / ``cfg.model``, or a fresh tiny model whose tokenizer is trained on
+    the env's oracle text (every rank builds the same one: seeded). Returned in fp32 on ``dist.device``."""
+    from agents.models import load_pretrained, make_tiny
+
+    source = path or cfg.model
+    if source:
+        lm, tok = load_pretrained(source)
+    else:
+        lm, tok = make_tiny(None, cfg.env_id, cfg.env_kwargs, episodes=cfg.tiny_tokenizer_episodes,
+                            vocab_size=cfg.tiny_vocab, seed=cfg.seed, arch=cfg.tiny_arch,
+                            hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads)
+    return lm.to(dist.device), tok
+
+
+def eval_seeds(n: int) -> list[int]:
+    return [EVAL_SEED_BASE + i for i in range(n)]
+
+
+def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
+    """Held-out evaluation (seeds :data:`EVAL_SEED_BASE` + i), sharded over ranks, averaged by episode."""
+    from agents.rollout import rollout
+
+    seeds = eval_seeds(n)[dist.rank::dist.world]
+    episodes = rollout(policy, envs, seeds) if seeds else []
+    turns = sum(ep.turns for ep in episodes)
+    sums = dist.sum([sum(ep.f1 for ep in episodes), sum(float(ep.info.get("em", 0.0)) for ep in episodes),
+                     float(len(episodes)), float(turns),
+                     float(sum(int(ep.info.get("invalid_actions", 0)) for ep in episodes))])
+    count = max(1.0, sums[2])
+    return {"eval_f1": sums[0] / count, "eval_em": sums[1] / count, "eval_turns": sums[3] / count,
+            "eval_invalid_rate": sums[4] / max(1.0, sums[3])}
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start
