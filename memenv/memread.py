@@ -17,6 +17,12 @@ In the ``history``, ``window:K`` and ``none`` modes the memory is not shown and 
 action (or a lone ``<think>``) reads the next chunk. An invalid action repeats the same chunk with a notice;
 the turn is used. The turn limit defaults to ``2 * (chunks + 1)``; reaching it without an answer ends the
 episode (truncated) with F1 0. Reward: mean F1 over the questions, at the end.
+
+Lengths are whitespace tokens (``doc_tokens``, ``chunk_tokens``), whatever ``token_counter`` counts for the
+context and memory budgets. Memory stays flat in ``context="memory"`` (and ``none``) with
+``keep_snapshots=False``; ``history`` keeps the whole transcript by design (and re-renders it each turn, so
+its cost grows with the square of the length). Over the default 1,200-document world, a document longer than
+the corpus (about 80k tokens) repeats distractors; raise ``corpus_size`` for fewer repeats.
 """
 
 from __future__ import annotations
