@@ -140,12 +140,13 @@ class RelevancePolicy(ScriptedPolicy):
                 score = 1 if best >= 2 else 0
             if score:
                 scored.append((-score, order, sentence))
-        lines = [f"Answer {i}: {a}" for i, a in sorted(known.items())]
-        budget = self.memory_budget - sum(len(line.split()) for line in lines)
-        for _, _, sentence in sorted(scored):
-            words = len(sentence.split())
+        # Answer lines first (cheapest progress to keep), then facts, all within the budget.
+        lines, budget = [], self.memory_budget
+        answer_lines = [f"Answer {i}: {a}" for i, a in sorted(known.items())]
+        for line in answer_lines + [sentence for _, _, sentence in sorted(scored)]:
+            words = len(line.split())
             if words <= budget:
-                lines.append(sentence)
+                lines.append(line)
                 budget -= words
         return format_action("\n".join(lines), tool, argument)
 

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 
-from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_left
+from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_right
 
 # Every character a real document or a model may produce, minus control characters and surrogates; text
 # outside it (astral-plane emoji, NUL, ...) is replaced by U+FFFD before it reaches an observation.
@@ -105,15 +105,9 @@ class MemEnvBase(gym.Env):
         """Store a rewritten memory, enforcing ``memory_budget`` (keeps the start); returns tokens cut."""
         memory = sanitize(memory)
         dropped = 0
-        if self.memory_budget is not None and self.count_tokens(memory) > self.memory_budget:
+        if self.memory_budget is not None:
             # Keep the *start* of the memory: the writer decides what comes first.
-            words = memory.split()
-            kept = " ".join(words[: self.memory_budget]) if self.token_counter is None else memory
-            if self.token_counter is not None:
-                while kept and self.count_tokens(kept) > self.memory_budget:
-                    kept = kept.rsplit(None, 1)[0] if " " in kept.strip() else ""
-            dropped = self.count_tokens(memory) - self.count_tokens(kept)
-            memory = kept
+            memory, dropped = truncate_right(memory, self.memory_budget, self.token_counter)
         self._memory = memory
         return dropped
 
@@ -193,8 +187,3 @@ class MemEnvBase(gym.Env):
             lines.append(f"--- last action (turn {last['turn']}, {'valid' if last['valid'] else 'INVALID: ' + str(last['error'])}) ---")
             lines.append(last["action"])
         return "\n".join(lines) + "\n"
-
-    @staticmethod
-    def truncate_memory_text(text: str, budget: int) -> str:
-        """Helper for agents: the end of ``text`` within ``budget`` words."""
-        return truncate_left(text, budget)[0]

@@ -81,6 +81,29 @@ def truncate_left(text: str, budget: int, counter: TokenCounter | None = None) -
     return kept, total - counter(kept)
 
 
+def truncate_right(text: str, budget: int, counter: TokenCounter | None = None) -> tuple[str, int]:
+    """Keep the *start* of ``text`` within ``budget`` tokens, cutting at a word boundary (whitespace inside
+    the kept part, newlines included, is preserved). Returns the kept text and the number of tokens dropped."""
+    count = counter or count_words
+    ends = [m.end() for m in _WORD.finditer(text)]
+    if counter is None:
+        if len(ends) <= budget:
+            return text, 0
+        return (text[:ends[budget - 1]] if budget > 0 else ""), len(ends) - max(budget, 0)
+    total = count(text)
+    if total <= budget:
+        return text, 0
+    lo, hi = 0, len(ends)  # the largest number of words whose prefix fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(text[:ends[mid - 1]]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    kept = text[:ends[lo - 1]] if lo > 0 else ""
+    return kept, total - count(kept)
+
+
 def fit_context(task_block: str, body: str, budget: int | None,
                 counter: TokenCounter | None = None) -> tuple[str, int, int]:
     """Join task block and body under ``budget``; returns (text, context_tokens, truncated_tokens)."""
@@ -93,8 +116,8 @@ def fit_context(task_block: str, body: str, budget: int | None,
         return kept, count(kept), dropped
     available = budget - task_tokens
     kept, dropped = truncate_left(body, available, counter)
-    if dropped:  # mark the cut, keeping the marker itself inside the budget
-        marker = "[…] "
+    marker = "\n[…] "  # on its own line, so it never merges with the task block's last word
+    if dropped and count(marker) < available:  # mark the cut, keeping the marker itself inside the budget
         kept, dropped = truncate_left(body, available - count(marker), counter)
         kept = marker + kept
     return task_block + kept, task_tokens + count(kept), dropped

@@ -211,7 +211,7 @@ class MemQAEnv(MemEnvBase):
         tool_output, notice, memory_cut = "", None, 0
         if not parsed.valid:
             reward = -self.invalid_penalty
-            notice = f"invalid action, state unchanged: {parsed.error}"
+            notice = sanitize(f"invalid action, state unchanged: {parsed.error}")
             information = self._information_block(self._last_result, notice)
             tool_output = notice
         else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 TOOLS = ("search", "answer")
 _TAG = re.compile(r"<(/?)(think|memory|search|answer)>")
-_BLOCK = re.compile(r"<(think|memory|search|answer)>(.*?)</\1>", re.DOTALL)
+_OPEN = re.compile(r"<(think|memory|search|answer)>")
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,24 @@ def parse_action(text: str, *, require_memory: bool = True, tools: tuple[str, ..
     """
     if not isinstance(text, str):
         return ParsedAction(error=f"action must be a string, got {type(text).__name__}")
+    # One left-to-right scan (linear time even on 100k characters of unclosed tags): each opening tag's
+    # block runs to the first matching closing tag; text between blocks must be blank.
     blocks: list[tuple[str, str]] = []
     pos = 0
-    for match in _BLOCK.finditer(text):
-        gap = text[pos:match.start()]
-        if gap.strip():
-            return ParsedAction(error=_stray(gap))
-        blocks.append((match.group(1), match.group(2)))
-        pos = match.end()
-    rest = text[pos:]
-    if rest.strip():
-        return ParsedAction(error=_stray(rest))
+    while True:
+        match = _OPEN.search(text, pos)
+        if match is None:
+            if text[pos:].strip():
+                return ParsedAction(error=_stray(text[pos:]))
+            break
+        if text[pos:match.start()].strip():
+            return ParsedAction(error=_stray(text[pos:match.start()]))
+        name = match.group(1)
+        close = text.find(f"</{name}>", match.end())
+        if close < 0:
+            return ParsedAction(error=_stray(text[match.start():]))
+        blocks.append((name, text[match.end():close]))
+        pos = close + len(name) + 3
     if not blocks:
         return ParsedAction(error="empty action: expected " + _expected(require_memory, tools, allow_memory_only))
 

@@ -127,9 +127,8 @@ def test_relevance_memory_within_budget(budget: int, run_episode) -> None:
             assert len(info["invocation"]["memory_after"].split()) <= budget
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (minor): RelevancePolicy always keeps its 'Answer i: ...' lines, so with "
-                   "a small memory_budget and several resolved objectives the memory exceeds the budget")
 def test_relevance_memory_within_small_budget(run_episode) -> None:
+    # Regression: answer lines used to be kept even past the budget.
     env = gym.make("MemQA-v0", objectives=4)
     for seed in range(5):
         infos, _ = run_episode(env, RelevancePolicy(memory_budget=5), seed)
