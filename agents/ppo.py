@@ -77,7 +77,6 @@ class PPOConfig(RunConfig):
     norm_adv: bool = True  # PPO: whiten token advantages over the rank's batch
     grpo_std_norm: bool = True
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
-    max_seconds: float | None = None
     eval_every: int = 10
     save_every: int = 20
 
@@ -274,9 +273,10 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
     if head:
         groups.append({"params": head, "lr": cfg.lr * cfg.value_lr_mult})
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = 0
+    start, elapsed = 0, (0.0, 0.0)
     if resume_from is not None:
         state = load_trainer_state(resume_from)
+        elapsed = tuple(state.get("elapsed", (0.0, 0.0)))
         optimizer.load_state_dict(state["optimizer"])
         if model.value_head is not None and (resume_from / "value_head.pt").exists():
             model.value_head.load_state_dict(torch.load(resume_from / "value_head.pt", map_location=dist.device))
@@ -294,9 +294,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
     mb_rng = np.random.default_rng([cfg.seed, dist.rank, start, 23])
     bar = tqdm(total=cfg.updates, initial=start, desc=cfg.algo, unit="update",
                disable=not (cfg.progress and dist.main))
-    timer, last = Timer(), {}
+    timer, last = Timer(elapsed), {}
     if start == 0 and cfg.eval_every:
-        last = {"update": 0, "seconds": 0.0, **distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)}
+        last = {"update": 0, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)}
         log.append(last)
     update = start
     for update in range(start, cfg.updates):
@@ -351,7 +351,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
                     stop_early = True
                     break
         sampled = sum(len(r.response_ids) for r in records)
-        row = {"update": update + 1, "seconds": round(timer(), 2)}
+        row = {"update": update + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
         row.update(dist.mean({
             "reward": float(np.mean([ep.reward for ep in episodes])),
             "f1": float(np.mean([ep.f1 for ep in episodes])),
@@ -364,7 +364,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
             **{k: float(np.mean(v)) for k, v in stats.items()},
         }))
         row["early_stop"] = int(stop_early)
-        done = update + 1 == cfg.updates or (cfg.max_seconds is not None and timer() > cfg.max_seconds)
+        done = update + 1 == cfg.updates or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
@@ -376,7 +376,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:
-            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model)
+            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model, timer)
         if done:
             break
     bar.close()
@@ -384,7 +384,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
     return last
 
 
-def _save(cfg, dist, out, update, lm, tok, optimizer, model) -> None:
+def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer) -> None:
     rngs = [rng_state()]
     if dist.enabled:
         gathered: list[Any] = [None] * dist.world
@@ -392,7 +392,8 @@ def _save(cfg, dist, out, update, lm, tok, optimizer, model) -> None:
         rngs = gathered
     if dist.main:
         save_checkpoint(out, update, lm, tok, {"update": update, "optimizer": optimizer.state_dict(), "rng": rngs,
-                                               "config": cfg.to_json(), "algo": cfg.algo},
+                                               "config": cfg.to_json(), "algo": cfg.algo,
+                                               "elapsed": (timer(), timer.cpu())},
                         value_head=model.value_head, keep=cfg.keep_checkpoints)
     dist.barrier()
 

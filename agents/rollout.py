@@ -1,9 +1,11 @@
 """Rollouts of an LLM policy over several envs at once, joined into invocation records.
 
 At each step the observations of every active env go through one batched ``policy.generate`` call; the
-generation of env i is stored under the key ``(episode_id, turn)`` it is about to produce, then joined with the
-snapshot that ``env.step`` returns in ``info["invocation"]`` (same key) into an :class:`InvocationRecord`.
-Envs without snapshots (toy envs) get a minimal one.
+generation of env i is the invocation ``(episode_id, turn)`` of that env, and is joined with the snapshot that
+``env.step`` returns in ``info["invocation"]`` (the keys must agree, else the rollout fails loudly) into an
+:class:`InvocationRecord`. Envs without snapshots (toy envs) get a minimal one. Record episode ids are unique
+within one rollout call: episodes of one task seed (GRPO groups; the env derives its id from the seed) get the
+env's id with a suffix ``-1``, ``-2``, ... (``snapshot["episode_id"]`` keeps the env's own id).
 
 ``envs`` is a list of envs (each takes the next task seed as soon as it is free) or a Gymnasium vector env
 (``SyncVectorEnv``/``AsyncVectorEnv``; autoreset modes NEXT_STEP and SAME_STEP): it is reset with ``num_envs`` seeds per round and
@@ -87,20 +89,27 @@ def _finish(records: list[InvocationRecord], gamma: float, terminated: bool) -> 
 
 
 class _Slot:
-    """Bookkeeping of one env's current episode."""
+    """Bookkeeping of one env's current episode.
 
-    def __init__(self, seed: int | None, group: int | None, episode_id: str) -> None:
-        self.seed, self.group, self.episode_id = seed, group, episode_id
+    ``env_episode_id`` is the env's id (the join key with its snapshots); ``episode_id`` is unique within the
+    rollout: episodes of the same task seed (GRPO groups) get the env's id with a suffix ``-1``, ``-2``, ..."""
+
+    def __init__(self, seed: int | None, group: int | None, env_episode_id: str, seen: dict[str, int]) -> None:
+        self.seed, self.group, self.env_episode_id = seed, group, env_episode_id
+        repeat = seen.get(env_episode_id, 0)
+        seen[env_episode_id] = repeat + 1
+        self.episode_id = env_episode_id if repeat == 0 else f"{env_episode_id}-{repeat}"
         self.turn = 0
         self.records: list[InvocationRecord] = []
 
 
-def _make_record(gen, key: tuple[str, int], snapshot: dict[str, Any], reward: float, tokenizer, slot: _Slot):
+def _make_record(gen, snapshot: dict[str, Any], reward: float, tokenizer, slot: _Slot):
+    key = (slot.env_episode_id, slot.turn)
     if snapshot.get("episode_id", key[0]) != key[0] or snapshot.get("turn", key[1]) != key[1]:
         raise RuntimeError(f"snapshot {(snapshot.get('episode_id'), snapshot.get('turn'))} does not match the "
                            f"invocation {key}: the env and the rollout disagree on the episode")
     return InvocationRecord(
-        episode_id=key[0], turn=key[1], prompt_ids=list(gen.prompt_ids), response_ids=list(gen.response_ids),
+        episode_id=slot.episode_id, turn=slot.turn, prompt_ids=list(gen.prompt_ids), response_ids=list(gen.response_ids),
         response_logprobs=list(gen.response_logprobs), action_mask=[1] * len(gen.response_ids),
         memory_mask=memory_mask(gen.response_ids, tokenizer), reward=float(reward),
         temperature=gen.temperature, finish_reason=gen.finish_reason, seed=slot.seed, group=slot.group,
@@ -145,6 +154,7 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
     order: dict[int, int] = {}  # env index -> episode index in seeds
     results: list[Episode | None] = [None] * len(seeds)
     counter = itertools.count()
+    seen: dict[str, int] = {}
     bar = _progress(len(seeds), progress)
 
     def start(e: int) -> bool:
@@ -155,7 +165,7 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
         index, (seed, group) = nxt
         obs, info = envs[e].reset(seed=seed)
         episode_id = str(info.get("episode_id") or f"ep{seed}-{next(counter)}")
-        slots[e], observations[e], order[e] = _Slot(seed, group, episode_id), obs, index
+        slots[e], observations[e], order[e] = _Slot(seed, group, episode_id, seen), obs, index
         return True
 
     for e in range(len(envs)):
@@ -163,22 +173,14 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
     while any(s is not None for s in slots):
         active = [e for e, s in enumerate(slots) if s is not None]
         gens = policy.generate([observations[e] for e in active])
-        pending = {}
         for e, gen in zip(active, gens):
             slot = slots[e]
-            slot.turn += 1
-            pending[(slot.episode_id, slot.turn)] = gen
-        for e in active:
-            slot = slots[e]
-            key = (slot.episode_id, slot.turn)
-            gen = pending.pop(key)
+            slot.turn += 1  # the generation is the invocation (env_episode_id, turn) of this env
             obs, reward, terminated, truncated, info = envs[e].step(gen.text)
             snapshot = info.get("invocation")
             if snapshot is None:
-                snapshot = _minimal_snapshot(key, observations[e], gen.text, reward)
-            record = _make_record(gen, (str(snapshot.get("episode_id", key[0])), int(snapshot.get("turn", key[1]))),
-                                  snapshot, reward, policy.tokenizer, slot)
-            slot.records.append(record)
+                snapshot = _minimal_snapshot((slot.env_episode_id, slot.turn), observations[e], gen.text, reward)
+            slot.records.append(_make_record(gen, snapshot, reward, policy.tokenizer, slot))
             observations[e] = obs
             if terminated or truncated:
                 _finish(slot.records, gamma, bool(terminated))
@@ -195,6 +197,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
     results: dict[int, Episode] = {}
     bar = _progress(len(seeds), progress)
     counter = itertools.count()
+    seen: dict[str, int] = {}
     for start in range(0, len(seeds), n):
         chunk = list(range(start, min(start + n, len(seeds))))
         # Sub-envs beyond the chunk run a throw-away episode (seeded after the chunk's last seed).
@@ -205,7 +208,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
         for k in range(n):
             if k < len(chunk):
                 eid = unbatch_info(info, k).get("episode_id") or f"ep{seeds[chunk[k]]}-{next(counter)}"
-                slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid)))
+                slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid), seen))
             else:
                 slots.append(None)
         observations = list(obs)
@@ -222,10 +225,10 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
             obs, rewards, terms, truncs, info = venv.step(actions)
             for k in active:
                 slot, gen = slots[k], gens[k]
-                key = (slot.episode_id, slot.turn)
                 env_info = unbatch_info(info, k)
-                snapshot = env_info.get("invocation") or _minimal_snapshot(key, observations[k], gen.text, rewards[k])
-                slot.records.append(_make_record(gen, key, snapshot, float(rewards[k]), policy.tokenizer, slot))
+                snapshot = env_info.get("invocation") or _minimal_snapshot(
+                    (slot.env_episode_id, slot.turn), observations[k], gen.text, rewards[k])
+                slot.records.append(_make_record(gen, snapshot, float(rewards[k]), policy.tokenizer, slot))
                 if terms[k] or truncs[k]:
                     _finish(slot.records, gamma, bool(terms[k]))
                     episode_info = env_info.get("episode")

@@ -47,7 +47,6 @@ class SFTConfig(RunConfig):
     warmup: int = 50
     min_lr_ratio: float = 0.1
     log_every: int = 10
-    max_seconds: float | None = None  # stop (and checkpoint) after this wall time
 
 
 def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
@@ -97,9 +96,10 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     lm, tok = load_or_build_model(cfg, dist, resume_from)
     model = ActorCritic(lm)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = 0
+    start, elapsed = 0, (0.0, 0.0)
     if resume_from is not None:
         state = load_trainer_state(resume_from)
+        elapsed = tuple(state.get("elapsed", (0.0, 0.0)))
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
         set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
@@ -115,7 +115,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed * 7919 + dist.rank * 104729 + start)
     pad = tok.pad_token_id
     bar = tqdm(total=cfg.steps, initial=start, desc="sft", unit="step", disable=not (cfg.progress and dist.main))
-    timer, tokens, last = Timer(), 0, {}
+    timer, tokens, last = Timer(elapsed), 0, {}
     loss_sum = acc_sum = n_sum = 0.0
     step = start
     for step in range(start, cfg.steps):
@@ -135,18 +135,18 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         acc_sum += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
         n_sum += len(logp)
         bar.update(1)
-        done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer() > cfg.max_seconds)
+        done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
         if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
             done = dist.mean({"d": float(done)})["d"] > 0
         row = None
         if (step + 1) % cfg.log_every == 0 or done:
             stats = dist.mean({"loss": loss_sum / max(1, n_sum), "token_acc": acc_sum / max(1, n_sum)})
-            row = {"step": step + 1, "seconds": round(timer(), 2), **stats, "lr": lr_at(step, cfg),
+            row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr_at(step, cfg),
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
             loss_sum = acc_sum = n_sum = 0.0
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if (step + 1) % cfg.eval_every == 0 or done:
-            row = row or {"step": step + 1, "seconds": round(timer(), 2)}
+            row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
             row.update(distributed_evaluate(sampler, envs, cfg.eval_episodes, dist))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
@@ -154,7 +154,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             last = row
             log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
         if (step + 1) % cfg.save_every == 0 or done:
-            _save(cfg, dist, out, step + 1, lm, tok, optimizer)
+            _save(cfg, dist, out, step + 1, lm, tok, optimizer, timer)
         if done:
             break
     bar.close()
@@ -163,7 +163,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     return last
 
 
-def _save(cfg, dist, out, step, lm, tok, optimizer) -> None:
+def _save(cfg, dist, out, step, lm, tok, optimizer, timer) -> None:
     from agents.training import Dist  # noqa: F401
 
     rngs = [rng_state()]
@@ -173,5 +173,6 @@ def _save(cfg, dist, out, step, lm, tok, optimizer) -> None:
         rngs = gathered
     if dist.main:
         save_checkpoint(out, step, lm, tok, {"step": step, "optimizer": optimizer.state_dict(), "rng": rngs,
-                                             "config": cfg.to_json(), "algo": "sft"}, keep=cfg.keep_checkpoints)
+                                             "config": cfg.to_json(), "algo": "sft",
+                                             "elapsed": (timer(), timer.cpu())}, keep=cfg.keep_checkpoints)
     dist.barrier()

@@ -56,6 +56,8 @@ class RunConfig:
     tiny_heads: int = 4
     tiny_arch: str = "qwen2"
     tiny_tokenizer_episodes: int = 200
+    max_seconds: float | None = None  # stop (and checkpoint) once this budget is spent
+    budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -382,8 +384,20 @@ def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
 
 
 class Timer:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start."""
+
+    def __init__(self, elapsed: tuple[float, float] = (0.0, 0.0)) -> None:
+        self.start = time.perf_counter() - elapsed[0]  # a resumed run continues its clocks
+        self.start_cpu = time.process_time() - elapsed[1]
 
     def __call__(self) -> float:
         return time.perf_counter() - self.start
+
+    def cpu(self) -> float:
+        return time.process_time() - self.start_cpu
+
+    def budget(self, clock: str) -> float:
+        """Seconds on the clock a time budget is counted in: ``"wall"`` or ``"cpu"``."""
+        if clock not in ("wall", "cpu"):
+            raise ValueError(f"budget clock must be 'wall' or 'cpu', got {clock!r}")
+        return self() if clock == "wall" else self.cpu()

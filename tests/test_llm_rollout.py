@@ -133,6 +133,10 @@ def test_rollout_records_join_snapshots_and_round_trip(tmp_path):
         for r in ep.records:
             assert (r.snapshot["episode_id"], r.snapshot["turn"]) == r.key
     _check_round_trip(model, [r for ep in vec_eps for r in ep.records])
+    # A group of episodes on one task seed: same env episode id, unique record ids.
+    group = rollout(policy, memqa_envs(2, max_turns=2), [5, 5, 5])
+    assert len({ep.episode_id for ep in group}) == 3
+    assert {ep.records[0].snapshot["episode_id"] for ep in group} == {group[0].episode_id}
 
 
 def test_record_validates_lengths():
