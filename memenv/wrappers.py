@@ -84,6 +84,7 @@ _INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 _MEMORY = re.compile(r"<memory>\n?(.*?)\n?</memory>", re.DOTALL)
 _BRACKET_LINE = re.compile(r"^\[[^\]\n]*\]$", re.MULTILINE)
 _QUESTION_LINE = re.compile(r"^Question (\d+): (.*)$", re.MULTILINE)
+_TURNS_LEFT = re.compile(r"\[turns left: (\d+)\]")
 
 # invalid_penalty: an unmasked policy (plain PPO) learns to avoid invalid macro-actions; masked ones never take them.
 DEFAULT_TASK: dict[str, Any] = {"objectives": 1, "hops": 1, "corpus_size": 300, "top_k": 3, "invalid_penalty": 0.1}
@@ -229,13 +230,14 @@ class MemQANumeric(gym.Wrapper):
         anchors = set(focus_names) | set(self._searched)
         memory_sentences = list(self._items)
         pool = memory_sentences + self._result_sentences
+        docs = self._docs(information)
         seen: dict[str, dict[str, float]] = {}
         for order, name in enumerate(extract_candidates(" \n".join(pool))):
             containing = [s for s in pool if _contains(s, name)]
             cooc = any(a != name and _contains(s, a) for s in containing for a in anchors)
             shared = max((len(stems(s, exclude=name) & self._focus_stems) for s in containing), default=0)
             seen[name] = {"order": order, "cooc": float(cooc), "shared": float(shared),
-                          "docs": float(sum(_contains(d, name) for d in self._docs(information)))}
+                          "docs": float(sum(_contains(d, name) for d in docs))}
         ranked = sorted((n for n in seen if n not in focus_names and n not in other_q),
                         key=lambda n: (-(seen[n]["cooc"] + seen[n]["shared"]), seen[n]["order"]))
         candidates = list(dict.fromkeys(focus_names + other_q + ranked))
@@ -265,7 +267,8 @@ class MemQANumeric(gym.Wrapper):
         base = self.env.unwrapped
         questions = self._questions
         focus_q = questions[self.focus] if questions else ""
-        turns_left = max(0, base.max_turns - base._turn)  # noqa: SLF001 - shown to the policy as "[turns left]"
+        shown = _TURNS_LEFT.findall(self._text)  # what the env shows the policy: "[turns left: N]"
+        turns_left = int(shown[-1]) if shown else base.max_turns
         parts = [
             self._bow(focus_q, "q"), self._bow(self._memory_text(), "m"), self._bow(self._info_text, "r"),
             np.array([

@@ -14,7 +14,6 @@ What Gymnasium 1.x does with memenv's values (asserted below, documented in the 
 from __future__ import annotations
 
 import functools
-import json
 import pickle
 
 import gymnasium as gym
@@ -29,39 +28,12 @@ NUM_ENVS = 2
 MAX_STEPS = 400
 IGNORED = "not protocol text: a reset step ignores its action"
 
-# Two HotpotQA items in the official layout: enough for MemQA-Hotpot-v0 (one objective per episode).
-TINY_HOTPOT = [
-    {
-        "_id": "v1", "question": "In which city was the founder of Velmora Records born?", "answer": "Tarsk",
-        "type": "bridge", "level": "medium",
-        "supporting_facts": [["Velmora Records", 0], ["Ilsa Brandt", 1]],
-        "context": [
-            ["Velmora Records", ["Velmora Records is a label founded by Ilsa Brandt.", " It releases folk music."]],
-            ["Ilsa Brandt", ["Ilsa Brandt is a producer.", " She was born in Tarsk."]],
-        ],
-    },
-    {
-        "_id": "v2", "question": "What year did the observatory on Mount Keld open?", "answer": "1911",
-        "type": "bridge", "level": "easy", "supporting_facts": [["Keld Observatory", 1]],
-        "context": [
-            ["Keld Observatory", ["Keld Observatory sits on Mount Keld.", " It opened in 1911."]],
-            ["Mount Keld", ["Mount Keld is a peak in the north."]],
-        ],
-    },
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_hotpot(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("vector_data") / "tiny_hotpot.json"
-    path.write_text(json.dumps(TINY_HOTPOT), encoding="utf-8")
-    return str(path)
-
-
-def env_kwargs(env_id: str, tiny_hotpot: str) -> dict:
-    """Kwargs that make ``env_id`` runnable here (small data fixtures), or skip when it needs other data."""
+def env_kwargs(env_id: str, data_paths: dict[str, str]) -> dict:
+    """Kwargs that make ``env_id`` runnable here (the tiny data files of ``conftest.data_paths`` for the
+    ``dataset=`` values that need one), or skip when it needs data this test cannot provide."""
     _, defaults = ENVIRONMENTS[env_id]
-    kwargs = {"data_path": tiny_hotpot} if defaults.get("dataset") == "hotpotqa" else {}
+    dataset = defaults.get("dataset", "synthetic")
+    kwargs = {"data_path": data_paths[dataset]} if dataset in data_paths else {}
     try:
         env = gym.make(env_id, **kwargs)
         env.reset(seed=0)
@@ -161,8 +133,8 @@ def rollout_next_step(kind: str, env_id: str, kwargs: dict) -> list:
 
 
 @pytest.mark.parametrize("env_id", list(ENVIRONMENTS))
-def test_sync_and_async_run_every_env_with_next_step_autoreset(env_id, tiny_hotpot):
-    kwargs = env_kwargs(env_id, tiny_hotpot)
+def test_sync_and_async_run_every_env_with_next_step_autoreset(env_id, data_paths):
+    kwargs = env_kwargs(env_id, data_paths)
     sync_trace = rollout_next_step("sync", env_id, kwargs)
     async_trace = rollout_next_step("async", env_id, kwargs)
     assert sync_trace == async_trace  # same seeds, same actions: the same episodes in both
@@ -255,8 +227,8 @@ def test_make_vec_async_with_shared_memory_off():
 
 
 @pytest.mark.parametrize("env_id", list(ENVIRONMENTS))
-def test_envs_are_picklable(env_id, tiny_hotpot):
-    kwargs = env_kwargs(env_id, tiny_hotpot)
+def test_envs_are_picklable(env_id, data_paths):
+    kwargs = env_kwargs(env_id, data_paths)
     env = gym.make(env_id, **kwargs)
     obs, _ = env.reset(seed=4)
     clone = pickle.loads(pickle.dumps(env))
