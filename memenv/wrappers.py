@@ -43,8 +43,10 @@ the turn is used and ``info["invocation"]["error"]`` says why.
 stepped. At the end of an episode ``info["f1"]``/``info["em"]`` hold the scores and ``info["memqa_episode"]``
 the env's ``info["episode"]`` (renamed: Stable-Baselines3's ``Monitor`` owns the ``"episode"`` key).
 
-Default task (small enough for PPO to learn on a CPU in minutes): ``objectives=1, hops=1, corpus_size=300,
-top_k=3``. Example::
+Default task (:data:`DEFAULT_TASK`, small enough for PPO to learn on a CPU in minutes): ``objectives=1,
+hops=1, corpus_size=300, top_k=3, invalid_penalty=0.1``; pass MemQA kwargs to change it (``hops=2``,
+``objectives=4``, ...). ``examples/sb3_ppo.py`` measured, on held-out seeds after 60k steps each (4.1 min
+wall on 2 shared cores): F1 random 0.05, masked-random 0.10, PPO 0.67, MaskablePPO 0.70. Example::
 
     from sb3_contrib import MaskablePPO
     from memenv.wrappers import MemQANumeric
