@@ -16,8 +16,6 @@ from memenv.wrappers import (
     masked_random_action,
 )
 
-pytest.importorskip("stable_baselines3")
-
 
 def rollout(env: MemQANumeric, seed: int, policy, max_steps: int = 200):
     """(actions, infos) of one episode of ``policy(env, rng) -> action``."""
@@ -36,7 +34,7 @@ def rollout(env: MemQANumeric, seed: int, policy, max_steps: int = 200):
 
 @pytest.mark.parametrize("kwargs", [{}, {"objectives": 2, "hops": 2}, {"hops": (1, 2), "memory_budget": 12}])
 def test_sb3_check_env(kwargs):
-    from stable_baselines3.common.env_checker import check_env
+    check_env = pytest.importorskip("stable_baselines3.common.env_checker").check_env
 
     env = MemQANumeric(**kwargs)
     check_env(env, warn=True)
