@@ -144,6 +144,9 @@ def write_atomic(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared like any file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
