@@ -73,7 +73,8 @@ class PPOConfig(RunConfig):
     ent_coef: float = 0.0
     kl_coef: float = 0.0
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0  # per token; 1.0 = Monte Carlo returns with the value baseline (as verl's default)
+    value_detach: bool = False  # value head on detached hidden states (the critic does not move the LM)
     norm_adv: bool = True  # PPO: whiten token advantages over the rank's batch
     grpo_std_norm: bool = True
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
@@ -257,7 +258,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
         lm, tok = model.to(dist.device), tokenizer
     else:
         lm, tok = load_or_build_model(cfg, dist, resume_from)
-    model = ActorCritic(lm, value_head=cfg.uses_value).to(dist.device)
+    model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach).to(dist.device)
     ref = None
     if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
         if start_lm is not None:

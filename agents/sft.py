@@ -3,7 +3,9 @@
 Demonstrations are the oracle's trajectories (:class:`agents.scripted.OraclePolicy`) on training seeds
 ``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
 LLM policy builds it (:meth:`agents.llm.LLMPolicy.encode_prompt`), so SFT and sampling see the same ids.
-Held-out evaluation: greedy rollouts on seeds ``10**7 + i``.
+Held-out evaluation: greedy rollouts on seeds ``10**7 + i``. The loss is the mean negative log-likelihood of
+the action tokens; ``prompt_loss_weight > 0`` adds a language-model loss on the observation tokens (a cheap
+pretraining signal on task text for models trained from scratch; off by default).
 
     cfg = SFTConfig(out_dir="runs/sft", steps=2000)
     train_sft(cfg)                          # or: memenv train --algo sft --out runs/sft --steps 2000
@@ -47,6 +49,8 @@ class SFTConfig(RunConfig):
     warmup: int = 50
     min_lr_ratio: float = 0.1
     log_every: int = 10
+    prompt_loss_weight: float = 0.0  # > 0: add w * LM loss on the observation tokens (pretraining on task
+    # text; speeds up a from-scratch tiny model learning to copy). 0 = behaviour cloning on action tokens only.
 
 
 def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
@@ -122,12 +126,17 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         idx = rng.choice(len(data), size=cfg.batch_size, replace=len(data) < cfg.batch_size)
-        batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device)
+        batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device,
+                        include_prompt=cfg.prompt_loss_weight > 0)
         model.train()
-        logp, _, _ = train_model(**batch.inputs())
+        logp_all, _, _ = train_model(**batch.inputs())
+        logp = logp_all[~batch.prompt]
         loss = -logp.mean()
+        total = loss
+        if cfg.prompt_loss_weight > 0:
+            total = loss - cfg.prompt_loss_weight * logp_all[batch.prompt].mean()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         tokens += int(batch.attention_mask.sum())

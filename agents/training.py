@@ -135,9 +135,10 @@ class ActorCritic(nn.Module):
     gradients of both the LM and the value head.
     """
 
-    def __init__(self, lm: nn.Module, value_head: bool = False) -> None:
+    def __init__(self, lm: nn.Module, value_head: bool = False, detach_value: bool = False) -> None:
         super().__init__()
         self.lm = lm
+        self.detach_value = detach_value
         hidden = lm.config.hidden_size
         self.value_head = nn.Linear(hidden, 1) if value_head else None
         if self.value_head is not None:
@@ -154,8 +155,10 @@ class ActorCritic(nn.Module):
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets[:, None])[:, 0]
         ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
-        values = self.value_head(h.float() if h.dtype != self.value_head.weight.dtype else h)[:, 0] \
-            if self.value_head is not None else None
+        values = None
+        if self.value_head is not None:
+            hv = h.detach() if self.detach_value else h
+            values = self.value_head(hv.to(self.value_head.weight.dtype))[:, 0]
         return logp, ent, values
 
 
@@ -169,6 +172,7 @@ class Batch:
     targets: torch.Tensor  # (N,) the action token ids
     memory: torch.Tensor  # (N,) bool: inside <memory>
     seq_index: torch.Tensor  # (N,) index of the sequence in the list given to collate
+    prompt: torch.Tensor  # (N,) bool: a prompt (observation) token, only with include_prompt=True
 
     def to(self, device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -180,18 +184,27 @@ class Batch:
 
 def collate(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
             memory_masks: Sequence[Sequence[int]] | None = None, action_masks: Sequence[Sequence[int]] | None = None,
-            device=None) -> Batch:
+            device=None, include_prompt: bool = False) -> Batch:
     """Right-padded batch of ``(prompt_ids, response_ids)``; action tokens are the response tokens whose
-    ``action_mask`` is 1 (all of them by default)."""
+    ``action_mask`` is 1 (all of them by default). ``include_prompt`` also lists the prompt tokens 1.. as
+    targets, flagged in ``Batch.prompt`` (language-model pretraining on task text; never used by PPO/GRPO)."""
     width = max(len(p) + len(r) for p, r in sequences)
     n = len(sequences)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
-    rows, cols, targets, memory, seq_index = [], [], [], [], []
+    rows, cols, targets, memory, seq_index, is_prompt = [], [], [], [], [], []
     for i, (prompt, response) in enumerate(sequences):
         ids = list(prompt) + list(response)
         input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[i, :len(ids)] = 1
+        if include_prompt:
+            for t in range(1, len(prompt)):
+                rows.append(i)
+                cols.append(t - 1)
+                targets.append(prompt[t])
+                memory.append(False)
+                seq_index.append(i)
+                is_prompt.append(True)
         amask = action_masks[i] if action_masks is not None else [1] * len(response)
         mmask = memory_masks[i] if memory_masks is not None else [0] * len(response)
         for t, tok in enumerate(response):
@@ -201,10 +214,12 @@ def collate(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: in
                 targets.append(tok)
                 memory.append(bool(mmask[t]))
                 seq_index.append(i)
+                is_prompt.append(False)
     positions = torch.arange(width, dtype=torch.long).expand(n, width).contiguous()
     batch = Batch(input_ids, attention, positions, torch.tensor(rows, dtype=torch.long),
                   torch.tensor(cols, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
-                  torch.tensor(memory, dtype=torch.bool), torch.tensor(seq_index, dtype=torch.long))
+                  torch.tensor(memory, dtype=torch.bool), torch.tensor(seq_index, dtype=torch.long),
+                  torch.tensor(is_prompt, dtype=torch.bool))
     return batch.to(device) if device is not None else batch
 
 

@@ -88,6 +88,10 @@ def test_batches_put_loss_on_action_tokens_only_and_reproduce_behaviour_logprobs
     assert b.cols.tolist() == [2, 3, 0, 1, 2]  # the states that predict each response token
     assert b.targets.tolist() == [20, 21, 22, 23, 24]
     assert b.memory.tolist() == [False, True, True, True, False]
+    assert not b.prompt.any()
+    lm = collate([([7, 8, 9], [20, 21])], pad_id=0, include_prompt=True)  # SFT's optional LM loss on task text
+    assert lm.targets.tolist() == [8, 9, 20, 21] and lm.cols.tolist() == [0, 1, 2, 3]
+    assert lm.prompt.tolist() == [True, True, False, False]
     tok = memqa_tokenizer()
     model = tiny_model(tok)
     policy = LLMPolicy(model, tok, temperature=0.8, max_new_tokens=10, seed=0)

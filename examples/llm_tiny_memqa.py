@@ -1,0 +1,59 @@
+"""A tiny LLM agent on MemQA, end to end on CPU in a few minutes (no hub, no GPU).
+
+    python examples/llm_tiny_memqa.py --steps 300 --updates 5
+
+1. builds a byte-level BPE tokenizer from oracle trajectories and a small Qwen2 model (agents.models);
+2. behaviour-clones the oracle (agents.sft), evaluating held-out F1 with greedy decoding;
+3. fine-tunes with GRPO (agents.ppo) from that checkpoint;
+4. samples one episode and prints its invocation records (token-exact: ids, behaviour log-probs, masks).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="runs/example_llm")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--updates", type=int, default=5)
+    args = p.parse_args()
+    import gymnasium as gym
+    import torch
+
+    import memenv  # noqa: F401
+    from agents.llm import LLMPolicy, sequence_logprobs
+    from agents.models import load_pretrained
+    from agents.ppo import PPOConfig, train_rl
+    from agents.rollout import rollout
+    from agents.sft import SFTConfig, train_sft
+    from agents.training import latest_checkpoint
+
+    torch.set_num_threads(1)
+    env_kwargs = {"objectives": 1, "hops": 2}
+    sft = SFTConfig(env_kwargs=env_kwargs, out_dir=f"{args.out}/sft", steps=args.steps, episodes=1000,
+                    eval_every=max(1, args.steps // 3), eval_episodes=32, save_every=args.steps)
+    print("SFT:", train_sft(sft))
+    start = latest_checkpoint(sft.out_dir)
+    grpo = PPOConfig(algo="grpo", model=str(start), env_kwargs=env_kwargs, out_dir=f"{args.out}/grpo",
+                     updates=args.updates, episodes_per_update=32, group_size=8, eval_every=args.updates,
+                     eval_episodes=32, save_every=args.updates, lr=2e-4)
+    print("GRPO:", train_rl(grpo))
+
+    model, tok = load_pretrained(latest_checkpoint(grpo.out_dir))
+    policy = LLMPolicy(model, tok, temperature=1.0, max_new_tokens=96, seed=0)
+    episode = rollout(policy, [gym.make("MemQA-v0", **env_kwargs)], [12345])[0]
+    print(f"\nepisode {episode.episode_id}: reward {episode.reward:.3f}, {episode.turns} invocations")
+    for r in episode.records:
+        check = (sequence_logprobs(model, r.prompt_ids, r.response_ids, r.temperature)
+                 - torch.tensor(r.response_logprobs)).abs().max().item()
+        print(f"  turn {r.turn}: {len(r.prompt_ids)} prompt ids, {len(r.response_ids)} sampled ids "
+              f"({sum(r.memory_mask)} in <memory>), max |re-scored - behaviour logprob| {check:.1e}")
+        print(f"    action: {r.snapshot['action'][:150]!r}")
+
+
+if __name__ == "__main__":
+    main()
