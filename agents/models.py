@@ -56,19 +56,27 @@ def task_texts(env_id: str = "MemQA-v0", env_kwargs: dict[str, Any] | None = Non
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096, *, min_frequency: int = 2,
-                    byte_alphabet: bool = True, extra_tokens: Iterable[str] = ()):
+                    byte_alphabet: bool = True, split_spaces: bool = True, extra_tokens: Iterable[str] = ()):
     """A byte-level BPE tokenizer trained on ``texts``, as a ``PreTrainedTokenizerFast``.
 
     Ids: ``<pad>`` 0, ``<eos>`` 1, then the protocol tags (and ``extra_tokens``) as single non-special added
     tokens, then the byte alphabet and merges. ``byte_alphabet=False`` keeps only characters seen in
     ``texts`` (for toy vocabularies of a few dozen tokens; unseen characters are then dropped on encode).
+
+    ``split_spaces`` (default): every whitespace character is its own token, so a word has one tokenization
+    whatever precedes it. With GPT-2 style merges ("Ġname" after a space, "name" after ``<search>``) a tiny model
+    must learn a spelling map to copy a name from the question into ``<search>name</search>``; with split
+    spaces copying is a plain induction copy of the same ids (sequences are ~1.6x longer). Without it the
+    tokenizer is the usual GPT-2 style byte-level BPE.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tags = list(dict.fromkeys([*PROTOCOL_TAGS, *extra_tokens]))
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"), byte_level])
+                         if split_spaces else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=int(vocab_size), min_frequency=int(min_frequency), show_progress=False,
@@ -170,13 +178,14 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any =
 
 def make_tiny(path: str | os.PathLike | None = None, env_id: str = "MemQA-v0",
               env_kwargs: dict[str, Any] | None = None, *, episodes: int = 200, vocab_size: int = 4096,
-              include_corpus: bool = True, seed: int = 0, arch: str = "qwen2", **config_kwargs: Any):
+              include_corpus: bool = True, split_spaces: bool = True, seed: int = 0, arch: str = "qwen2",
+              **config_kwargs: Any):
     """Tokenizer from the env's task text + a random-init tiny model; saved to ``path`` when given.
 
     Returns ``(model, tokenizer)``. Tokenizer text comes from seeds ``10**6 + seed ..`` (not the training
     or evaluation seeds of the trainers)."""
     texts = task_texts(env_id, env_kwargs, episodes=episodes, seed=10**6 + seed, include_corpus=include_corpus)
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, split_spaces=split_spaces)
     model = build_tiny_model(tokenizer, arch, seed=seed, **config_kwargs)
     if path is not None:
         save_pretrained(model, tokenizer, path)

@@ -56,6 +56,7 @@ class RunConfig:
     tiny_heads: int = 4
     tiny_arch: str = "qwen2"
     tiny_tokenizer_episodes: int = 200
+    tiny_split_spaces: bool = True
     max_seconds: float | None = None  # stop (and checkpoint) once this budget is spent
     budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
 
@@ -374,7 +375,7 @@ def load_or_build_model(cfg: RunConfig, dist: Dist, path: str | os.PathLike | No
         lm, tok = load_pretrained(source)
     else:
         lm, tok = make_tiny(None, cfg.env_id, cfg.env_kwargs, episodes=cfg.tiny_tokenizer_episodes,
-                            vocab_size=cfg.tiny_vocab, seed=cfg.seed, arch=cfg.tiny_arch,
+                            vocab_size=cfg.tiny_vocab, split_spaces=cfg.tiny_split_spaces, seed=cfg.seed, arch=cfg.tiny_arch,
                             hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads)
     return lm.to(dist.device), tok
 

@@ -60,7 +60,7 @@ def run_sft(args) -> dict:
                     eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
                     threads=args.threads,
                     tiny_hidden=args.hidden, tiny_layers=args.layers, tiny_heads=args.heads,
-                    resume=args.resume, progress=not args.quiet)
+                    prompt_loss_weight=args.prompt_loss_weight, resume=args.resume, progress=not args.quiet)
     train_sft(cfg)
     points = eval_points(read_metrics(args.out / "sft" / "metrics.csv"), "step")
     best = max(points, key=lambda p: p[2])
@@ -128,6 +128,8 @@ def main() -> int:
     p.add_argument("--sft-minutes", type=float, default=20.0)
     p.add_argument("--sft-eval-every", type=int, default=100)
     p.add_argument("--eval-episodes", type=int, default=100)
+    p.add_argument("--prompt-loss-weight", type=float, default=0.0,
+                   help="SFT: weight of an extra LM loss on observation tokens (0: action tokens only)")
     p.add_argument("--weak-low", type=float, default=0.15, help="weak SFT checkpoint: held-out F1 range")
     p.add_argument("--weak-high", type=float, default=0.40)
     p.add_argument("--rl-updates", type=int, default=1000)
