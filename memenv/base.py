@@ -176,6 +176,26 @@ class MemEnvBase(gym.Env):
             "snapshots": list(self._snapshots),
         }
 
+    def _episode_info(self, em: list[float], f1: list[float], answers: list[str], answered: bool,
+                         **extra: Any) -> dict[str, Any]:
+        """``info["episode"]`` of DESIGN.md: scores per objective, their sum and mean, and the episode stats.
+
+        ``self.questions`` (the episode's :class:`tasks.Question` list) gives the gold answers.
+        """
+        n = max(1, len(self.questions))
+        return {
+            **self._episode_stats(),
+            "f1": float(sum(f1)) / n, "em": float(sum(em)) / n,
+            "f1_sum": float(sum(f1)), "em_sum": float(sum(em)),
+            "f1_mean": float(sum(f1)) / n, "em_mean": float(sum(em)) / n,
+            "f1_per_objective": list(f1), "em_per_objective": list(em),
+            "answers": list(answers),
+            "gold": [list(q.answers) for q in self.questions],
+            "questions": [q.question for q in self.questions],
+            "answered": answered,
+            **extra,
+        }
+
     # ------------------------------------------------------------------ gymnasium API
     def render(self) -> str | None:
         if self.render_mode != "ansi":

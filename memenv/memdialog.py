@@ -304,26 +304,17 @@ class MemDialogEnv(MemEnvBase):
     def _episode_summary(self, answered: bool) -> dict[str, Any]:
         em = [e for e, _ in self._scores]
         f1 = [f for _, f in self._scores]
-        n = len(self.questions)
         by_type: dict[str, list[int]] = {}
         for i, q in enumerate(self.questions):
             by_type.setdefault(q.kind, []).append(i)
-        return {
-            **self._episode_stats(),
-            "f1": sum(f1) / n, "em": sum(em) / n,
-            "f1_sum": float(sum(f1)), "em_sum": float(sum(em)),
-            "f1_mean": sum(f1) / n, "em_mean": sum(em) / n,
-            "f1_per_objective": f1, "em_per_objective": em,
-            "answers": list(self._answers),
-            "gold": [list(q.answers) for q in self.questions],
-            "questions": [q.question for q in self.questions],
-            "question_types": [q.kind for q in self.questions],
-            "f1_by_type": {k: float(np.mean([f1[i] for i in idx])) for k, idx in by_type.items()},
-            "em_by_type": {k: float(np.mean([em[i] for i in idx])) for k, idx in by_type.items()},
-            "count_by_type": {k: len(idx) for k, idx in by_type.items()},
-            "answered": answered,
-            "questions_answered": self._question,
-            "conversation_id": self.conversation.id,
-            "sessions": self.n_sessions,
-            "sessions_read": min(self._session, self.n_sessions),
-        }
+        return self._episode_info(
+            em, f1, list(self._answers), answered,
+            question_types=[q.kind for q in self.questions],
+            f1_by_type={k: float(np.mean([f1[i] for i in idx])) for k, idx in by_type.items()},
+            em_by_type={k: float(np.mean([em[i] for i in idx])) for k, idx in by_type.items()},
+            count_by_type={k: len(idx) for k, idx in by_type.items()},
+            questions_answered=self._question,
+            conversation_id=self.conversation.id,
+            sessions=self.n_sessions,
+            sessions_read=min(self._session, self.n_sessions),
+        )

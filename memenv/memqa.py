@@ -243,15 +243,6 @@ class MemQAEnv(MemEnvBase):
             self._done = True
             scores = extra.get("scores") or score_objectives([""] * len(self.questions),
                                                              [q.answers for q in self.questions])
-            info["episode"] = {
-                **self._episode_stats(),
-                "f1": scores["f1_mean"], "em": scores["em_mean"],
-                "f1_sum": scores["f1_sum"], "em_sum": scores["em_sum"],
-                "f1_mean": scores["f1_mean"], "em_mean": scores["em_mean"],
-                "f1_per_objective": list(scores["f1"]), "em_per_objective": list(scores["em"]),
-                "answers": split_answers(parsed.argument, len(self.questions)) if terminated else [],
-                "gold": [list(q.answers) for q in self.questions],
-                "questions": [q.question for q in self.questions],
-                "answered": terminated,
-            }
+            answers = split_answers(parsed.argument, len(self.questions)) if terminated else []
+            info["episode"] = self._episode_info(scores["em"], scores["f1"], answers, terminated)
         return self._obs, reward, terminated, truncated, info
