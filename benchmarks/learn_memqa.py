@@ -47,7 +47,13 @@ def pick_weak_checkpoint(sft_dir: Path, low: float, high: float) -> tuple[Path, 
     if not candidates:
         raise SystemExit(f"no SFT checkpoint with an evaluation in {sft_dir}: run --stage sft first")
     inside = [c for c in candidates if low <= c[1] <= high]
-    step, f1 = (inside[-1] if inside else min(candidates, key=lambda c: abs(c[1] - (low + high) / 2)))
+    below = [c for c in candidates if c[1] < low]
+    if inside:
+        step, f1 = inside[-1]
+    elif below:  # none in range: the best (then latest) one below it
+        step, f1 = max(below, key=lambda c: (c[1], c[0]))
+    else:
+        step, f1 = min(candidates, key=lambda c: (c[1], -c[0]))
     return saved[int(step)], f1
 
 
@@ -76,7 +82,10 @@ def run_sft(args) -> dict:
 def run_rl(args, algo: str) -> dict:
     from agents.ppo import PPOConfig, train_rl
 
-    start, start_f1 = pick_weak_checkpoint(args.out / "sft", args.weak_low, args.weak_high)
+    if args.start:
+        start, start_f1 = Path(args.start), float("nan")
+    else:
+        start, start_f1 = pick_weak_checkpoint(args.out / "sft", args.weak_low, args.weak_high)
     print(f"{algo}: starting from {start} (held-out F1 {start_f1:.3f} in the SFT run)")
     cfg = PPOConfig(algo=algo, env_id="MemQA-v0", env_kwargs=dict(ENV_KW), model=str(start),
                     out_dir=str(args.out / algo), seed=args.seed, updates=args.rl_updates,
@@ -132,6 +141,7 @@ def main() -> int:
                    help="SFT: weight of an extra LM loss on observation tokens (0: action tokens only)")
     p.add_argument("--weak-low", type=float, default=0.15, help="weak SFT checkpoint: held-out F1 range")
     p.add_argument("--weak-high", type=float, default=0.40)
+    p.add_argument("--start", default=None, help="RL: start checkpoint (default: picked from the SFT run)")
     p.add_argument("--rl-updates", type=int, default=1000)
     p.add_argument("--rl-minutes", type=float, default=30.0)
     p.add_argument("--rl-eval-every", type=int, default=5)
@@ -144,7 +154,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    summary_path = args.out / "summary.json"
+    summary_path = args.out / ("summary.json" if args.stage in ("all", "plot") else f"summary_{args.stage}.json")
     if summary_path.exists():
         results = json.loads(summary_path.read_text())
     if args.stage in ("sft", "all"):
