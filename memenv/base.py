@@ -101,6 +101,13 @@ class MemEnvBase(gym.Env):
         self._done = False
         self._render_obs()
 
+    def _begin_step(self) -> str:
+        """Start a step: refuse a finished episode, use the turn; returns the memory before the action."""
+        if self._done:
+            raise RuntimeError("step() called on a finished episode: call reset() first")
+        self._turn += 1
+        return self._memory
+
     def _set_memory(self, memory: str) -> int:
         """Store a rewritten memory, enforcing ``memory_budget`` (keeps the start); returns tokens cut."""
         memory = sanitize(memory)

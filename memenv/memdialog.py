@@ -247,11 +247,8 @@ class MemDialogEnv(MemEnvBase):
         return self._obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._done:
-            raise RuntimeError("step() called on a finished episode: call reset() first")
-        memory_before = self._memory
+        memory_before = self._begin_step()
         shown = ("session", self._session) if self.reading else ("question", self._question)
-        self._turn += 1
         reward, terminated, extra = 0.0, False, {}
         memory_cut, tool, tool_input, memory, error = 0, None, None, None, None
         if not (not self.mode.uses_memory and blank_action(action) and self.reading):

@@ -61,6 +61,33 @@ def _load_dataset(kind: str, paths: tuple[str, ...], mtimes: tuple[float, ...], 
     return load_qa_pair(paths[0], paths[1])
 
 
+def resolve_qa_source(*, dataset: str = "synthetic", source: Any = None, data_path=None, data_limit=None,
+                      corpus_path=None, questions_path=None, corpus_size: int = 1200, lookalike_rate: float = 0.3,
+                      distractors: int = 3, world_seed: int = 0) -> Any:
+    """The task source of a QA-style env (MemQA, MemRead): a given ``source``, a generic JSONL pair, a HotpotQA
+    file, or the (cached) synthetic world. Loaded files and worlds are shared by every env in the process."""
+    if source is not None:
+        if not hasattr(source, "documents") or not hasattr(source, "sample_questions"):
+            raise TypeError("source must have .documents and .sample_questions(rng, n)")
+        return source
+    if corpus_path is not None or questions_path is not None:
+        if corpus_path is None or questions_path is None:
+            raise ValueError("a generic dataset needs both corpus_path= and questions_path= (JSONL files)")
+        paths = (os.fspath(corpus_path), os.fspath(questions_path))
+        return _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
+    if data_path is not None or dataset == "hotpotqa":
+        if data_path is None:
+            raise ValueError("MemQA-Hotpot-v0 needs data_path= (a HotpotQA JSON or JSONL file), e.g. "
+                             "gym.make('MemQA-Hotpot-v0', data_path='../shared/data/hotpotqa/hotpot_dev_distractor_1100.json')")
+        path = os.fspath(data_path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"HotpotQA data file not found: {path}")
+        return _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
+    if dataset != "synthetic":
+        raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'hotpotqa'")
+    return build_world(int(corpus_size), float(lookalike_rate), int(distractors), int(world_seed))
+
+
 class MemQAEnv(MemEnvBase):
     """Multi-objective search QA with explicit memory rewrites.
 
@@ -120,8 +147,10 @@ class MemQAEnv(MemEnvBase):
         self.hops = depths
         self.comparison_rate = float(comparison_rate)
         self.top_k = top_k
-        self.source = self._resolve_source(dataset, source, data_path, data_limit, corpus_path, questions_path,
-                                           corpus_size, lookalike_rate, distractors, world_seed)
+        self.source = resolve_qa_source(
+            dataset=dataset, source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
+            questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
+            distractors=distractors, world_seed=world_seed)
         self.documents = _sanitized_corpus(self.source)
         self.index = _search_index(self.source, search_backend)
         self.max_turns = int(max_turns) if max_turns is not None else 2 * objectives * max(depths) + 2
@@ -130,30 +159,6 @@ class MemQAEnv(MemEnvBase):
         self.questions: list[Question] = []
         self._task_text = ""
         self._last_result = ""
-
-    @staticmethod
-    def _resolve_source(dataset, source, data_path, data_limit, corpus_path, questions_path, corpus_size,
-                        lookalike_rate, distractors, world_seed):
-        if source is not None:
-            if not hasattr(source, "documents") or not hasattr(source, "sample_questions"):
-                raise TypeError("source must have .documents and .sample_questions(rng, n)")
-            return source
-        if corpus_path is not None or questions_path is not None:
-            if corpus_path is None or questions_path is None:
-                raise ValueError("a generic dataset needs both corpus_path= and questions_path= (JSONL files)")
-            paths = (os.fspath(corpus_path), os.fspath(questions_path))
-            return _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
-        if data_path is not None or dataset == "hotpotqa":
-            if data_path is None:
-                raise ValueError("MemQA-Hotpot-v0 needs data_path= (a HotpotQA JSON or JSONL file), e.g. "
-                                 "gym.make('MemQA-Hotpot-v0', data_path='../shared/data/hotpotqa/hotpot_dev_distractor_1100.json')")
-            path = os.fspath(data_path)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"HotpotQA data file not found: {path}")
-            return _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
-        if dataset != "synthetic":
-            raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'hotpotqa'")
-        return build_world(int(corpus_size), float(lookalike_rate), int(distractors), int(world_seed))
 
     # ------------------------------------------------------------------ text
     def _task_block(self) -> str:
@@ -202,11 +207,8 @@ class MemQAEnv(MemEnvBase):
         return self._obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._done:
-            raise RuntimeError("step() called on a finished episode: call reset() first")
+        memory_before = self._begin_step()
         parsed = parse_action(action, require_memory=self.mode.uses_memory)
-        memory_before = self._memory
-        self._turn += 1
         reward, terminated, extra = 0.0, False, {}
         tool_output, notice, memory_cut = "", None, 0
         if not parsed.valid:

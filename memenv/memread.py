@@ -36,7 +36,7 @@ import numpy as np
 
 from memenv.base import MemEnvBase, sanitize
 from memenv.context import TokenCounter
-from memenv.memqa import MemQAEnv, _document_positions, _sanitized_corpus
+from memenv.memqa import _document_positions, _sanitized_corpus, resolve_qa_source
 from memenv.protocol import parse_action
 from memenv.scoring import score_objectives, split_answers
 from tasks.documents import READ_INSTRUCTIONS, READ_INSTRUCTIONS_NO_MEMORY, DocumentPlan, plan_long_document, token_counts
@@ -128,8 +128,10 @@ class MemReadEnv(MemEnvBase):
         self.chunk_tokens = int(chunk_tokens)
         self.keep_snapshots = bool(keep_snapshots)
         self._max_turns_arg = max_turns
-        self.source = MemQAEnv._resolve_source(dataset, source, data_path, data_limit, corpus_path, questions_path,
-                                               corpus_size, lookalike_rate, distractors, world_seed)
+        self.source = resolve_qa_source(
+            dataset=dataset, source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
+            questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
+            distractors=distractors, world_seed=world_seed)
         self.documents: tuple[Document, ...] = _sanitized_corpus(self.source)
         self._header_tokens, self._text_tokens = _token_counts(self.source)
         self.questions: list[Question] = []
@@ -216,11 +218,8 @@ class MemReadEnv(MemEnvBase):
         return self._obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._done:
-            raise RuntimeError("step() called on a finished episode: call reset() first")
-        memory_before = self._memory
+        memory_before = self._begin_step()
         shown_chunk = self._chunk if self.reading else None
-        self._turn += 1
         reward, terminated, extra = 0.0, False, {}
         memory_cut, tool, tool_input = 0, None, None
         answers: list[str] = []

@@ -137,8 +137,8 @@ class SearchBackend(abc.ABC):
         return [int(i) for i in candidates[order[:k]]]
 
 
-class BM25Reference(SearchBackend):
-    """Reference backend: :class:`rank_bm25.BM25Okapi` on :func:`tokenize`'d text (slow, for checking)."""
+class _OkapiBackend(SearchBackend):
+    """Shared BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults)."""
 
     def __init__(
         self,
@@ -150,6 +150,10 @@ class BM25Reference(SearchBackend):
     ) -> None:
         self.k1, self.b, self.epsilon = k1, b, epsilon
         super().__init__(texts, tokenizer)
+
+
+class BM25Reference(_OkapiBackend):
+    """Reference backend: :class:`rank_bm25.BM25Okapi` on :func:`tokenize`'d text (slow, for checking)."""
 
     def _build(self, corpus: list[list[str]]) -> None:
         from rank_bm25 import BM25Okapi
@@ -166,7 +170,7 @@ class BM25Reference(SearchBackend):
         return np.asarray(self._bm25.get_scores(self.tokenizer(query)), dtype=np.float64)
 
 
-class BM25Sparse(SearchBackend):
+class BM25Sparse(_OkapiBackend):
     """Fast BM25 (Okapi, as :class:`rank_bm25.BM25Okapi`) over a precomputed term x document CSR matrix.
 
     Entry (t, d) holds ``idf(t) * tf*(k1+1) / (tf + k1*(1 - b + b*|d|/avgdl))``; a query's score is the sum
@@ -177,17 +181,6 @@ class BM25Sparse(SearchBackend):
     Attributes set after construction: ``vocab`` (term -> row), ``idf`` (float64 per row, after the
     epsilon floor), ``average_idf``, ``avgdl``, ``doc_len`` (int64 per doc) and ``matrix`` (the CSR).
     """
-
-    def __init__(
-        self,
-        texts: Sequence[str],
-        tokenizer: Tokenizer | None = None,
-        k1: float = 1.5,
-        b: float = 0.75,
-        epsilon: float = 0.25,
-    ) -> None:
-        self.k1, self.b, self.epsilon = k1, b, epsilon
-        super().__init__(texts, tokenizer)
 
     def _build(self, corpus: list[list[str]]) -> None:
         n_docs = len(corpus)
