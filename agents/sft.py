@@ -51,6 +51,11 @@ class SFTConfig(RunConfig):
     log_every: int = 10
     prompt_loss_weight: float = 0.0  # > 0: add w * LM loss on the observation tokens (pretraining on task
     # text; speeds up a from-scratch tiny model learning to copy). 0 = behaviour cloning on action tokens only.
+    bucket: int = 8  # draw batch_size * bucket sequences, sort them by length, cut into `bucket` batches:
+    # rows of similar length waste little padding (1 = plain uniform batches)
+    autocast: str = "none"  # "bf16": bfloat16 autocast of the forward pass (CPU AMX / GPU); weights stay fp32
+    schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
+    # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
 
 
 def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
@@ -75,16 +80,40 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int
     return data
 
 
-def lr_at(step: int, cfg: SFTConfig) -> float:
+def lr_at(step: int, cfg: SFTConfig, spent: float | None = None) -> float:
+    """Linear warm-up, then cosine to ``min_lr_ratio * lr``: over the steps, or over the time budget when
+    ``cfg.schedule_by == "budget"`` (``spent``: seconds used on the budget clock)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    if cfg.schedule_by == "budget" and cfg.max_seconds and spent is not None:
+        progress = spent / cfg.max_seconds
+    else:
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def length_buckets(lengths, batch_size: int, bucket: int, rng: np.random.Generator):
+    """Endless batches of indices into ``lengths``: each round draws ``batch_size * bucket`` indices uniformly,
+    sorts them by length and yields the ``bucket`` consecutive slices in random order. Every sequence is still
+    drawn uniformly; only which sequences share a batch (and so the padding) changes."""
+    lengths = np.asarray(lengths)
+    while True:
+        idx = rng.choice(len(lengths), size=batch_size * bucket, replace=len(lengths) < batch_size * bucket)
+        idx = idx[np.argsort(lengths[idx], kind="stable")]
+        for b in rng.permutation(bucket):
+            yield idx[b * batch_size:(b + 1) * batch_size]
 
 
 def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
     from tqdm.auto import tqdm
+
+    if cfg.autocast not in ("none", "bf16"):
+        raise ValueError(f"SFTConfig.autocast must be 'none' or 'bf16', got {cfg.autocast!r}")
+    if cfg.schedule_by not in ("steps", "budget"):
+        raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {cfg.schedule_by!r}")
+    if cfg.bucket < 1:
+        raise ValueError(f"SFTConfig.bucket must be >= 1, got {cfg.bucket}")
 
     from agents.llm import LLMPolicy
 
@@ -122,14 +151,18 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     timer, tokens, last = Timer(elapsed), 0, {}
     loss_sum = acc_sum = n_sum = 0.0
     step = start
+    batches = length_buckets([len(p) + len(a) for p, a, _ in data], cfg.batch_size, cfg.bucket, rng)
+    device_type = torch.device(dist.device).type
     for step in range(start, cfg.steps):
+        lr = lr_at(step, cfg, timer.budget(cfg.budget_clock))
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        idx = rng.choice(len(data), size=cfg.batch_size, replace=len(data) < cfg.batch_size)
+            group["lr"] = lr
+        idx = next(batches)
         batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device,
                         include_prompt=cfg.prompt_loss_weight > 0)
         model.train()
-        logp_all, _, _ = train_model(**batch.inputs())
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+            logp_all, _, _ = train_model(**batch.inputs())
         logp = logp_all[~batch.prompt]
         loss = -logp.mean()
         total = loss
@@ -150,7 +183,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         row = None
         if (step + 1) % cfg.log_every == 0 or done:
             stats = dist.mean({"loss": loss_sum / max(1, n_sum), "token_acc": acc_sum / max(1, n_sum)})
-            row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr_at(step, cfg),
+            row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
             loss_sum = acc_sum = n_sum = 0.0
             bar.set_postfix(loss=f"{stats['loss']:.3f}")

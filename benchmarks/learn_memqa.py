@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ENV_KW = {"objectives": 1, "hops": 2}
+ENV_KW = json.loads(__import__("os").environ.get("LEARN_ENV_KW", "{\"objectives\": 1, \"hops\": 2}"))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -60,13 +60,13 @@ def pick_weak_checkpoint(sft_dir: Path, low: float, high: float) -> tuple[Path, 
 def run_sft(args) -> dict:
     from agents.sft import SFTConfig, train_sft
 
-    cfg = SFTConfig(env_id="MemQA-v0", env_kwargs=dict(ENV_KW), out_dir=str(args.out / "sft"), seed=args.seed,
-                    episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=2e-3, warmup=100,
-                    eval_every=args.sft_eval_every, save_every=args.sft_eval_every, keep_checkpoints=1000,
-                    eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
-                    threads=args.threads,
-                    tiny_hidden=args.hidden, tiny_layers=args.layers, tiny_heads=args.heads,
-                    prompt_loss_weight=args.prompt_loss_weight, resume=args.resume, progress=not args.quiet)
+    fields = dict(env_id="MemQA-v0", env_kwargs=dict(ENV_KW), out_dir=str(args.out / "sft"), seed=args.seed,
+                  episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=2e-3, warmup=100,
+                  eval_every=args.sft_eval_every, save_every=args.sft_eval_every, keep_checkpoints=1000,
+                  eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
+                  threads=args.threads, tiny_hidden=args.hidden, tiny_layers=args.layers, tiny_heads=args.heads,
+                  prompt_loss_weight=args.prompt_loss_weight, resume=args.resume, progress=not args.quiet)
+    cfg = SFTConfig(**{**fields, **json.loads(args.sft_kw)})
     train_sft(cfg)
     points = eval_points(read_metrics(args.out / "sft" / "metrics.csv"), "step")
     best = max(points, key=lambda p: p[2])
@@ -139,6 +139,7 @@ def main() -> int:
     p.add_argument("--eval-episodes", type=int, default=100)
     p.add_argument("--prompt-loss-weight", type=float, default=0.0,
                    help="SFT: weight of an extra LM loss on observation tokens (0: action tokens only)")
+    p.add_argument("--sft-kw", default="{}", help="extra SFTConfig fields as JSON")
     p.add_argument("--weak-low", type=float, default=0.15, help="weak SFT checkpoint: held-out F1 range")
     p.add_argument("--weak-high", type=float, default=0.40)
     p.add_argument("--start", default=None, help="RL: start checkpoint (default: picked from the SFT run)")
