@@ -56,7 +56,7 @@ def task_texts(env_id: str = "MemQA-v0", env_kwargs: dict[str, Any] | None = Non
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096, *, min_frequency: int = 2,
-                    byte_alphabet: bool = True, split_spaces: bool = True, extra_tokens: Iterable[str] = ()):
+                    byte_alphabet: bool = True, split_spaces: bool | str = True, extra_tokens: Iterable[str] = ()):
     """A byte-level BPE tokenizer trained on ``texts``, as a ``PreTrainedTokenizerFast``.
 
     Ids: ``<pad>`` 0, ``<eos>`` 1, then the protocol tags (and ``extra_tokens``) as single non-special added
@@ -66,17 +66,32 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096, *, min_frequen
     ``split_spaces`` (default): every whitespace character is its own token, so a word has one tokenization
     whatever precedes it. With GPT-2 style merges ("Ġname" after a space, "name" after ``<search>``) a tiny model
     must learn a spelling map to copy a name from the question into ``<search>name</search>``; with split
-    spaces copying is a plain induction copy of the same ids (sequences are ~1.6x longer). Without it the
-    tokenizer is the usual GPT-2 style byte-level BPE.
+    spaces copying is a plain induction copy of the same ids (sequences are ~1.6x longer). Without it
+    (``False`` or ``"prefix"``) the tokenizer is the usual GPT-2 style byte-level BPE.
+
+    ``"suffix"``: a word keeps the one plain space that follows it ("Wigei " "is " "a " "city " "in " "Wubuxora"
+    "."). Names in this task are copied from where punctuation or a tag follows them (a sentence's object, a
+    title, a question's entity) into places where a tag follows them (``<search>name</search>``), so they keep
+    one tokenization; sequences are as short as GPT-2 style and copying is an adjacent-token induction.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tags = list(dict.fromkeys([*PROTOCOL_TAGS, *extra_tokens]))
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"), byte_level])
-                         if split_spaces else byte_level)
+    style = {True: "isolated", False: "prefix"}.get(split_spaces, split_spaces) if isinstance(split_spaces, bool) \
+        else split_spaces
+    if style not in ("isolated", "prefix", "suffix"):
+        raise ValueError(f"split_spaces must be True, False, 'isolated', 'prefix' or 'suffix', got {split_spaces!r}")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style == "prefix")
+    if style == "isolated":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    elif style == "suffix":  # letters / digits / other symbols, each run with the one plain space after it
+        words = Regex(r"[\p{L}\p{M}]+ ?|\p{N}+ ?|[^\s\p{L}\p{M}\p{N}]+ ?|\s")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(words, behavior="isolated"), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=int(vocab_size), min_frequency=int(min_frequency), show_progress=False,
@@ -178,7 +193,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any =
 
 def make_tiny(path: str | os.PathLike | None = None, env_id: str = "MemQA-v0",
               env_kwargs: dict[str, Any] | None = None, *, episodes: int = 200, vocab_size: int = 4096,
-              include_corpus: bool = True, split_spaces: bool = True, seed: int = 0, arch: str = "qwen2",
+              include_corpus: bool = True, split_spaces: bool | str = True, seed: int = 0, arch: str = "qwen2",
               **config_kwargs: Any):
     """Tokenizer from the env's task text + a random-init tiny model; saved to ``path`` when given.
 

@@ -51,6 +51,8 @@ class SFTConfig(RunConfig):
     log_every: int = 10
     prompt_loss_weight: float = 0.0  # > 0: add w * LM loss on the observation tokens (pretraining on task
     # text; speeds up a from-scratch tiny model learning to copy). 0 = behaviour cloning on action tokens only.
+    prompt_loss_fraction: float = 1.0  # share of observation tokens scored by that LM loss (a random subset
+    # each step: the output layer over every prompt position costs more than the model body at vocab 4096)
     bucket: int = 8  # draw batch_size * bucket sequences, sort them by length, cut into `bucket` batches:
     # rows of similar length waste little padding (1 = plain uniform batches)
     autocast: str = "none"  # "bf16": bfloat16 autocast of the forward pass (CPU AMX / GPU); weights stay fp32
@@ -112,6 +114,8 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         raise ValueError(f"SFTConfig.autocast must be 'none' or 'bf16', got {cfg.autocast!r}")
     if cfg.schedule_by not in ("steps", "budget"):
         raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {cfg.schedule_by!r}")
+    if not 0.0 < cfg.prompt_loss_fraction <= 1.0:
+        raise ValueError(f"SFTConfig.prompt_loss_fraction must be in (0, 1], got {cfg.prompt_loss_fraction}")
     if cfg.bucket < 1:
         raise ValueError(f"SFTConfig.bucket must be >= 1, got {cfg.bucket}")
 
@@ -160,6 +164,10 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         idx = next(batches)
         batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device,
                         include_prompt=cfg.prompt_loss_weight > 0)
+        if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:
+            keep = ~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))).to(batch.prompt.device)
+                                    < cfg.prompt_loss_fraction)
+            batch = batch.select_targets(keep)
         model.train()
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
             logp_all, _, _ = train_model(**batch.inputs())

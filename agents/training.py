@@ -56,7 +56,7 @@ class RunConfig:
     tiny_heads: int = 4
     tiny_arch: str = "qwen2"
     tiny_tokenizer_episodes: int = 200
-    tiny_split_spaces: bool = True
+    tiny_split_spaces: bool | str = True  # True/'isolated', False/'prefix' (GPT-2) or 'suffix' (build_tokenizer)
     max_seconds: float | None = None  # stop (and checkpoint) once this budget is spent
     budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
 
@@ -177,6 +177,12 @@ class Batch:
 
     def to(self, device) -> "Batch":
         return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def select_targets(self, keep: torch.Tensor) -> "Batch":
+        """The same rows with only the targets where ``keep`` (bool, one per target) is true."""
+        per_target = ("rows", "cols", "targets", "memory", "seq_index", "prompt")
+        return Batch(**{f.name: getattr(self, f.name)[keep] if f.name in per_target else getattr(self, f.name)
+                        for f in fields(self)})
 
     def inputs(self) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,

@@ -37,3 +37,35 @@ def test_save_load_round_trip(tmp_path, arch):
     text = "<memory>a b</memory><answer>c; d</answer>"
     assert tok2.encode(text) == tok.encode(text)
     assert tok2.decode(tok2.encode(text)) == text
+
+
+def _subsequence(needle, hay):
+    return any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
+
+
+@pytest.mark.parametrize("style", ["isolated", "suffix", "prefix"])
+def test_space_styles_are_lossless_and_copy_consistency_differs_as_documented(style):
+    from agents.models import build_tokenizer
+
+    doc = ("Doc 1 (Title: Wubuxora) Wubuxora is governed from its capital Upper Daiteidair. Visitors often "
+           "associate Wubuxora with tin mining.\nQuestion 1: What is the capital of Wubuxora?  Odd\tspacing\n\n")
+    action = "<memory>Wubuxora: the capital is Upper Daiteidair.</memory><answer>Upper Daiteidair</answer>"
+    tok = build_tokenizer([doc, action] * 50, vocab_size=400, split_spaces=style)
+    for text in (doc, action, "  leading spaces, \u00fcml\u00e4uts and \u2603 \n"):
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    doc_ids = tok.encode(doc, add_special_tokens=False)
+    answer = tok.encode("Upper Daiteidair", add_special_tokens=False)   # as written after <answer>
+    title = tok.encode("Wubuxora", add_special_tokens=False)            # as written after <search>
+    # isolated and suffix: the ids of a name after a tag occur in the document (before "." or ")"), so copying
+    # it is an induction copy; GPT-2 style ("prefix") spells it differently after a space.
+    assert _subsequence(answer, doc_ids) == (style != "prefix")
+    assert _subsequence(title, doc_ids) == (style != "prefix")
+    if style == "suffix":
+        assert len(doc_ids) < 0.75 * len(build_tokenizer([doc, action] * 50, vocab_size=400).encode(doc))
+
+
+def test_unknown_space_style_is_named():
+    from agents.models import build_tokenizer
+
+    with pytest.raises(ValueError, match="split_spaces"):
+        build_tokenizer(["abc"], split_spaces="tabs")
