@@ -171,17 +171,36 @@ def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict
     return path
 
 
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in ``path``, exactly as it was saved.
+
+    ``AutoTokenizer`` picks the tokenizer class from the *model* config when the saved class is the generic
+    fast tokenizer, and a model-specific class may replace the saved pre-tokenizer with its own (transformers 5
+    loads our tiny Qwen2 checkpoints as ``Qwen2Tokenizer``, whose regex splits numbers into digits and glues
+    spaces to words): a model trained on one tokenization would be run on another. Tokenizers saved as the
+    generic class are therefore loaded as ``PreTrainedTokenizerFast`` from their ``tokenizer.json``; any other
+    checkpoint (a real Qwen2.5 or Llama folder) goes through ``AutoTokenizer`` as usual."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    config_file = path / "tokenizer_config.json"
+    saved_class = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
+    if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any = None):
     """``(model, tokenizer)`` from a local folder (a tiny model of this module or any causal LM checkpoint).
 
     Never touches the network. ``dtype`` defaults to float32 (token-exact log-probs on CPU)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model checkpoint at {path} (config.json missing)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32,

@@ -69,3 +69,21 @@ def test_unknown_space_style_is_named():
 
     with pytest.raises(ValueError, match="split_spaces"):
         build_tokenizer(["abc"], split_spaces="tabs")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("style", ["isolated", "suffix", "prefix"])
+def test_checkpoint_keeps_the_exact_tokenization(tmp_path, arch, style):
+    """Regression: AutoTokenizer loaded tiny Qwen2 checkpoints as Qwen2Tokenizer, whose own regex replaced the
+    saved pre-tokenizer (numbers split into digits, spaces glued to words), so a policy trained on one
+    tokenization was evaluated and RL-trained on another after a reload."""
+    from agents.models import build_tiny_model, build_tokenizer, load_tokenizer
+
+    corpus = ["Doc 1 (Title: Wigei) The population of Wigei is 570236. Wigei is a city in Wubuxora.\n",
+              "<memory>Wigei: Wigei is a city in Wubuxora.</memory><answer>570236</answer>"] * 40
+    tok = build_tokenizer(corpus, vocab_size=350, split_spaces=style)
+    path = save_pretrained(build_tiny_model(tok, arch, hidden_size=16, layers=1, heads=2), tok, tmp_path / "m")
+    probe = corpus[0] + corpus[1] + "  two  spaces, 12 345 and\ttabs\n\n"
+    _, loaded = load_pretrained(path)
+    assert loaded.encode(probe, add_special_tokens=False) == tok.encode(probe, add_special_tokens=False)
+    assert load_tokenizer(path).encode(probe) == tok.encode(probe)
