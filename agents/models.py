@@ -212,14 +212,14 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any =
 
 def make_tiny(path: str | os.PathLike | None = None, env_id: str = "MemQA-v0",
               env_kwargs: dict[str, Any] | None = None, *, episodes: int = 200, vocab_size: int = 4096,
-              include_corpus: bool = True, split_spaces: bool | str = True, seed: int = 0, arch: str = "qwen2",
-              **config_kwargs: Any):
+              include_corpus: bool = True, split_spaces: bool | str = True, min_frequency: int = 2, seed: int = 0,
+              arch: str = "qwen2", **config_kwargs: Any):
     """Tokenizer from the env's task text + a random-init tiny model; saved to ``path`` when given.
 
     Returns ``(model, tokenizer)``. Tokenizer text comes from seeds ``10**6 + seed ..`` (not the training
     or evaluation seeds of the trainers)."""
     texts = task_texts(env_id, env_kwargs, episodes=episodes, seed=10**6 + seed, include_corpus=include_corpus)
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, split_spaces=split_spaces)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, split_spaces=split_spaces, min_frequency=min_frequency)
     model = build_tiny_model(tokenizer, arch, seed=seed, **config_kwargs)
     if path is not None:
         save_pretrained(model, tokenizer, path)

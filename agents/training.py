@@ -56,6 +56,7 @@ class RunConfig:
     tiny_heads: int = 4
     tiny_arch: str = "qwen2"
     tiny_tokenizer_episodes: int = 200
+    tiny_min_frequency: int = 2  # BPE merges need this many occurrences (1: every corpus word can become a token)
     tiny_split_spaces: bool | str = True  # True/'isolated', False/'prefix' (GPT-2) or 'suffix' (build_tokenizer)
     max_seconds: float | None = None  # stop (and checkpoint) once this budget is spent
     budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
@@ -381,7 +382,8 @@ def load_or_build_model(cfg: RunConfig, dist: Dist, path: str | os.PathLike | No
         lm, tok = load_pretrained(source)
     else:
         lm, tok = make_tiny(None, cfg.env_id, cfg.env_kwargs, episodes=cfg.tiny_tokenizer_episodes,
-                            vocab_size=cfg.tiny_vocab, split_spaces=cfg.tiny_split_spaces, seed=cfg.seed, arch=cfg.tiny_arch,
+                            vocab_size=cfg.tiny_vocab, split_spaces=cfg.tiny_split_spaces,
+                            min_frequency=cfg.tiny_min_frequency, seed=cfg.seed, arch=cfg.tiny_arch,
                             hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads)
     return lm.to(dist.device), tok
 
