@@ -3,7 +3,10 @@
 SFT recipe (defaults; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
 their trailing space (``tiny_split_spaces="suffix"``: names copy as the same ids, prompts ~250 tokens), batches
 of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32), lr 3e-3
-with a cosine that ends when the CPU budget does (``schedule_by="budget"``), loss on action tokens only.
+with a cosine that ends when the CPU budget does (``schedule_by="budget"``), the action-token loss plus a language-
+model loss on a random 30% of the observation tokens (``--prompt-loss-weight 1``, ``prompt_loss_fraction=0.3``),
+and a vocabulary of up to 8192 in which every corpus word may become one token (``tiny_min_frequency=1``).
+RL (defaults): lr 2e-4, sampling temperature 0.7; override with ``--rl-kw '{...}'``.
 
     python benchmarks/learn_memqa.py --stage sft  --out runs/learn   # SFT from scratch, 20 CPU-minutes
     python benchmarks/learn_memqa.py --stage ppo  --out runs/learn   # PPO from a weaker SFT checkpoint, 30 min
@@ -67,7 +70,8 @@ def run_sft(args) -> dict:
 
     fields = dict(env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
                   episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=3e-3, warmup=100,
-                  autocast="bf16", bucket=8, schedule_by="budget", tiny_split_spaces="suffix",
+                  autocast="bf16", bucket=8, schedule_by="budget", tiny_split_spaces="suffix", tiny_vocab=8192,
+                  tiny_min_frequency=1, prompt_loss_fraction=0.3,
                   eval_every=args.sft_eval_every, save_every=args.sft_eval_every, keep_checkpoints=1000,
                   eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
                   threads=args.threads, tiny_hidden=args.hidden, tiny_layers=args.layers, tiny_heads=args.heads,
@@ -93,11 +97,12 @@ def run_rl(args, algo: str) -> dict:
     else:
         start, start_f1 = pick_weak_checkpoint(args.out / "sft", args.weak_low, args.weak_high)
     print(f"{algo}: starting from {start} (held-out F1 {start_f1:.3f} in the SFT run)")
-    cfg = PPOConfig(algo=algo, env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), model=str(start),
-                    out_dir=str(args.out / algo), seed=args.seed, updates=args.rl_updates,
-                    max_seconds=args.rl_minutes * 60, budget_clock="cpu", eval_every=args.rl_eval_every, save_every=args.rl_eval_every,
-                    eval_episodes=args.eval_episodes, threads=args.threads, resume=args.resume,
-                    progress=not args.quiet, **json.loads(args.rl_kw))
+    fields = dict(algo=algo, env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), model=str(start),
+                  out_dir=str(args.out / algo), seed=args.seed, updates=args.rl_updates, lr=2e-4, temperature=0.7,
+                  max_seconds=args.rl_minutes * 60, budget_clock="cpu", eval_every=args.rl_eval_every,
+                  save_every=args.rl_eval_every, eval_episodes=args.eval_episodes, threads=args.threads,
+                  resume=args.resume, progress=not args.quiet)
+    cfg = PPOConfig(**{**fields, **json.loads(args.rl_kw)})
     train_rl(cfg)
     points = eval_points(read_metrics(args.out / algo / "metrics.csv"), "update")
     base, last = points[0][2], points[-1][2]
@@ -144,8 +149,8 @@ def main() -> int:
     p.add_argument("--sft-minutes", type=float, default=20.0)
     p.add_argument("--sft-eval-every", type=int, default=100)
     p.add_argument("--eval-episodes", type=int, default=100)
-    p.add_argument("--prompt-loss-weight", type=float, default=0.0,
-                   help="SFT: weight of an extra LM loss on observation tokens (0: action tokens only)")
+    p.add_argument("--prompt-loss-weight", type=float, default=1.0,
+                   help="SFT: weight of an extra LM loss on 30%% of the observation tokens (0: action tokens only)")
     p.add_argument("--sft-kw", default="{}", help="extra SFTConfig fields as JSON")
     p.add_argument("--weak-low", type=float, default=0.15, help="weak SFT checkpoint: held-out F1 range")
     p.add_argument("--weak-high", type=float, default=0.40)
