@@ -113,6 +113,44 @@ def run_rl(args, algo: str) -> dict:
             "minutes": points[-1][1] / 60}
 
 
+def run_eval(args) -> dict:
+    """Held-out greedy F1 of one checkpoint on more episodes than the in-run evaluations (seeds 10**7 + i)."""
+    import gymnasium as gym
+    import numpy as np
+
+    import memenv  # noqa: F401
+    from agents.llm import LLMPolicy
+    from agents.models import load_pretrained
+    from agents.rollout import rollout
+
+    if not args.start:
+        raise SystemExit("--stage eval needs --start CHECKPOINT")
+    lm, tok = load_pretrained(args.start)
+    policy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=96)
+    envs = [gym.make("MemQA-v0", **json.loads(args.env_kw)) for _ in range(16)]
+    seeds = [10**7 + i for i in range(args.eval_episodes)]
+    episodes = rollout(policy, envs, seeds, progress=not args.quiet)
+    f1 = np.array([ep.f1 for ep in episodes])
+    kinds = [getattr(q, "kind", "?") for q in _question_kinds(args, seeds)]
+    by_kind = {k: float(np.mean([f for f, kk in zip(f1, kinds) if kk == k])) for k in sorted(set(kinds))}
+    result = {"checkpoint": str(args.start), "episodes": len(f1), "f1": float(f1.mean()),
+              "f1_stderr": float(f1.std(ddof=1) / np.sqrt(len(f1))), "f1_by_kind": by_kind,
+              "kind_counts": {k: kinds.count(k) for k in sorted(set(kinds))}}
+    print(f"\nheld-out F1 {result['f1']:.3f} +- {result['f1_stderr']:.3f} (s.e.) on {len(f1)} episodes; by kind {by_kind}")
+    return result
+
+
+def _question_kinds(args, seeds):
+    import gymnasium as gym
+
+    env = gym.make("MemQA-v0", **json.loads(args.env_kw))
+    out = []
+    for seed in seeds:
+        env.reset(seed=seed)
+        out.append(env.unwrapped.questions[0])
+    return out
+
+
 def plot_all(out: Path) -> None:
     import matplotlib
 
@@ -136,7 +174,7 @@ def plot_all(out: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["sft", "ppo", "grpo", "rl", "all", "plot"], default="all")
+    p.add_argument("--stage", choices=["sft", "ppo", "grpo", "rl", "all", "plot", "eval"], default="all")
     p.add_argument("--out", type=Path, default=Path("runs/learn_memqa"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--env-kw", default=json.dumps(ENV_KW), help="MemQA-v0 kwargs as JSON (the issue's task by default)")
@@ -175,6 +213,8 @@ def main() -> int:
     for algo in ("ppo", "grpo"):
         if args.stage in (algo, "rl", "all"):
             results[algo] = run_rl(args, algo)
+    if args.stage == "eval":
+        results.setdefault("eval", {})[str(args.start)] = run_eval(args)
     summary_path.write_text(json.dumps(results, indent=2))
     plot_all(args.out)
     print("\n" + json.dumps(results, indent=2))
