@@ -181,7 +181,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
     p.add_argument("--sft-episodes", type=int, default=3000)
     p.add_argument("--sft-steps", type=int, default=4000)
     p.add_argument("--sft-minutes", type=float, default=20.0)
