@@ -79,8 +79,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096, *, min_frequen
 
     tags = list(dict.fromkeys([*PROTOCOL_TAGS, *extra_tokens]))
     tok = Tokenizer(models.BPE())
-    style = {True: "isolated", False: "prefix"}.get(split_spaces, split_spaces) if isinstance(split_spaces, bool) \
-        else split_spaces
+    style = {True: "isolated", False: "prefix"}.get(split_spaces, split_spaces)
     if style not in ("isolated", "prefix", "suffix"):
         raise ValueError(f"split_spaces must be True, False, 'isolated', 'prefix' or 'suffix', got {split_spaces!r}")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style == "prefix")

@@ -59,6 +59,16 @@ class SFTConfig(RunConfig):
     schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
     # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
 
+    def __post_init__(self) -> None:
+        if self.autocast not in ("none", "bf16"):
+            raise ValueError(f"SFTConfig.autocast must be 'none' or 'bf16', got {self.autocast!r}")
+        if self.schedule_by not in ("steps", "budget"):
+            raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {self.schedule_by!r}")
+        if not 0.0 < self.prompt_loss_fraction <= 1.0:
+            raise ValueError(f"SFTConfig.prompt_loss_fraction must be in (0, 1], got {self.prompt_loss_fraction}")
+        if self.bucket < 1:
+            raise ValueError(f"SFTConfig.bucket must be >= 1, got {self.bucket}")
+
 
 def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
     """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds``."""
@@ -109,15 +119,6 @@ def length_buckets(lengths, batch_size: int, bucket: int, rng: np.random.Generat
 def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
     from tqdm.auto import tqdm
-
-    if cfg.autocast not in ("none", "bf16"):
-        raise ValueError(f"SFTConfig.autocast must be 'none' or 'bf16', got {cfg.autocast!r}")
-    if cfg.schedule_by not in ("steps", "budget"):
-        raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {cfg.schedule_by!r}")
-    if not 0.0 < cfg.prompt_loss_fraction <= 1.0:
-        raise ValueError(f"SFTConfig.prompt_loss_fraction must be in (0, 1], got {cfg.prompt_loss_fraction}")
-    if cfg.bucket < 1:
-        raise ValueError(f"SFTConfig.bucket must be >= 1, got {cfg.bucket}")
 
     from agents.llm import LLMPolicy
 

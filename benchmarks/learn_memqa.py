@@ -122,13 +122,14 @@ def run_eval(args) -> dict:
     from agents.llm import LLMPolicy
     from agents.models import load_pretrained
     from agents.rollout import rollout
+    from agents.training import eval_seeds
 
     if not args.start:
         raise SystemExit("--stage eval needs --start CHECKPOINT")
     lm, tok = load_pretrained(args.start)
     policy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=96)
     envs = [gym.make("MemQA-v0", **json.loads(args.env_kw)) for _ in range(16)]
-    seeds = [10**7 + i for i in range(args.eval_episodes)]
+    seeds = eval_seeds(args.eval_episodes)  # the trainers' held-out seeds
     episodes = rollout(policy, envs, seeds, progress=not args.quiet)
     f1 = np.array([ep.f1 for ep in episodes])
     kinds = [getattr(q, "kind", "?") for q in _question_kinds(args, seeds)]
@@ -141,6 +142,7 @@ def run_eval(args) -> dict:
 
 
 def _question_kinds(args, seeds):
+    """The question of each seed's episode (episode info holds answers, not question kinds)."""
     import gymnasium as gym
 
     env = gym.make("MemQA-v0", **json.loads(args.env_kw))

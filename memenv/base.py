@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
 from typing import Any
 
@@ -29,6 +30,17 @@ def sanitize(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def required_data_file(data_path: Any, env_id: str, what: str, example: str, label: str) -> str:
+    """The path of a data file an env cannot run without; a clear error when it is missing or absent."""
+    if data_path is None:
+        raise ValueError(f"{env_id} needs data_path= ({what}), e.g. "
+                         f"gym.make('{env_id}', data_path='{example}')")
+    path = os.fspath(data_path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{label} data file not found: {path}")
+    return path
+
+
 def _text_space_template(max_length: int, min_length: int) -> spaces.Text:
     return spaces.Text(max_length, min_length=min_length, charset=CHARSET)
 

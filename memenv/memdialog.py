@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from memenv.base import MemEnvBase, sanitize
+from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
@@ -142,12 +142,8 @@ class MemDialogEnv(MemEnvBase):
         self._max_turns_arg = max_turns
         self.conversations: tuple[Conversation, ...] = ()
         if data_path is not None or dataset == "locomo":
-            if data_path is None:
-                raise ValueError("MemDialog-LoCoMo-v0 needs data_path= (the LoCoMo JSON file), e.g. "
-                                 "gym.make('MemDialog-LoCoMo-v0', data_path='../shared/data/locomo/locomo10.json')")
-            path = os.fspath(data_path)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"LoCoMo data file not found: {path}")
+            path = required_data_file(data_path, "MemDialog-LoCoMo-v0", "the LoCoMo JSON file",
+                                      "../shared/data/locomo/locomo10.json", "LoCoMo")
             self.conversations = _load_locomo(path, os.path.getmtime(path))
             if conversation is not None and not 0 <= conversation < len(self.conversations):
                 raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")

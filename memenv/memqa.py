@@ -11,7 +11,7 @@ import functools
 import os
 from typing import Any
 
-from memenv.base import MemEnvBase, sanitize
+from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.protocol import parse_action
 from memenv.scoring import score_objectives, split_answers
@@ -76,12 +76,8 @@ def resolve_qa_source(*, dataset: str = "synthetic", source: Any = None, data_pa
         paths = (os.fspath(corpus_path), os.fspath(questions_path))
         return _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
     if data_path is not None or dataset == "hotpotqa":
-        if data_path is None:
-            raise ValueError("MemQA-Hotpot-v0 needs data_path= (a HotpotQA JSON or JSONL file), e.g. "
-                             "gym.make('MemQA-Hotpot-v0', data_path='../shared/data/hotpotqa/hotpot_dev_distractor_1100.json')")
-        path = os.fspath(data_path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"HotpotQA data file not found: {path}")
+        path = required_data_file(data_path, "MemQA-Hotpot-v0", "a HotpotQA JSON or JSONL file",
+                                  "../shared/data/hotpotqa/hotpot_dev_distractor_1100.json", "HotpotQA")
         return _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
     if dataset != "synthetic":
         raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'hotpotqa'")
