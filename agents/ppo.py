@@ -297,7 +297,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
                disable=not (cfg.progress and dist.main))
     timer, last = Timer(elapsed), {}
     if start == 0 and cfg.eval_every:
-        last = {"update": 0, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)}
+        with timer.excluded(not cfg.budget_counts_eval):
+            evaluation = distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)
+        last = {"update": 0, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **evaluation}
         log.append(last)
     update = start
     for update in range(start, cfg.updates):
@@ -369,7 +371,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            row.update(distributed_evaluate(greedy, envs, cfg.eval_episodes, dist))
+            with timer.excluded(not cfg.budget_counts_eval):
+                row.update(distributed_evaluate(greedy, envs, cfg.eval_episodes, dist))
+            row.update(eval_seconds=round(timer.excluded_wall, 2), eval_cpu_seconds=round(timer.excluded_cpu, 2))
         log.append(row)
         last = row
         log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy"],

@@ -198,7 +198,9 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if (step + 1) % cfg.eval_every == 0 or done:
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            row.update(distributed_evaluate(sampler, envs, cfg.eval_episodes, dist))
+            with timer.excluded(not cfg.budget_counts_eval):
+                row.update(distributed_evaluate(sampler, envs, cfg.eval_episodes, dist))
+            row.update(eval_seconds=round(timer.excluded_wall, 2), eval_cpu_seconds=round(timer.excluded_cpu, 2))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
             log.append(row)

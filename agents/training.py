@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -60,6 +61,8 @@ class RunConfig:
     tiny_split_spaces: bool | str = True  # True/'isolated', False/'prefix' (GPT-2) or 'suffix' (build_tokenizer)
     max_seconds: float | None = None  # stop (and checkpoint) once this budget is spent
     budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
+    budget_counts_eval: bool = False  # held-out evaluations count on the clocks and the budget (default: they
+    # are excluded and logged as eval_seconds / eval_cpu_seconds)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -408,17 +411,38 @@ def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
 
 
 class Timer:
-    """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start."""
+    """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start,
+    less the time spent inside :meth:`excluded` blocks (held-out evaluations: measuring a run should not eat
+    its training budget, and evaluating more often should not make a run look slower). The excluded time is
+    kept in ``excluded_wall`` / ``excluded_cpu``."""
 
     def __init__(self, elapsed: tuple[float, float] = (0.0, 0.0)) -> None:
         self.start = time.perf_counter() - elapsed[0]  # a resumed run continues its clocks
         self.start_cpu = time.process_time() - elapsed[1]
+        self.excluded_wall = 0.0
+        self.excluded_cpu = 0.0
 
     def __call__(self) -> float:
         return time.perf_counter() - self.start
 
     def cpu(self) -> float:
         return time.process_time() - self.start_cpu
+
+    @contextmanager
+    def excluded(self, enabled: bool = True):
+        """A block whose wall and CPU time do not count on this timer's clocks (``enabled=False``: they do)."""
+        if not enabled:
+            yield
+            return
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            dw, dc = time.perf_counter() - wall, time.process_time() - cpu
+            self.start += dw
+            self.start_cpu += dc
+            self.excluded_wall += dw
+            self.excluded_cpu += dc
 
     def budget(self, clock: str) -> float:
         """Seconds on the clock a time budget is counted in: ``"wall"`` or ``"cpu"``."""

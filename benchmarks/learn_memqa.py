@@ -16,8 +16,9 @@ RL (defaults): lr 3e-5, KL 0.02 to the start policy, sampling temperature 0.7 (l
 Targets (issue 4): SFT reaches held-out F1 >= 0.5 within 20 CPU-minutes; PPO and GRPO started from a weaker SFT
 checkpoint raise held-out F1 by >= 0.10 absolute within 30 CPU-minutes each. Held-out F1: greedy decoding on
 task seeds 10**7 + i (never trained on). "CPU-minutes" is the CPU time of the training process (one thread,
-``--threads 1``; model and data set-up excluded, held-out evaluations included), so the budget is fair on a
-machine shared with other jobs; wall time is logged too (``seconds`` in metrics.csv). Prints the figures and writes
+``--threads 1``; model and data set-up and the held-out evaluations excluded: measuring a run must not eat its
+budget, and their CPU time is logged as ``eval_cpu_seconds``), so the budget is fair on a machine shared with
+other jobs; wall time is logged too (``seconds`` in metrics.csv). Prints the figures and writes
 ``OUT/<stage>/metrics.csv``, ``OUT/<stage>/learning_curve.png`` and ``OUT/learn_memqa.png``.
 """
 

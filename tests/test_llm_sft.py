@@ -56,3 +56,41 @@ def test_sft_with_bf16_autocast_and_budget_schedule_learns(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     losses = [float(r["loss"]) for r in rows if r.get("loss")]
     assert losses[-1] < 0.8 * losses[0]  # the bf16 forward still trains the fp32 weights
+
+
+def _burn(seconds: float) -> None:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_timer_leaves_excluded_blocks_off_both_clocks():
+    from agents.training import Timer
+
+    timer = Timer()
+    _burn(0.05)
+    with timer.excluded():
+        _burn(0.3)
+    with timer.excluded(enabled=False):  # counted as usual
+        _burn(0.05)
+    assert 0.1 <= timer.cpu() < 0.25 and timer() < 0.3 + 0.15  # the 0.3 s block is on neither clock
+    assert timer.excluded_cpu >= 0.3 and timer.excluded_wall >= 0.3
+    assert timer.budget("cpu") == pytest.approx(timer.cpu(), abs=0.02)
+
+
+def test_sft_evaluations_do_not_count_on_the_budget(tmp_path):
+    import csv
+
+    cfg = SFTConfig(out_dir=str(tmp_path), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
+                    steps=6, batch_size=2, warmup=1, eval_every=3, save_every=1000, eval_episodes=4, num_envs=2,
+                    max_new_tokens=16, threads=1, progress=False, tiny_vocab=300, tiny_hidden=32, tiny_layers=1,
+                    tiny_heads=2, tiny_tokenizer_episodes=4)
+    train_sft(cfg)
+    rows = [r for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r.get("eval_f1")]
+    assert [int(r["step"]) for r in rows] == [3, 6]
+    first, second = (float(rows[0]["eval_cpu_seconds"]), float(rows[1]["eval_cpu_seconds"]))
+    assert 0 < first < second  # cumulative evaluation CPU time, logged beside the training clock
+    # the training clock between the two evaluations holds 3 small steps, not the evaluation that came first
+    assert float(rows[1]["cpu_seconds"]) - float(rows[0]["cpu_seconds"]) < first + 1.0
