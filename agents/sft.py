@@ -121,6 +121,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from agents.llm import LLMPolicy
+    from agents.models import use_float32_attention
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -132,6 +133,8 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     seed_everything(cfg.seed)
     resume_from = latest_checkpoint(out) if cfg.resume else None
     lm, tok = load_or_build_model(cfg, dist, resume_from)
+    if cfg.autocast == "bf16" and torch.device(dist.device).type == "cpu":
+        use_float32_attention(lm)  # CPU flash attention is much faster in fp32 than in bf16
     model = ActorCritic(lm)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start, elapsed = 0, (0.0, 0.0)

@@ -87,3 +87,38 @@ def test_checkpoint_keeps_the_exact_tokenization(tmp_path, arch, style):
     _, loaded = load_pretrained(path)
     assert loaded.encode(probe, add_special_tokens=False) == tok.encode(probe, add_special_tokens=False)
     assert load_tokenizer(path).encode(probe) == tok.encode(probe)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_float32_attention_under_bf16_autocast(tmp_path, monkeypatch, arch):
+    from agents.models import use_float32_attention
+
+    tok = memqa_tokenizer()
+    model = tiny_model(tok, arch=arch)
+    ids = torch.tensor([tok.encode("<task>Question 1: What is the capital of Wigei?</task>")] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0  # right padding: a padding mask reaches the attention
+    with torch.no_grad():
+        plain = model(ids, attention_mask=mask).logits
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append(({q.dtype, k.dtype, v.dtype}, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, attention_mask=mask)
+    assert any(torch.bfloat16 in dtypes for dtypes, _ in seen)  # plain SDPA: a bf16 value under autocast
+
+    use_float32_attention(model)
+    seen.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids, attention_mask=mask).logits
+    assert seen and all(dtypes == {torch.float32} and not autocast for dtypes, autocast in seen)
+    assert (logits.float() - plain).abs().max() < 0.1  # still the same model, at bf16 precision elsewhere
+    with torch.no_grad():  # without autocast it is exactly transformers' SDPA
+        assert torch.equal(model(ids, attention_mask=mask).logits, plain)
+    loaded, _ = load_pretrained(save_pretrained(model, tok, tmp_path / "m"))
+    assert loaded.config._attn_implementation == "sdpa"  # not saved with the checkpoint
