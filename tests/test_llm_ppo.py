@@ -11,7 +11,7 @@ import gymnasium as gym  # noqa: E402
 from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
 from agents.llm import LLMPolicy  # noqa: E402
-from agents.ppo import PPOConfig, episode_gae, gae, group_advantages, grpo_assign, ppo_loss, train_rl  # noqa: E402
+from agents.ppo import PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss, train_rl  # noqa: E402
 from agents.records import InvocationRecord  # noqa: E402
 from agents.rollout import Episode, rollout  # noqa: E402
 from agents.training import ActorCritic, collate  # noqa: E402
@@ -80,6 +80,20 @@ def test_ppo_loss_hand_computed():
                  entropy=torch.tensor([2.0]), ent_coef=0.01)
     assert k["kl_ref"].item() == pytest.approx(2 - math.log(2) - 1)
     assert k["loss"].item() == pytest.approx(0.1 * (1 - math.log(2)) - 0.02)
+
+
+def test_policy_and_value_gradients_are_clipped_apart():
+    policy = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))]
+    value = [torch.nn.Parameter(torch.zeros(5))]
+    policy[0].grad, policy[1].grad = torch.tensor([0.3, 0.0, 0.0]), torch.tensor([0.4, 0.0, 0.0, 0.0])
+    value[0].grad = torch.full((5,), 10.0)
+    norms = clip_gradients(policy, value, max_norm=1.0)
+    assert norms == (pytest.approx(0.5), pytest.approx(10.0 * 5 ** 0.5))
+    assert torch.allclose(policy[0].grad, torch.tensor([0.3, 0.0, 0.0]))  # a large value gradient leaves it be
+    assert float(value[0].grad.norm()) == pytest.approx(1.0, rel=1e-4)
+    policy[0].grad = torch.tensor([3.0, 0.0, 0.0])  # a large policy gradient is clipped on its own
+    assert clip_gradients(policy, [], max_norm=1.0)[1] is None
+    assert float(torch.cat([p.grad for p in policy]).norm()) == pytest.approx(1.0, rel=1e-4)
 
 
 def test_batches_put_loss_on_action_tokens_only_and_reproduce_behaviour_logprobs():
