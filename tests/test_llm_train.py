@@ -74,6 +74,20 @@ def test_cli_rejects_options_of_another_algo(tmp_path):
         _cli(["train", "--algo", "ppo", "--set", "no_such_field=1", "--out", str(tmp_path)])
 
 
+def test_cli_set_parses_booleans_and_literals():
+    import argparse
+
+    from agents.train_cli import build_config, register_cli
+
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    args = parser.parse_args(["train", "--algo", "ppo", "--set", "budget_counts_eval=false", "value_detach=True",
+                              "kl_coef=0.05", "budget_clock=cpu", "env_kwargs={'objectives': 2}"])
+    cfg = build_config(args)
+    assert cfg.budget_counts_eval is False and cfg.value_detach is True  # "false" must not become a truthy str
+    assert cfg.kl_coef == 0.05 and cfg.budget_clock == "cpu" and cfg.env_kwargs["objectives"] == 2
+
+
 WORKER = textwrap.dedent("""
     import os, sys
     import torch
