@@ -42,7 +42,7 @@ from agents.training import (
     RunConfig,
     Timer,
     collate,
-    distributed_evaluate,
+    evaluate_off_budget,
     init_distributed,
     latest_checkpoint,
     load_or_build_model,
@@ -309,8 +309,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
                disable=not (cfg.progress and dist.main))
     timer, last = Timer(elapsed), {}
     if start == 0 and cfg.eval_every:
-        with timer.excluded(not cfg.budget_counts_eval):
-            evaluation = distributed_evaluate(greedy, envs, cfg.eval_episodes, dist)
+        evaluation = evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval)
         last = {"update": 0, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **evaluation}
         log.append(last)
     update = start
@@ -385,9 +384,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            with timer.excluded(not cfg.budget_counts_eval):
-                row.update(distributed_evaluate(greedy, envs, cfg.eval_episodes, dist))
-            row.update(eval_seconds=round(timer.excluded_wall, 2), eval_cpu_seconds=round(timer.excluded_cpu, 2))
+            row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
         log.append(row)
         last = row
         log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy"],

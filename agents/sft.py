@@ -27,7 +27,7 @@ from agents.training import (
     RunConfig,
     Timer,
     collate,
-    distributed_evaluate,
+    evaluate_off_budget,
     init_distributed,
     latest_checkpoint,
     load_or_build_model,
@@ -201,9 +201,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if (step + 1) % cfg.eval_every == 0 or done:
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            with timer.excluded(not cfg.budget_counts_eval):
-                row.update(distributed_evaluate(sampler, envs, cfg.eval_episodes, dist))
-            row.update(eval_seconds=round(timer.excluded_wall, 2), eval_cpu_seconds=round(timer.excluded_cpu, 2))
+            row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
             log.append(row)

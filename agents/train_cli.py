@@ -116,7 +116,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N steps/updates")
     p.add_argument("--num-envs", dest="num_envs", type=int)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
-    p.add_argument("--max-seconds", dest="max_seconds", type=float, help="time budget in seconds, held-out evaluations excluded (see --set budget_clock=cpu budget_counts_eval=true)")
+    p.add_argument("--max-seconds", dest="max_seconds", type=float,
+                   help="time budget in seconds, held-out evaluations excluded "
+                        "(see --set budget_clock=cpu budget_counts_eval=true)")
     p.add_argument("--threads", type=int, help="torch threads per process")
     p.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="any other config field")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

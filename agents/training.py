@@ -410,6 +410,14 @@ def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
             "eval_invalid_rate": sums[4] / max(1.0, sums[3])}
 
 
+def evaluate_off_budget(policy, envs, n: int, dist: Dist, timer: "Timer", counts: bool = False) -> dict[str, float]:
+    """:func:`distributed_evaluate` outside ``timer``'s clocks (unless ``counts``), plus the cumulative
+    evaluation time so far as ``eval_seconds`` / ``eval_cpu_seconds``."""
+    with timer.excluded(not counts):
+        result = distributed_evaluate(policy, envs, n, dist)
+    return {**result, "eval_seconds": round(timer.excluded_wall, 2), "eval_cpu_seconds": round(timer.excluded_cpu, 2)}
+
+
 class Timer:
     """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start,
     less the time spent inside :meth:`excluded` blocks (held-out evaluations: measuring a run should not eat

@@ -29,7 +29,6 @@ def sanitize(text: str) -> str:
     return _OUTSIDE_CHARSET.sub("\ufffd", text)
 
 
-@functools.lru_cache(maxsize=None)
 def required_data_file(data_path: Any, env_id: str, what: str, example: str, label: str) -> str:
     """The path of a data file an env cannot run without; a clear error when it is missing or absent."""
     if data_path is None:
@@ -41,6 +40,7 @@ def required_data_file(data_path: Any, env_id: str, what: str, example: str, lab
     return path
 
 
+@functools.lru_cache(maxsize=None)
 def _text_space_template(max_length: int, min_length: int) -> spaces.Text:
     return spaces.Text(max_length, min_length=min_length, charset=CHARSET)
 
