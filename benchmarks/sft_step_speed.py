@@ -1,0 +1,76 @@
+"""SFT step time on CPU, bf16 autocast: transformers' "sdpa" attention vs fp32 attention
+(``agents.models.use_float32_attention``, what ``train_sft`` switches on), measured side by side in one run.
+
+The batches are those of the learn_memqa recipe: 16 oracle invocations of MemQA-v0 (1 objective, 2 hops) from
+length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4 layers x 8 heads, LM loss on 30% of the prompt.
+
+    python benchmarks/sft_step_speed.py [--steps 12] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=12, help="timed steps per measurement (after 3 warm-up steps)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of both variants")
+    p.add_argument("--episodes", type=int, default=150, help="oracle episodes the batches are drawn from")
+    args = p.parse_args()
+
+    import numpy as np
+    import torch
+
+    from agents.llm import LLMPolicy
+    from agents.models import use_float32_attention
+    from agents.sft import SFTConfig, expert_data, length_buckets
+    from agents.training import ActorCritic, Dist, collate, load_or_build_model
+
+    torch.set_num_threads(1)
+    cfg = SFTConfig(episodes=args.episodes, tiny_split_spaces="suffix", tiny_vocab=8192, tiny_min_frequency=1,
+                    tiny_heads=8)
+    lm, tok = load_or_build_model(cfg, Dist())
+    data = expert_data(LLMPolicy(lm, tok, temperature=0.0), cfg, range(cfg.episodes))
+    model = ActorCritic(lm)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = np.random.default_rng(0)
+    batches = length_buckets([len(p) + len(a) for p, a, _ in data], 16, 8, rng)
+
+    def step() -> float:
+        idx = next(batches)
+        start = time.process_time()
+        batch = collate([(data[i][0], data[i][1]) for i in idx], tok.pad_token_id, include_prompt=True)
+        batch = batch.select_targets(~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))) < 0.3))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _, _ = model(**batch.inputs())
+        loss = -logp[~batch.prompt].mean() - logp[batch.prompt].mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return time.process_time() - start
+
+    times: dict[str, list[float]] = {"sdpa (bf16 attention)": [], "fp32 attention": []}
+    for _ in range(args.rounds):
+        for name in times:
+            if name == "fp32 attention":
+                use_float32_attention(lm)
+            else:
+                lm.set_attn_implementation("sdpa")
+            for _ in range(3):
+                step()
+            times[name] += [step() for _ in range(args.steps)]
+    for name, values in times.items():
+        print(f"{name:>22}: {np.mean(values):.3f} CPU-s per step of 16 invocations")
+    base, fast = (np.mean(v) for v in times.values())
+    print(f"speed-up of fp32 attention: {base / fast:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
