@@ -14,7 +14,7 @@ import time
 import gymnasium as gym
 
 import memenv  # noqa: F401
-from agents.scripted import OraclePolicy
+from agents.scripted.qa_strategies import OraclePolicy
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

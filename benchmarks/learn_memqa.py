@@ -68,7 +68,7 @@ def pick_weak_checkpoint(sft_dir: Path, low: float, high: float) -> tuple[Path, 
 
 
 def run_sft(args) -> dict:
-    from agents.sft import SFTConfig, train_sft
+    from agents.llm.sft import SFTConfig, train_sft
 
     fields = dict(env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
                   episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=3e-3, warmup=100,
@@ -92,7 +92,7 @@ def run_sft(args) -> dict:
 
 
 def run_rl(args, algo: str) -> dict:
-    from agents.ppo import PPOConfig, train_rl
+    from agents.llm.ppo import PPOConfig, train_rl
 
     if args.start:
         start, start_f1 = Path(args.start), float("nan")
@@ -122,10 +122,10 @@ def run_eval(args) -> dict:
     import numpy as np
 
     import memenv  # noqa: F401
-    from agents.llm import LLMPolicy
-    from agents.models import load_pretrained
-    from agents.rollout import rollout
-    from agents.training import eval_seeds
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.models import load_pretrained
+    from agents.llm.rollout import rollout
+    from agents.llm.training import eval_seeds
 
     if not args.start:
         raise SystemExit("--stage eval needs --start CHECKPOINT")

@@ -50,7 +50,7 @@ def _episode(env, policy, seed: int) -> tuple[int, float]:
 
 
 def child(doc_tokens: int, strategy: str, seed: int) -> dict:
-    from agents.scripted import make_strategy
+    from agents.scripted.qa_strategies import make_strategy
     from memenv.memread import MemReadEnv
 
     policy = make_strategy(strategy, "MemRead-v0")

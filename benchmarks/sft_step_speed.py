@@ -1,5 +1,5 @@
 """SFT step time on CPU, bf16 autocast: transformers' "sdpa" attention vs fp32 attention
-(``agents.models.use_float32_attention``, what ``train_sft`` switches on), measured side by side in one run.
+(``agents.llm.models.use_float32_attention``, what ``train_sft`` switches on), measured side by side in one run.
 
 The batches are those of the learn_memqa recipe: 16 oracle invocations of MemQA-v0 (1 objective, 2 hops) from
 length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4 layers x 8 heads, LM loss on 30% of the prompt.
@@ -27,10 +27,10 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from agents.llm import LLMPolicy
-    from agents.models import use_float32_attention
-    from agents.sft import SFTConfig, expert_data, length_buckets
-    from agents.training import ActorCritic, Dist, collate, load_or_build_model
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.models import use_float32_attention
+    from agents.llm.sft import SFTConfig, expert_data, length_buckets
+    from agents.llm.training import ActorCritic, Dist, collate, load_or_build_model
 
     torch.set_num_threads(1)
     cfg = SFTConfig(episodes=args.episodes, tiny_split_spaces="suffix", tiny_vocab=8192, tiny_min_frequency=1,

@@ -16,20 +16,20 @@ TOY_TEXTS = ["say yes", "say no", "<answer>yes</answer>", "<answer>no</answer>",
 
 @functools.lru_cache(maxsize=None)
 def memqa_tokenizer():
-    from agents.models import build_tokenizer, task_texts
+    from agents.llm.models import build_tokenizer, task_texts
 
     return build_tokenizer(task_texts("MemQA-v0", ENV_KW, episodes=20, seed=10**6), vocab_size=600)
 
 
 @functools.lru_cache(maxsize=None)
 def toy_tokenizer():
-    from agents.models import build_tokenizer
+    from agents.llm.models import build_tokenizer
 
     return build_tokenizer(TOY_TEXTS, vocab_size=40, min_frequency=1, byte_alphabet=False)
 
 
 def tiny_model(tokenizer, seed: int = 0, **kw):
-    from agents.models import build_tiny_model
+    from agents.llm.models import build_tiny_model
 
     kw = {"hidden_size": 32, "layers": 2, "heads": 2, "max_positions": 1024, **kw}
     return build_tiny_model(tokenizer, seed=seed, **kw)

@@ -10,11 +10,11 @@ import gymnasium as gym  # noqa: E402
 
 from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm import LLMPolicy  # noqa: E402
-from agents.ppo import PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss, train_rl  # noqa: E402
-from agents.records import InvocationRecord  # noqa: E402
-from agents.rollout import Episode, rollout  # noqa: E402
-from agents.training import ActorCritic, collate  # noqa: E402
+from agents.llm.policy import LLMPolicy  # noqa: E402
+from agents.llm.ppo import PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss, train_rl  # noqa: E402
+from agents.llm.records import InvocationRecord  # noqa: E402
+from agents.llm.rollout import Episode, rollout  # noqa: E402
+from agents.llm.training import ActorCritic, collate  # noqa: E402
 
 
 def _rec(turn, n, reward=0.0, episode="e"):

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agents.sft import SFTConfig, length_buckets, lr_at, train_sft  # noqa: E402
+from agents.llm.sft import SFTConfig, length_buckets, lr_at, train_sft  # noqa: E402
 
 
 def test_length_buckets_cut_padding_and_keep_uniform_draws():
@@ -67,7 +67,7 @@ def _burn(seconds: float) -> None:
 
 
 def test_timer_leaves_excluded_blocks_off_both_clocks():
-    from agents.training import Timer
+    from agents.llm.training import Timer
 
     timer = Timer()
     _burn(0.05)

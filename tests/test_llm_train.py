@@ -22,7 +22,7 @@ COMMON = ["--kw", "objectives=1", "hops=1", "max_turns=3", "--num-envs", "2", "-
 def _cli(argv):
     import argparse
 
-    from agents.train_cli import register_cli
+    from agents.llm.cli import register_cli
 
     parser = argparse.ArgumentParser(prog="memenv")
     register_cli(parser.add_subparsers(dest="command", required=True))
@@ -77,7 +77,7 @@ def test_cli_rejects_options_of_another_algo(tmp_path):
 def test_cli_set_parses_booleans_and_literals():
     import argparse
 
-    from agents.train_cli import build_config, register_cli
+    from agents.llm.cli import build_config, register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
@@ -94,7 +94,7 @@ WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from llm_common import memqa_tokenizer, tiny_model
-    from agents.ppo import PPOConfig, param_checksum, train_rl
+    from agents.llm.ppo import PPOConfig, param_checksum, train_rl
     rank = int(os.environ["RANK"])
     tok = memqa_tokenizer()
     model = tiny_model(tok, seed=rank)  # different on purpose: DDP broadcasts rank 0's parameters

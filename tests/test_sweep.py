@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import memenv  # noqa: F401 - registers the environments
-from agents.bench import Sweep, run_sweep
+from agents.scripted.bench import Sweep, run_sweep
 from memenv.cli import main
 from memenv.registration import ENVIRONMENTS
 

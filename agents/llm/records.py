@@ -3,11 +3,11 @@
 An invocation occupies positions ``0 .. len(prompt_ids) + len(response_ids) - 1``, as when it was sampled
 (:attr:`InvocationRecord.input_ids`). ``action_mask`` and ``memory_mask`` are aligned with ``response_ids``
 (one entry per response token; prompt tokens are never actions): ``action_mask[t] = 1`` for a sampled token
-(every response token of :class:`agents.llm.LLMPolicy`), ``memory_mask[t] = 1`` for a sampled token strictly
+(every response token of :class:`agents.llm.policy.LLMPolicy`), ``memory_mask[t] = 1`` for a sampled token strictly
 inside ``<memory>…</memory>`` (the tag tokens themselves are 0; an unclosed ``<memory>`` runs to the end of
 the response). :meth:`InvocationRecord.sequence_masks` gives both over the whole sequence.
 
-Masks are computed on ids: when the tags are single tokens (the tiny tokenizers of :mod:`agents.models`) by
+Masks are computed on ids: when the tags are single tokens (the tiny tokenizers of :mod:`agents.llm.models`) by
 matching ids, otherwise from the character offsets of the decoded ids (decoding, never re-tokenizing).
 """
 
@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from agents.files import write_atomic
 
 
 @dataclass
@@ -135,9 +138,6 @@ def memory_mask(response_ids: Sequence[int], tokenizer, open_tag: str = "<memory
 
 def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -> None:
     """JSON lines, one record a line (written atomically)."""
-    from agents.bench import write_atomic
-    from pathlib import Path
-
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             for r in records:

@@ -1,8 +1,8 @@
 """SFT: behaviour cloning of the oracle, one invocation per sequence, loss on action tokens only.
 
-Demonstrations are the oracle's trajectories (:class:`agents.scripted.OraclePolicy`) on training seeds
+Demonstrations are the oracle's trajectories (:class:`agents.scripted.qa_strategies.OraclePolicy`) on training seeds
 ``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
-LLM policy builds it (:meth:`agents.llm.LLMPolicy.encode_prompt`), so SFT and sampling see the same ids.
+LLM policy builds it (:meth:`agents.llm.policy.LLMPolicy.encode_prompt`), so SFT and sampling see the same ids.
 Held-out evaluation: greedy rollouts on seeds ``10**7 + i``. The loss is the mean negative log-likelihood of
 the action tokens; ``prompt_loss_weight > 0`` adds a language-model loss on the observation tokens (a cheap
 pretraining signal on task text for models trained from scratch; off by default).
@@ -21,7 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.training import (
+from agents.llm.models import use_float32_attention
+from agents.llm.policy import LLMPolicy
+from agents.llm.records import memory_mask
+from agents.scripted.qa_strategies import make_strategy
+from agents.llm.training import (
     ActorCritic,
     MetricsLog,
     RunConfig,
@@ -72,8 +76,6 @@ class SFTConfig(RunConfig):
 
 def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
     """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds``."""
-    from agents.records import memory_mask
-    from agents.scripted import make_strategy
 
     env = make_envs(cfg, 1)[0]
     oracle = make_strategy("oracle", cfg.env_id)
@@ -120,8 +122,6 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
     from tqdm.auto import tqdm
 
-    from agents.llm import LLMPolicy
-    from agents.models import use_float32_attention
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -218,8 +218,6 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
 
 
 def _save(cfg, dist, out, step, lm, tok, optimizer, timer) -> None:
-    from agents.training import Dist  # noqa: F401
-
     rngs = [rng_state()]
     if dist.enabled:
         gathered: list[Any] = [None] * dist.world

@@ -24,8 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from agents.files import write_atomic
+from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+from agents.llm.rollout import rollout
+
 # ---------------------------------------------------------------------- seeds
-TOKENIZER_SEED_BASE = 10**6  # agents.models.make_tiny builds the tokenizer from these seeds
+TOKENIZER_SEED_BASE = 10**6  # agents.llm.models.make_tiny builds the tokenizer from these seeds
 EVAL_SEED_BASE = 10**7  # held-out evaluation episodes: seeds EVAL_SEED_BASE + i
 
 
@@ -244,9 +248,6 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
     (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
     then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
     are removed."""
-    from agents.bench import write_atomic
-    from agents.models import save_pretrained
-
     out_dir = Path(out_dir)
     extra = {"trainer_state.pt": lambda p: torch.save(state, p)}
     if value_head is not None:
@@ -304,8 +305,6 @@ class MetricsLog:
         self.rows.append(dict(row))
         if not self.enabled:
             return
-        from agents.bench import write_atomic
-
         columns = list(dict.fromkeys(k for r in self.rows for k in r))
 
         def write(tmp: str) -> None:
@@ -328,8 +327,6 @@ def plot_curves(rows: Sequence[dict[str, Any]], x: str, ys: Sequence[str], title
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from agents.bench import write_atomic
 
     ys = [y for y in ys if any(_is_num(r.get(y)) for r in rows)]
     if not ys:
@@ -378,7 +375,6 @@ def make_envs(cfg: RunConfig, n: int | None = None):
 def load_or_build_model(cfg: RunConfig, dist: Dist, path: str | os.PathLike | None = None):
     """``(lm, tokenizer)``: from ``path`` / ``cfg.model``, or a fresh tiny model whose tokenizer is trained on
     the env's oracle text (every rank builds the same one: seeded). Returned in fp32 on ``dist.device``."""
-    from agents.models import load_pretrained, make_tiny
 
     source = path or cfg.model
     if source:
@@ -397,7 +393,6 @@ def eval_seeds(n: int) -> list[int]:
 
 def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
     """Held-out evaluation (seeds :data:`EVAL_SEED_BASE` + i), sharded over ranks, averaged by episode."""
-    from agents.rollout import rollout
 
     seeds = eval_seeds(n)[dist.rank::dist.world]
     episodes = rollout(policy, envs, seeds) if seeds else []

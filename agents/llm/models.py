@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
+
+from agents.files import write_directory_atomic
+from agents.scripted.qa_strategies import make_strategy
 
 PROTOCOL_TAGS = ("<memory>", "</memory>", "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>")
 PAD_TOKEN = "<pad>"
@@ -35,7 +36,6 @@ def task_texts(env_id: str = "MemQA-v0", env_kwargs: dict[str, Any] | None = Non
     import gymnasium as gym
 
     import memenv  # noqa: F401 - registers the envs
-    from agents.scripted import make_strategy
 
     env = gym.make(env_id, **(env_kwargs or {}))
     policy = make_strategy("oracle", env_id)
@@ -181,26 +181,14 @@ def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict
     """``save_pretrained`` of model and tokenizer into a temporary sibling folder, then a rename: a reader
     never sees half a checkpoint. An existing ``path`` is replaced. ``extra_files``: name -> callable(path)
     writing more files into the folder before the rename (e.g. optimizer state)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
-    try:
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, write in (extra_files or {}).items():
             write(tmp / name)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+
+    return write_directory_atomic(path, fill)
 
 
 def load_tokenizer(path: str | os.PathLike):

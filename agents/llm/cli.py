@@ -7,7 +7,7 @@
     torchrun --nproc_per_node 2 -m memenv.cli train --algo grpo --out runs/ddp # DDP (gloo on CPU, nccl on GPU)
 
 Without ``--model`` a tiny Qwen2 model is built from a tokenizer trained on the env's oracle text. Every field of
-the trainer's config dataclass (``agents.sft.SFTConfig``, ``agents.ppo.PPOConfig``) can be set with
+the trainer's config dataclass (``agents.llm.sft.SFTConfig``, ``agents.llm.ppo.PPOConfig``) can be set with
 ``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
 checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest).
 """
@@ -35,10 +35,11 @@ def build_config(args: argparse.Namespace):
     """The trainer config from parsed CLI arguments."""
     from memenv.cli import parse_kwargs
 
+    # The trainers import torch: loaded only when `memenv train` runs, not whenever the memenv CLI starts.
     if args.algo == "sft":
-        from agents.sft import SFTConfig as cls
+        from agents.llm.sft import SFTConfig as cls
     else:
-        from agents.ppo import PPOConfig as cls
+        from agents.llm.ppo import PPOConfig as cls
     values: dict[str, Any] = {"env_id": args.env, "out_dir": args.out, "seed": args.seed, "resume": args.resume,
                               "progress": not args.quiet}
     if args.kw is not None:
@@ -73,11 +74,11 @@ def build_config(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     if args.algo == "sft":
-        from agents.sft import train_sft
+        from agents.llm.sft import train_sft
 
         last = train_sft(cfg)
     else:
-        from agents.ppo import train_rl
+        from agents.llm.ppo import train_rl
 
         last = train_rl(cfg)
     import os

@@ -3,7 +3,7 @@
 Every strategy except the oracle is a pure function of the observation text (``act(observation)``): whatever
 it knows at turn t must have survived in what the environment shows it, that is in its own memory (context
 ``memory``), in the transcript (``history``) or nowhere (``last-observation``). They share one reader
-(:mod:`agents.reader`), so differences in score come from the memory strategy alone.
+(:mod:`agents.scripted.world_reader`), so differences in score come from the memory strategy alone.
 
 - ``oracle``: reads the gold supporting documents through the task; searches each by title, keeps the gold
   fact sentences, answers the gold answers. The upper bound, and the source of expert trajectories.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from agents.reader import (
+from agents.scripted.world_reader import (
     Fact,
     Progress,
     facts_in,

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from agents.records import InvocationRecord, memory_mask
+from agents.llm.records import InvocationRecord, memory_mask
 
 
 @dataclass
@@ -124,7 +124,7 @@ def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
 
 def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
             gamma: float = 1.0, progress: bool = False) -> list[Episode]:
-    """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.LLMPolicy`) and return
+    """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.policy.LLMPolicy`) and return
     them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
     ``groups[i]`` tags episode i (GRPO groups); ``gamma`` discounts ``return_to_go`` over invocations.

@@ -16,7 +16,7 @@ A row stops at the closing tag of the action (``</search>`` or ``</answer>`` by 
 
 Templates: ``template="auto"`` uses ``tokenizer.apply_chat_template`` when the tokenizer has a chat template
 (instruct models: the observation is the user message, optional ``system_prompt``), else the plain template
-``"{observation}\\n"`` (tiny models of :mod:`agents.models`; a bos token is prepended if the tokenizer has one).
+``"{observation}\\n"`` (tiny models of :mod:`agents.llm.models`; a bos token is prepended if the tokenizer has one).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+
+from agents.llm.models import load_pretrained
 
 DEFAULT_STOP = ("</search>", "</answer>")
 PLAIN_TEMPLATE = "{observation}\n"
@@ -64,7 +66,7 @@ class LLMPolicy:
     """Sampling policy over a causal LM.
 
     Args:
-        model: a ``transformers`` causal LM, or a local path (loaded with :func:`agents.models.load_pretrained`).
+        model: a ``transformers`` causal LM, or a local path (loaded with :func:`agents.llm.models.load_pretrained`).
         tokenizer: its tokenizer (required with an in-memory model).
         temperature: sampling temperature; 0 means greedy.
         top_p: nucleus sampling threshold (1.0: off).
@@ -81,8 +83,6 @@ class LLMPolicy:
                  system_prompt: str | None = None, plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
                  max_prompt_tokens: int | None = None, seed: int | None = 0) -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-            from agents.models import load_pretrained
-
             model, loaded_tok = load_pretrained(model)
             tokenizer = tokenizer or loaded_tok
         if tokenizer is None:

@@ -35,8 +35,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agents.records import InvocationRecord
-from agents.training import (
+from agents.llm.policy import LLMPolicy
+from agents.llm.records import InvocationRecord
+from agents.llm.rollout import records_of, rollout
+from agents.llm.training import (
     ActorCritic,
     MetricsLog,
     RunConfig,
@@ -252,8 +254,6 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
     callable making one env (else ``gym.make(cfg.env_id, **cfg.env_kwargs)``)."""
     from tqdm.auto import tqdm
 
-    from agents.llm import LLMPolicy
-    from agents.rollout import records_of, rollout
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

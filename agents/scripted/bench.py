@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +27,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted import STRATEGIES, make_strategy
+from agents.files import write_atomic
+from agents.scripted.qa_strategies import STRATEGIES, make_strategy
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
@@ -135,22 +134,6 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
             rows.extend(cell)
     bar.close()
     return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(rows)
-
-
-def write_atomic(path: Path, write) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared like any file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:

@@ -1,0 +1,55 @@
+"""File helpers shared by both rooms of ``agents``: results, records and checkpoints are written atomically.
+
+A reader (another process, a resumed run, a crash) sees either the old file or folder or the new one, never
+half of one: everything is written into a temporary sibling, then renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], object]) -> None:
+    """``write(tmp)`` fills a temporary file in the same folder, which is then renamed to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared like any file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
+    """``fill(tmp_dir)`` writes a folder's contents into a temporary sibling folder, which then replaces
+    ``path`` (an existing ``path`` is moved aside first and removed after the swap)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        fill(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
