@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             env_time += time.perf_counter() - t0
             steps += 1
             done = terminated or truncated
-        f1 += info["episode"]["f1"]
+        f1 += info["summary"]["f1"]
     wall = time.perf_counter() - start
     result = {"steps": steps, "env_steps_per_s": steps / env_time, "env_plus_oracle_steps_per_s": steps / wall,
               "oracle_f1": f1 / args.episodes}

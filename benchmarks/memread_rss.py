@@ -46,7 +46,7 @@ def _episode(env, policy, seed: int) -> tuple[int, float]:
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         steps += 1
         if terminated or truncated:
-            return steps, info["episode"]["f1"]
+            return steps, info["summary"]["f1"]
 
 
 def child(doc_tokens: int, strategy: str, seed: int) -> dict:

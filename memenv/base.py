@@ -197,7 +197,7 @@ class MemEnvBase(gym.Env):
 
     def _episode_info(self, em: list[float], f1: list[float], answers: list[str], answered: bool,
                          **extra: Any) -> dict[str, Any]:
-        """``info["episode"]`` of DESIGN.md: scores per objective, their sum and mean, and the episode stats.
+        """``info["summary"]`` of DESIGN.md: scores per objective, their sum and mean, and the episode stats.
 
         ``self.questions`` (the episode's :class:`tasks.Question` list) gives the gold answers.
         """

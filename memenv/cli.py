@@ -60,7 +60,7 @@ def _play(args: argparse.Namespace) -> int:
         if not snapshot["valid"]:
             print(f"!! invalid action: {snapshot['error']}")
         if terminated or truncated:
-            episode = info["episode"]
+            episode = info["summary"]
             print(f"\nepisode over ({'answered' if terminated else 'out of turns'}): reward {reward:.3f}, "
                   f"F1 {episode['f1']:.3f}, EM {episode['em']:.3f}")
             print("gold answers:", "; ".join(g[0] for g in episode["gold"]))

@@ -23,7 +23,7 @@ the turn is used. The turn limit defaults to ``2 * (sessions + questions)``; una
 Scoring: SQuAD F1/EM against the gold answers; on an abstention question (synthetic ``abstention``, LoCoMo
 category 5) any answer that abstains scores 1.0 (it contains "not mentioned" or "no information available",
 see :data:`tasks.conversations.ABSTENTION_ANSWER`). Reward at the end: mean F1 over the questions.
-``info["episode"]`` adds ``f1_by_type``/``em_by_type``/``count_by_type`` per question type.
+``info["summary"]`` adds ``f1_by_type``/``em_by_type``/``count_by_type`` per question type.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class MemDialogEnv(MemEnvBase):
         questions_upfront: list the questions in the task block while reading (default) or only after.
         memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
         max_turns: turn limit (default ``2 * (sessions + questions)``, per episode).
-        keep_snapshots: keep every invocation snapshot for ``info["episode"]["snapshots"]``.
+        keep_snapshots: keep every invocation snapshot for ``info["summary"]["snapshots"]``.
         context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
     """
 
@@ -291,7 +291,7 @@ class MemDialogEnv(MemEnvBase):
         info: dict[str, Any] = {"invocation": snapshot}
         if terminated or truncated:
             self._done = True
-            info["episode"] = self._episode_summary(terminated)
+            info["summary"] = self._episode_summary(terminated)
         return self._obs, reward, terminated, truncated, info
 
     def _episode_summary(self, answered: bool) -> dict[str, Any]:

@@ -242,5 +242,5 @@ class MemQAEnv(MemEnvBase):
             scores = extra.get("scores") or score_objectives([""] * len(self.questions),
                                                              [q.answers for q in self.questions])
             answers = split_answers(parsed.argument, len(self.questions)) if terminated else []
-            info["episode"] = self._episode_info(scores["em"], scores["f1"], answers, terminated)
+            info["summary"] = self._episode_info(scores["em"], scores["f1"], answers, terminated)
         return self._obs, reward, terminated, truncated, info

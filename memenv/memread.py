@@ -73,7 +73,7 @@ class MemReadEnv(MemEnvBase):
         chunk_tokens: tokens per chunk (whole paragraphs are packed; a longer paragraph is split).
         memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
         max_turns: turn limit (default ``2 * (chunks + 1)``, per episode).
-        keep_snapshots: keep every invocation snapshot for ``info["episode"]["snapshots"]``; ``False`` keeps
+        keep_snapshots: keep every invocation snapshot for ``info["summary"]["snapshots"]``; ``False`` keeps
             none (``info["invocation"]`` is still returned each step), for million-token episodes.
         context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
     """
@@ -270,7 +270,7 @@ class MemReadEnv(MemEnvBase):
             self._done = True
             scores = extra.get("scores") or score_objectives([""] * len(self.questions),
                                                              [q.answers for q in self.questions])
-            info["episode"] = self._episode_info(
+            info["summary"] = self._episode_info(
                 scores["em"], scores["f1"], answers, terminated,
                 doc_tokens=self.plan.total_tokens, chunks=self.plan.n_chunks,
                 chunks_read=min(self._chunk, self.n_chunks), chunk_tokens=self.chunk_tokens,

@@ -40,8 +40,8 @@ the turn is used and ``info["invocation"]["error"]`` says why.
 
 **Infos.** ``info["macro"]`` describes the macro-action, ``info["action_text"]`` is the protocol text sent
 (None for a memory edit or an answer draft), ``info["invocation"]`` the env's snapshot when the env was
-stepped. At the end of an episode ``info["f1"]``/``info["em"]`` hold the scores and ``info["memqa_episode"]``
-the env's ``info["episode"]`` (renamed: Stable-Baselines3's ``Monitor`` owns the ``"episode"`` key).
+stepped. At the end of an episode ``info["f1"]``/``info["em"]`` hold the scores and ``info["summary"]``
+the env's episode summary (the key is not ``"episode"``: Stable-Baselines3's ``Monitor`` owns that one).
 
 Default task (:data:`DEFAULT_TASK`, small enough for PPO to learn on a CPU in minutes): ``objectives=1,
 hops=1, corpus_size=300, top_k=3, invalid_penalty=0.1``; pass MemQA kwargs to change it (``hops=2``,
@@ -417,8 +417,8 @@ class MemQANumeric(gym.Wrapper):
         info["invocation"] = invocation
         if terminated or truncated:
             self._done = True
-            episode = env_info.get("episode", {})
-            info["memqa_episode"] = episode
+            episode = env_info.get("summary", {})
+            info["summary"] = episode
             info["f1"], info["em"] = float(episode.get("f1", 0.0)), float(episode.get("em", 0.0))
         else:
             self._parse()

@@ -25,7 +25,7 @@ NON_ORACLE = sorted(name for name in STRATEGIES if name != "oracle")
 def _mean_f1(name: str, seeds, run_episode, **env_kwargs) -> float:
     policy = make_strategy(name)
     env = gym.make("MemQA-v0", context=policy.context, **env_kwargs)
-    scores = [run_episode(env, policy, seed)[1]["episode"]["f1"] for seed in seeds]
+    scores = [run_episode(env, policy, seed)[1]["summary"]["f1"] for seed in seeds]
     return float(np.mean(scores))
 
 
@@ -37,7 +37,7 @@ def test_oracle_is_perfect(kwargs: dict, run_episode) -> None:
     env = gym.make("MemQA-v0", **kwargs)
     for seed in range(20):
         infos, final = run_episode(env, OraclePolicy(), seed)
-        episode = final["episode"]
+        episode = final["summary"]
         assert episode["f1"] == 1.0 and episode["em"] == 1.0, seed
         assert episode["invalid_actions"] == 0
         # It reads every supporting document (one search per document) before answering.
@@ -111,7 +111,7 @@ def test_peak_context_compact_memory_vs_history(run_episode) -> None:
     for name in ("relevance", "history"):
         policy = make_strategy(name)
         env = gym.make("MemQA-v0", objectives=8, context=policy.context)
-        peaks[name] = np.mean([run_episode(env, policy, s)[1]["episode"]["peak_context_tokens"] for s in range(3)])
+        peaks[name] = np.mean([run_episode(env, policy, s)[1]["summary"]["peak_context_tokens"] for s in range(3)])
     assert peaks["history"] > 2 * peaks["relevance"], peaks
 
 

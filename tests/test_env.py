@@ -127,7 +127,7 @@ def test_same_seed_same_episode() -> None:
     b = _play(gym.make("MemQA-v0"), 11, SCRIPT)
     assert len(a) == len(SCRIPT) + 1
     assert a == b  # observations, rewards, flags and infos, snapshots included
-    assert a[-1][4]["episode"]["snapshots"] == b[-1][4]["episode"]["snapshots"]
+    assert a[-1][4]["summary"]["snapshots"] == b[-1][4]["summary"]["snapshots"]
     env = gym.make("MemQA-v0")
     assert _play(env, 11, SCRIPT) == a  # re-seeding an used env restarts the same episode
 
@@ -215,14 +215,14 @@ def test_fuzz_actions(actions: list[str], context: str, seed: int) -> None:
         assert isinstance(obs, str)
         assert env.observation_space.contains(obs), repr(obs[:200])
         if terminated or truncated:
-            assert "episode" in info
+            assert "summary" in info
             assert terminated != truncated
             assert truncated == (turn == _FUZZ_TURNS and not terminated)
             assert terminated == (inv["tool"] == "answer")
-            assert info["episode"]["turns"] == turn
-            assert info["episode"]["invalid_actions"] == sum(not s["valid"] for s in info["episode"]["snapshots"])
+            assert info["summary"]["turns"] == turn
+            assert info["summary"]["invalid_actions"] == sum(not s["valid"] for s in info["summary"]["snapshots"])
             break
-        assert "episode" not in info
+        assert "summary" not in info
         assert turn < _FUZZ_TURNS
 
 
@@ -244,10 +244,10 @@ def test_turn_limit_truncates() -> None:
         assert info["invocation"]["valid"] is False
         assert not terminated
         assert truncated == (turn == 3)
-        assert ("episode" in info) == (turn == 3)
+        assert ("summary" in info) == (turn == 3)
         if turn < 3:
             assert f"[turns left: {3 - turn}]" in obs
-    episode = info["episode"]
+    episode = info["summary"]
     assert episode["turns"] == 3 and episode["invalid_actions"] == 3
     assert episode["f1"] == 0.0 and episode["answers"] == []
     with pytest.raises(RuntimeError, match="reset"):
@@ -306,7 +306,7 @@ def test_info_contract(run_episode) -> None:
     assert [s["turn"] for s in invocations] == list(range(invocations[0]["turn"], invocations[0]["turn"] + len(invocations)))
     for prev, nxt in zip(invocations, invocations[1:]):
         assert nxt["memory_before"] == prev["memory_after"]
-    episode = info["episode"]
+    episode = info["summary"]
     assert EPISODE_KEYS <= set(episode)
     assert episode["snapshots"] == invocations
     assert episode["turns"] == len(invocations)
@@ -335,7 +335,7 @@ def test_reset_info() -> None:
 def _answer(env, text: str) -> tuple[float, dict]:
     _, reward, terminated, truncated, info = env.step(f"<memory>m</memory><answer>{text}</answer>")
     assert terminated and not truncated
-    return reward, info["episode"]
+    return reward, info["summary"]
 
 
 def test_gold_answers_score_one() -> None:
@@ -477,9 +477,9 @@ def test_context_budget_bounds_and_reports() -> None:
         assert obs.startswith(task)  # the task block survives the cut
         assert info["invocation"]["tool_output"].split("\n")[-1] in obs  # the newest result survives
     _, _, _, _, info = env.step("<answer>x</answer>")
-    snapshots = info["episode"]["snapshots"]
+    snapshots = info["summary"]["snapshots"]
     assert all(s["context_tokens"] <= budget for s in snapshots)
-    assert info["episode"]["peak_context_tokens"] <= budget
+    assert info["summary"]["peak_context_tokens"] <= budget
     cut = [s for s in snapshots if s["truncated_tokens"] > 0]
     assert cut and all("[…]" in s["observation"] for s in cut)
     # Without a budget the same episode grows beyond it.
@@ -582,7 +582,7 @@ def test_hotpot_fixture_env(hotpot_path: str, run_episode) -> None:
     seen = set()
     for seed in range(6):
         _, final = run_episode(env, OraclePolicy(), seed)
-        assert final["episode"]["f1"] == 1.0
+        assert final["summary"]["f1"] == 1.0
         seen.add(env.unwrapped.questions[0].id)
     assert len(seen) > 1
 
@@ -591,7 +591,7 @@ def test_hotpot_real_oracle(real_hotpot: str, run_episode) -> None:
     env = gym.make("MemQA-Hotpot-v0", data_path=real_hotpot)
     for seed in range(4):
         infos, final = run_episode(env, OraclePolicy(), seed)
-        assert final["episode"]["f1"] == 1.0 and final["episode"]["em"] == 1.0
+        assert final["summary"]["f1"] == 1.0 and final["summary"]["em"] == 1.0
         # The oracle really read its supporting documents (one memory line per document).
         memory = final["invocation"]["memory_after"]
         for doc_id in env.unwrapped.questions[0].supporting_ids:
@@ -631,12 +631,12 @@ def _check_vector(venv) -> None:
     assert inv["turn"].tolist() == [1, 1]
     assert inv["memory_after"][0] == "m0"
     assert inv["_error"].all()
-    # End env 0 only: "episode" is present for it and masked out for env 1.
+    # End env 0 only: "summary" is present for it and masked out for env 1.
     obs3, reward, terminated, truncated, info = venv.step(("<memory>m</memory><answer>x; y</answer>", "bad"))
     assert terminated.tolist() == [True, False]
-    assert info["_episode"].tolist() == [True, False]
-    assert isinstance(info["episode"]["f1"], np.ndarray) and info["episode"]["f1"][0] == 0.0
-    assert len(info["episode"]["snapshots"][0]) == 2
+    assert info["_summary"].tolist() == [True, False]
+    assert isinstance(info["summary"]["f1"], np.ndarray) and info["summary"]["f1"][0] == 0.0
+    assert len(info["summary"]["snapshots"][0]) == 2
     # Next step: env 0 autoresets (NEXT_STEP mode, its action ignored); env 1 steps on.
     obs4, reward, terminated, truncated, info = venv.step(("ignored", "<memory>m1</memory><search>capital</search>"))
     assert obs4[0].startswith("<task>") and "[turns left:" in obs4[0]

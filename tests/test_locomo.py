@@ -162,7 +162,7 @@ def test_env_on_tiny_file(tiny_locomo):
         obs, reward, terminated, truncated, step = env.step(policy.act(obs))
         if terminated or truncated:
             break
-    episode = step["episode"]
+    episode = step["summary"]
     assert terminated and episode["f1"] == 1.0 and reward == 1.0
     assert episode["f1_by_type"]["adversarial"] == 1.0 and episode["count_by_type"]["adversarial"] == 2
     assert episode["answers"][4] == ABSTENTION_ANSWER
@@ -190,5 +190,5 @@ def test_env_on_real_file():
         obs, reward, terminated, truncated, step = env.step(policy.act(obs))
         if terminated or truncated:
             break
-    assert terminated and step["episode"]["f1"] == 1.0
-    assert set(step["episode"]["f1_by_type"]) <= set(CATEGORY_TYPES.values())
+    assert terminated and step["summary"]["f1"] == 1.0
+    assert set(step["summary"]["f1_by_type"]) <= set(CATEGORY_TYPES.values())

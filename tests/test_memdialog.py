@@ -38,7 +38,7 @@ def roll(env, policy, seed):
     while True:
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         if terminated or truncated:
-            return info["episode"]
+            return info["summary"]
 
 
 def test_check_env_and_defaults():
@@ -133,7 +133,7 @@ def test_protocol_questions_one_per_turn_and_per_type_scores():
         obs, reward, terminated, truncated, step = env.step(f"<answer>{q.answers[0]}</answer>")
         rewards.append(reward)
         assert step["invocation"]["answer_f1"] == 1.0 and terminated == (j == 4)
-    episode = step["episode"]
+    episode = step["summary"]
     assert EPISODE_KEYS <= set(episode)
     assert rewards[-1] == 1.0 and rewards[:-1] == [0.0] * 4
     assert episode["f1"] == 1.0 and episode["invalid_actions"] == 2 and episode["turns"] == 10
@@ -149,7 +149,7 @@ def test_per_type_scores_reflect_answers():
     for q in env.questions:
         answer = q.answers[0] if q.kind == "abstention" else "wrong"
         *_, info = env.step(f"<answer>{answer}</answer>")
-    episode = info["episode"]
+    episode = info["summary"]
     assert episode["f1_by_type"]["abstention"] == 1.0
     assert all(v == 0.0 for k, v in episode["f1_by_type"].items() if k != "abstention")
     assert episode["f1"] == pytest.approx(1 / 5)
@@ -162,8 +162,8 @@ def test_truncation_and_budget():
     assert step["invocation"]["memory_after"] == "a b c d" and step["invocation"]["memory_truncated_tokens"] == 2
     env.step("<memory>x</memory>")
     _, reward, terminated, truncated, step = env.step("<answer>foo</answer>")
-    assert truncated and not terminated and not step["episode"]["answered"]
-    assert step["episode"]["questions_answered"] == 1 and reward == 0.0
+    assert truncated and not terminated and not step["summary"]["answered"]
+    assert step["summary"]["questions_answered"] == 1 and reward == 0.0
 
 
 def test_questions_after_reading_and_history_mode():
@@ -211,5 +211,5 @@ def test_arbitrary_action_text_never_raises(actions):
         assert env.observation_space.contains(obs)
         assert isinstance(info["invocation"]["valid"], bool)
         if terminated or truncated:
-            assert set(info["episode"]["f1_by_type"]) <= set(QUESTION_TYPES)
+            assert set(info["summary"]["f1_by_type"]) <= set(QUESTION_TYPES)
             env.reset(seed=0)

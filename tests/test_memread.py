@@ -37,7 +37,7 @@ def roll(env, policy, seed):
     while True:
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         if terminated or truncated:
-            return info["episode"], reward
+            return info["summary"], reward
 
 
 def test_check_env_and_registration():
@@ -128,7 +128,7 @@ def test_protocol_answer_phase_and_episode_info():
     gold = env.questions[0].answers[0]
     obs, reward, terminated, truncated, step = env.step(f"<answer>{gold}</answer>")
     assert terminated and not truncated and reward == 1.0
-    episode = step["episode"]
+    episode = step["summary"]
     assert EPISODE_KEYS <= set(episode)
     assert episode["turns"] == n + 2 and episode["invalid_actions"] == 1 and episode["answered"]
     assert episode["answers"] == [gold] and episode["chunks"] == n and len(episode["snapshots"]) == n + 2
@@ -139,14 +139,14 @@ def test_early_answer_ends_and_truncation_scores_zero():
     env = small_env()
     env.reset(seed=0)
     _, reward, terminated, _, info = env.step("<memory>m</memory><answer>nothing</answer>")
-    assert terminated and info["episode"]["chunks_read"] == 0 and reward == 0.0
+    assert terminated and info["summary"]["chunks_read"] == 0 and reward == 0.0
     env = small_env(max_turns=3)
     env.reset(seed=0)
     for _ in range(2):
         assert not env.step("<memory>m</memory>")[3]
     _, reward, terminated, truncated, info = env.step("<memory>m</memory>")
-    assert truncated and not terminated and reward == 0.0 and info["episode"]["f1"] == 0.0
-    assert not info["episode"]["answered"]
+    assert truncated and not terminated and reward == 0.0 and info["summary"]["f1"] == 0.0
+    assert not info["summary"]["answered"]
 
 
 def test_invalid_action_repeats_the_chunk():
@@ -183,7 +183,7 @@ def test_keep_snapshots_false_and_history_mode_blank_actions():
         assert "invocation" in info
         if terminated or truncated:
             break
-    assert info["episode"]["snapshots"] == [] and info["episode"]["f1"] == 1.0
+    assert info["summary"]["snapshots"] == [] and info["summary"]["f1"] == 1.0
 
     env = small_env(context="history")
     obs, info = env.reset(seed=0)
@@ -249,5 +249,5 @@ def test_arbitrary_action_text_never_raises(actions):
         assert isinstance(obs, str) and env.observation_space.contains(obs)
         assert isinstance(info["invocation"]["valid"], bool)
         if terminated or truncated:
-            assert "episode" in info
+            assert "summary" in info
             env.reset(seed=0)

@@ -92,7 +92,7 @@ def rollout_next_step(kind: str, env_id: str, kwargs: dict) -> list:
             next_obs, rewards, terminated, truncated, info = vec.step(actions)
             assert isinstance(next_obs, tuple) and all(isinstance(o, str) for o in next_obs)
             has_invocation = info.get("_invocation", np.zeros(NUM_ENVS, bool))
-            has_episode = info.get("_episode", np.zeros(NUM_ENVS, bool))
+            has_episode = info.get("_summary", np.zeros(NUM_ENVS, bool))
             for i in range(NUM_ENVS):
                 if need_reset[i]:
                     # The reset step: the sub-env was reset, its action was ignored, nothing was recorded.
@@ -111,7 +111,7 @@ def rollout_next_step(kind: str, env_id: str, kwargs: dict) -> list:
                     done[i] = True
                 if terminated[i] or truncated[i]:
                     assert has_episode[i]
-                    episode = unbatch(info["episode"], i)
+                    episode = unbatch(info["summary"], i)
                     snapshots = episode["snapshots"]
                     assert isinstance(snapshots, list) and len(snapshots) == episode["turns"]
                     assert snapshots[-1]["action"] == actions[i]
@@ -157,9 +157,9 @@ def test_invocation_info_structure():
     assert inv["tool"].dtype == object and inv["tool"].tolist() == ["answer", "search"]
     assert inv["_retrieved_ids"].tolist() == [False, True]  # keys only one sub-env has are masked
     assert isinstance(inv["retrieved_ids"][1], list)
-    assert info["_episode"].tolist() == [True, False]
-    assert isinstance(info["episode"]["snapshots"][0], list) and info["episode"]["snapshots"][0][0]["turn"] == 1
-    assert info["episode"]["f1"][0] == 0.0
+    assert info["_summary"].tolist() == [True, False]
+    assert isinstance(info["summary"]["snapshots"][0], list) and info["summary"]["snapshots"][0][0]["turn"] == 1
+    assert info["summary"]["f1"][0] == 0.0
     vec.close()
 
 
@@ -177,9 +177,9 @@ def test_same_step_autoreset(kind):
         final_obs = info["final_obs"][0]
         assert isinstance(final_obs, str) and "answers submitted" in final_obs
         final = info["final_info"]
-        assert final["_invocation"].tolist() == [True, False] and final["_episode"].tolist() == [True, False]
+        assert final["_invocation"].tolist() == [True, False] and final["_summary"].tolist() == [True, False]
         assert final["invocation"]["action"][0] == actions[0]
-        assert final["episode"]["answered"][0]
+        assert final["summary"]["answered"][0]
         # the step info of sub-env 0 is its reset info; sub-env 1 carries its ordinary step info
         assert info["_episode_id"].tolist() == [True, False]
         assert info["_invocation"].tolist() == [False, True]

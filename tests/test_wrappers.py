@@ -177,7 +177,7 @@ def test_multi_objective_answers_in_order():
     _, reward, terminated, _, info = env.step(env.C)
     assert terminated
     assert parse_action(info["action_text"]).argument == f"{first}; {second}"
-    assert info["memqa_episode"]["answers"] == [first, second]
+    assert info["summary"]["answers"] == [first, second]
     assert 0.0 <= info["f1"] <= 1.0 and reward == info["f1"]
 
 

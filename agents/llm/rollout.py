@@ -29,7 +29,7 @@ class Episode:
     episode_id: str
     seed: int | None
     records: list[InvocationRecord]
-    info: dict[str, Any] = field(default_factory=dict)  # info["episode"] without the snapshots
+    info: dict[str, Any] = field(default_factory=dict)  # info["summary"] without the snapshots
     group: int | None = None
 
     @property
@@ -184,7 +184,7 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
             observations[e] = obs
             if terminated or truncated:
                 _finish(slot.records, gamma, bool(terminated))
-                episode_info = {k: v for k, v in (info.get("episode") or {}).items() if k != "snapshots"}
+                episode_info = {k: v for k, v in (info.get("summary") or {}).items() if k != "snapshots"}
                 results[order[e]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
                 bar.update(1)
                 start(e)
@@ -231,9 +231,9 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
                 slot.records.append(_make_record(gen, snapshot, float(rewards[k]), policy.tokenizer, slot))
                 if terms[k] or truncs[k]:
                     _finish(slot.records, gamma, bool(terms[k]))
-                    episode_info = env_info.get("episode")
+                    episode_info = env_info.get("summary")
                     if episode_info is None and "final_info" in info:  # SAME_STEP autoreset
-                        episode_info = unbatch_info(info["final_info"], k).get("episode")
+                        episode_info = unbatch_info(info["final_info"], k).get("summary")
                     episode_info = {k2: v for k2, v in (episode_info or {}).items() if k2 != "snapshots"}
                     results[chunk[k]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
                     bar.update(1)

@@ -79,7 +79,7 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
-    """One episode of ``policy`` on ``env``; returns ``info["episode"]`` and the number of steps."""
+    """One episode of ``policy`` on ``env``; returns ``info["summary"]`` and the number of steps."""
     obs, _ = env.reset(seed=seed)
     policy.reset(env.unwrapped)
     steps = 0
@@ -87,7 +87,7 @@ def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
         obs, _, terminated, truncated, info = env.step(policy.act(obs))
         steps += 1
         if terminated or truncated:
-            return info["episode"], steps
+            return info["summary"], steps
 
 
 def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes: int = DEFAULT_EPISODES,
