@@ -2,7 +2,8 @@
 
 SFT recipe (defaults; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
 their trailing space (``tiny_split_spaces="suffix"``: names copy as the same ids, prompts ~250 tokens), batches
-of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32), lr 3e-3
+of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32) where the CPU
+has native bf16 and fp32 elsewhere (``autocast="auto"``; the host line printed first says which), lr 3e-3
 with a cosine that ends when the CPU budget does (``schedule_by="budget"``), the action-token loss plus a language-
 model loss on a random 30% of the observation tokens (``--prompt-loss-weight 1``, ``prompt_loss_fraction=0.3``),
 and a vocabulary of up to 8192 in which every corpus word may become one token (``tiny_min_frequency=1``).
@@ -72,7 +73,7 @@ def run_sft(args) -> dict:
 
     fields = dict(env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
                   episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=3e-3, warmup=100,
-                  autocast="bf16", bucket=8, schedule_by="budget", tiny_split_spaces="suffix", tiny_vocab=8192,
+                  autocast="auto", bucket=8, schedule_by="budget", tiny_split_spaces="suffix", tiny_vocab=8192,
                   tiny_min_frequency=1, prompt_loss_fraction=0.3,
                   eval_every=args.sft_eval_every, save_every=args.sft_eval_every, keep_checkpoints=1000,
                   eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
@@ -207,7 +208,11 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
+    from agents.llm.precision import host_line, resolve_autocast
+
     torch.set_num_threads(args.threads)
+    autocast = json.loads(args.sft_kw).get("autocast", "auto")
+    print(host_line(resolve_autocast(autocast) if args.stage in ("sft", "all") else "none"), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     summary_path = args.out / ("summary.json" if args.stage in ("all", "plot") else f"summary_{args.stage}.json")

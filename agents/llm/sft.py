@@ -23,6 +23,7 @@ import torch
 
 from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
+from agents.llm.precision import AUTOCAST_CHOICES, host_line, resolve_autocast
 from agents.llm.records import memory_mask
 from agents.scripted.qa_strategies import make_strategy
 from agents.llm.training import (
@@ -59,13 +60,14 @@ class SFTConfig(RunConfig):
     # each step: the output layer over every prompt position costs more than the model body at vocab 4096)
     bucket: int = 8  # draw batch_size * bucket sequences, sort them by length, cut into `bucket` batches:
     # rows of similar length waste little padding (1 = plain uniform batches)
-    autocast: str = "none"  # "bf16": bfloat16 autocast of the forward pass (CPU AMX / GPU); weights stay fp32
+    autocast: str = "auto"  # "bf16": bfloat16 autocast of the forward pass, weights stay fp32; "none": fp32;
+    # "auto": bf16 only where the device computes it natively (agents.llm.precision), fp32 elsewhere
     schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
     # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
 
     def __post_init__(self) -> None:
-        if self.autocast not in ("none", "bf16"):
-            raise ValueError(f"SFTConfig.autocast must be 'none' or 'bf16', got {self.autocast!r}")
+        if self.autocast not in AUTOCAST_CHOICES:
+            raise ValueError(f"SFTConfig.autocast must be one of {AUTOCAST_CHOICES}, got {self.autocast!r}")
         if self.schedule_by not in ("steps", "budget"):
             raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {self.schedule_by!r}")
         if not 0.0 < self.prompt_loss_fraction <= 1.0:
@@ -133,7 +135,10 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     seed_everything(cfg.seed)
     resume_from = latest_checkpoint(out) if cfg.resume else None
     lm, tok = load_or_build_model(cfg, dist, resume_from)
-    if cfg.autocast == "bf16" and torch.device(dist.device).type == "cpu":
+    autocast = resolve_autocast(cfg.autocast, dist.device)
+    if dist.main and cfg.progress:
+        print(host_line(autocast, dist.device), flush=True)
+    if autocast == "bf16" and torch.device(dist.device).type == "cpu":
         use_float32_attention(lm)  # CPU flash attention is much faster in fp32 than in bf16
     model = ActorCritic(lm)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -173,7 +178,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
                                     < cfg.prompt_loss_fraction)
             batch = batch.select_targets(keep)
         model.train()
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             logp_all, _, _ = train_model(**batch.inputs())
         logp = logp_all[~batch.prompt]
         loss = -logp.mean()
