@@ -16,6 +16,10 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_right
+from memenv.validation import check_callable, check_choice, check_int, check_number, check_path
+
+#: Tokens of body (memory and newest information) an observation always keeps next to the task block.
+MIN_BODY_TOKENS = 16
 
 # Every character a real document or a model may produce, minus control characters and surrogates; text
 # outside it (astral-plane emoji, NUL, ...) is replaced by U+FFFD before it reaches an observation.
@@ -34,9 +38,10 @@ def required_data_file(data_path: Any, env_id: str, what: str, example: str, lab
     if data_path is None:
         raise ValueError(f"{env_id} needs data_path= ({what}), e.g. "
                          f"gym.make('{env_id}', data_path='{example}')")
-    path = os.fspath(data_path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{label} data file not found: {path}")
+    path = check_path("data_path", data_path, allow_none=False)
+    if not os.path.isfile(path):
+        what_is = "is a directory, not a file" if os.path.isdir(path) else "not found"
+        raise FileNotFoundError(f"{label} data file {what_is}: data_path={path!r}")
     return path
 
 
@@ -69,22 +74,16 @@ class MemEnvBase(gym.Env):
                  token_counter: TokenCounter | None = None, memory_budget: int | None = None,
                  invalid_penalty: float = 0.0, max_observation_chars: int = 1_000_000,
                  max_action_chars: int = 100_000, render_mode: str | None = None) -> None:
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        if context_budget is not None and (not isinstance(context_budget, int) or context_budget < 1):
-            raise ValueError(f"context_budget must be a positive int (tokens) or None, got {context_budget!r}")
-        if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget < 0):
-            raise ValueError(f"memory_budget must be a non-negative int (tokens) or None, got {memory_budget!r}")
+        self.render_mode = check_choice("render_mode", render_mode, self.metadata["render_modes"], allow_none=True)
         self.mode = ContextMode.parse(context)
-        self.context_budget = context_budget
-        self.token_counter = token_counter
+        self.context_budget = check_int("context_budget", context_budget, minimum=1, allow_none=True)
+        self.token_counter = check_callable("token_counter", token_counter, probe="a short probe text")
         self.count_tokens: TokenCounter = token_counter or count_words
-        self.memory_budget = memory_budget
-        self.invalid_penalty = float(invalid_penalty)
-        self.max_observation_chars = int(max_observation_chars)
-        self.render_mode = render_mode
+        self.memory_budget = check_int("memory_budget", memory_budget, minimum=0, allow_none=True)
+        self.invalid_penalty = check_number("invalid_penalty", invalid_penalty, minimum=0)
+        self.max_observation_chars = check_int("max_observation_chars", max_observation_chars, minimum=1)
         self.observation_space = text_space(self.max_observation_chars)
-        self.action_space = text_space(int(max_action_chars))
+        self.action_space = text_space(check_int("max_action_chars", max_action_chars, minimum=1))
         self._episode_id = ""
         self._turn = 0
         self._memory = ""
@@ -98,6 +97,24 @@ class MemEnvBase(gym.Env):
     # ------------------------------------------------------------------ to implement
     def _task_block(self) -> str:
         raise NotImplementedError
+
+    def _check_context_budget(self, task_skeleton: str) -> None:
+        """Refuse a ``context_budget`` that cannot hold the task block plus :data:`MIN_BODY_TOKENS` of body.
+
+        ``task_skeleton`` is the task block with empty question texts (its fixed part: instructions and
+        question headers), so the check is a lower bound known at make time. The task block is never cut
+        (see :func:`memenv.context.fit_context`): with long questions an observation may still overflow the
+        budget, which ``context_tokens`` reports.
+        """
+        if self.context_budget is None:
+            return
+        task_tokens = self.count_tokens(task_skeleton)
+        need = task_tokens + MIN_BODY_TOKENS
+        if self.context_budget < need:
+            raise ValueError(
+                f"context_budget={self.context_budget} cannot hold the task block ({task_tokens} tokens for its "
+                f"instructions and question headers, before the question texts) plus {MIN_BODY_TOKENS} tokens of "
+                f"memory and information: use context_budget >= {need}, or None for no budget")
 
     # ------------------------------------------------------------------ episode bookkeeping
     def _start_episode(self, first_information: str) -> None:
@@ -149,7 +166,8 @@ class MemEnvBase(gym.Env):
             if self.mode.name == "window":
                 parts = parts[-(2 * self.mode.window + 1):]  # K (action, information) pairs + one more block
             body = "\n" + "\n".join(parts)
-        text, tokens, truncated = fit_context(task, body, self.context_budget, self.token_counter)
+        text, tokens, truncated = fit_context(task, body, self.context_budget, self.token_counter,
+                                              min_body=MIN_BODY_TOKENS)
         if len(text) > self.max_observation_chars:  # hard cap of the Text space, far above real budgets
             keep = self.max_observation_chars - len(task) - 4
             text = task + "[…] " + text[-keep:] if keep > 0 else text[-self.max_observation_chars:]

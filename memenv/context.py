@@ -2,7 +2,10 @@
 
 The observation is built from a *task block* (always first) and a *body* (memory and tool results, or the
 transcript). ``context_budget`` left-truncates the body like a sliding context window; the task block is
-kept, as chat systems keep the system prompt, unless it alone exceeds the budget.
+always kept whole, as chat systems keep the system prompt. The body keeps at least its newest ``min_body``
+tokens, so an observation exceeds the budget only when the task block alone leaves less room than that; the
+envs rule this out at make time for the fixed part of the task block (instructions and question headers, see
+:meth:`memenv.base.MemEnvBase._check_context_budget`), and ``context_tokens`` always reports the true size.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Callable
+
+from memenv.validation import ArgumentTypeError
 
 TokenCounter = Callable[[str], int]
 _WORD = re.compile(r"\S+")
@@ -31,7 +36,8 @@ class ContextMode:
     @classmethod
     def parse(cls, spec: str) -> "ContextMode":
         if not isinstance(spec, str):
-            raise ValueError(f"context must be a string like 'memory', got {spec!r}")
+            raise ArgumentTypeError(f"context must be a string like 'memory', 'history', 'window:K' or 'none', "
+                                    f"got {spec!r} ({type(spec).__name__})")
         if spec in ("memory", "history", "none"):
             return cls(spec)
         if spec.startswith("window:"):
@@ -41,7 +47,7 @@ class ContextMode:
                 k = 0
             if k >= 1:
                 return cls("window", k)
-        raise ValueError(f"unknown context mode {spec!r}: use 'memory', 'history', 'window:K' (K >= 1) or 'none'")
+        raise ValueError(f"unknown context mode context={spec!r}: use 'memory', 'history', 'window:K' (K >= 1) or 'none'")
 
     @property
     def uses_memory(self) -> bool:
@@ -104,17 +110,20 @@ def truncate_right(text: str, budget: int, counter: TokenCounter | None = None) 
     return kept, total - count(kept)
 
 
-def fit_context(task_block: str, body: str, budget: int | None,
-                counter: TokenCounter | None = None) -> tuple[str, int, int]:
-    """Join task block and body under ``budget``; returns (text, context_tokens, truncated_tokens)."""
+def fit_context(task_block: str, body: str, budget: int | None, counter: TokenCounter | None = None,
+                min_body: int = 0) -> tuple[str, int, int]:
+    """Join task block and body under ``budget``; returns (text, context_tokens, truncated_tokens).
+
+    The task block is never cut (the questions must stay visible); the body keeps its newest tokens, at least
+    ``min_body`` of them even when that overflows the budget (``context_tokens`` then exceeds ``budget``).
+    """
     count = counter or count_words
     task_tokens = count(task_block)
     if budget is None:
         return task_block + body, task_tokens + count(body), 0
-    if task_tokens >= budget:  # even the task does not fit: the window only holds its end
-        kept, dropped = truncate_left(task_block + body, budget, counter)
-        return kept, count(kept), dropped
-    available = budget - task_tokens
+    available = max(budget - task_tokens, min_body)
+    if available <= 0:  # the task block fills the whole window: it alone is shown
+        return task_block, task_tokens, count(body)
     kept, dropped = truncate_left(body, available, counter)
     marker = "\n[…] "  # on its own line, so it never merges with the task block's last word
     if dropped and count(marker) < available:  # mark the cut, keeping the marker itself inside the budget

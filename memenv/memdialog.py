@@ -38,17 +38,26 @@ from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
+from memenv.validation import check_bool, check_choice, check_int, check_path, check_str_tuple
 from memenv.scoring import best_em_f1
 from tasks.conversations import (
     ABSTENTION_ANSWER,
+    QUESTION_TYPES,
     Conversation,
     generate_conversation,
     is_abstention_answer,
+    min_questions_by_type,
     sample_questions,
 )
+from tasks.locomo import CATEGORY_TYPES, load_locomo
 from tasks.types import Question
 
 __all__ = ["MemDialogEnv", "score_answer"]
+
+DIALOG_DATASETS = ("synthetic", "locomo")
+#: Limits of the synthetic conversation generator (its work grows with sessions * turns_per_session).
+MAX_SESSIONS = 1000
+MAX_TURNS_PER_SESSION = 1000
 
 INSTRUCTIONS = {
     True: (
@@ -80,8 +89,6 @@ def score_answer(prediction: str | None, question: Question) -> tuple[float, flo
 
 @functools.lru_cache(maxsize=4)
 def _load_locomo(path: str, mtime: float) -> tuple[Conversation, ...]:
-    from tasks.locomo import load_locomo
-
     return tuple(load_locomo(path))
 
 
@@ -127,42 +134,52 @@ class MemDialogEnv(MemEnvBase):
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
                          memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
-        if questions is not None and (not isinstance(questions, int) or isinstance(questions, bool) or questions < 1):
-            raise ValueError(f"questions must be a positive int or None, got {questions!r}")
-        if sessions is not None and (not isinstance(sessions, int) or sessions < 1):
-            raise ValueError(f"sessions must be a positive int or None, got {sessions!r}")
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
-        if dataset not in ("synthetic", "locomo"):
-            raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'locomo'")
-        self.n_questions = questions
-        self.question_types = None if question_types is None else tuple(question_types)
-        self.questions_upfront = bool(questions_upfront)
-        self.keep_snapshots = bool(keep_snapshots)
-        self._max_turns_arg = max_turns
+        self.n_questions = check_int("questions", questions, minimum=1, allow_none=True)
+        check_int("sessions", sessions, minimum=1, maximum=MAX_SESSIONS, allow_none=True)
+        turns_per_session = check_int("turns_per_session", turns_per_session, minimum=4, maximum=MAX_TURNS_PER_SESSION)
+        self._max_turns_arg = check_int("max_turns", max_turns, minimum=1, allow_none=True)
+        dataset = check_choice("dataset", dataset, DIALOG_DATASETS)
+        data_path = check_path("data_path", data_path)
+        conversation = check_int("conversation", conversation, minimum=0, allow_none=True)
+        self.questions_upfront = check_bool("questions_upfront", questions_upfront)
+        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
         self.conversations: tuple[Conversation, ...] = ()
         if data_path is not None or dataset == "locomo":
+            self.question_types = check_str_tuple("question_types", question_types,
+                                                  tuple(CATEGORY_TYPES.values()))
             path = required_data_file(data_path, "MemDialog-LoCoMo-v0", "the LoCoMo JSON file",
                                       "../shared/data/locomo/locomo10.json", "LoCoMo")
             self.conversations = _load_locomo(path, os.path.getmtime(path))
-            if conversation is not None and not 0 <= conversation < len(self.conversations):
-                raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")
+            if conversation is not None and conversation >= len(self.conversations):
+                raise ValueError(f"conversation must be an index in 0..{len(self.conversations) - 1} "
+                                 f"({path} holds {len(self.conversations)}), got {conversation!r}")
             self.dataset = "locomo"
             self.sessions = sessions
+            self._check_locomo_capacity(conversation, path)
         else:
+            self.question_types = check_str_tuple("question_types", question_types, QUESTION_TYPES)
             if conversation is not None:
                 raise ValueError("conversation= selects a LoCoMo conversation; it needs data_path=")
             self.dataset = "synthetic"
             self.sessions = 8 if sessions is None else sessions
             if self.sessions < 2:
-                raise ValueError(f"a synthetic conversation needs sessions >= 2, got {sessions!r}")
-            if not isinstance(turns_per_session, int) or turns_per_session < 4:
-                raise ValueError(f"turns_per_session must be an int >= 4, got {turns_per_session!r}")
+                raise ValueError(f"sessions must be an int >= 2 for a synthetic conversation, got {sessions!r}")
+            minimum = min_questions_by_type(self.sessions)
+            holds = sum(minimum[k] for k in self.question_types or QUESTION_TYPES)
+            if holds == 0:
+                raise ValueError(f"question_types={self.question_types} has no guaranteed question in a synthetic "
+                                 f"conversation of sessions={self.sessions}")
+            if self.n_questions is not None and self.n_questions > holds:
+                types = "" if self.question_types is None else f" of question_types={self.question_types}"
+                raise ValueError(f"questions={self.n_questions} is more than every synthetic conversation of "
+                                 f"sessions={self.sessions} holds{types}: at most {holds}")
+        n_shown = self.n_questions if self.questions_upfront and self.n_questions is not None else 0
+        self._check_context_budget(self._compose_task(("", ""), self.n_questions or 1, [""] * n_shown))
         self.turns_per_session = turns_per_session
         self.conversation_index = conversation
         self.conversation: Conversation | None = None
         self.questions: list[Question] = []
-        self.max_turns = max_turns or 0
+        self.max_turns = self._max_turns_arg or 0
         self._session = 0
         self._question = 0
         self._task_text = ""
@@ -172,6 +189,39 @@ class MemDialogEnv(MemEnvBase):
     # ------------------------------------------------------------------ text
     def _task_block(self) -> str:
         return self._task_text
+
+    def _compose_task(self, speakers: tuple[str, ...], n_questions: int, shown: list[str]) -> str:
+        budget = "no limit" if self.memory_budget is None else f"{self.memory_budget} tokens"
+        names = [sanitize(s) for s in speakers] + ["", ""]
+        lines = [INSTRUCTIONS[self.mode.uses_memory].format(a=names[0], b=names[1], budget=budget,
+                                                            n=n_questions, abstain=ABSTENTION_ANSWER)]
+        lines += [f"Question {i}: {sanitize(q)}" for i, q in enumerate(shown, 1)]
+        return "<task>\n" + "\n".join(lines) + "\n</task>"
+
+    def _check_locomo_capacity(self, conversation: int | None, path: str) -> None:
+        """Refuse ``sessions``, ``question_types`` or ``questions`` that the LoCoMo conversations cannot serve.
+
+        With ``conversation=None`` each episode draws a conversation, so ``questions`` must fit the smallest
+        question pool (after the session cut and the type filter) and ``sessions`` the longest conversation.
+        """
+        pool = self.conversations if conversation is None else (self.conversations[conversation],)
+        longest = max(len(c.sessions) for c in pool)
+        if self.sessions is not None and self.sessions > longest:
+            raise ValueError(f"sessions must be at most {longest} (the most sessions a conversation of {path} "
+                             f"has), got {self.sessions}")
+        counts = []
+        for conv in pool:
+            cut = conv if self.sessions is None else conv.first_sessions(self.sessions)
+            counts.append(sum(1 for q in cut.questions if self.question_types is None or q.kind in self.question_types))
+        filters = ", ".join(f"{k}={v!r}" for k, v in (("sessions", self.sessions), ("question_types", self.question_types),
+                                                      ("conversation", conversation)) if v is not None)
+        where = f"{path}" + (f" with {filters}" if filters else "")
+        if min(counts) == 0:
+            raise ValueError(f"no question left in a conversation of {where}: widen question_types or sessions")
+        if self.n_questions is not None and self.n_questions > min(counts):
+            every = "the conversation" if conversation is not None else "every conversation"
+            raise ValueError(f"questions={self.n_questions} is more than {every} of {where} holds: at most "
+                             f"{min(counts)}")
 
     @property
     def n_sessions(self) -> int:
@@ -217,13 +267,8 @@ class MemDialogEnv(MemEnvBase):
         self.conversation = conv
         self.questions = sample_questions(self.np_random, conv, self.n_questions, self.question_types)
         self.max_turns = self._max_turns_arg or 2 * (len(conv.sessions) + len(self.questions))
-        budget = "no limit" if self.memory_budget is None else f"{self.memory_budget} tokens"
-        speakers = [sanitize(s) for s in conv.speakers] + ["", ""]
-        lines = [INSTRUCTIONS[self.mode.uses_memory].format(a=speakers[0], b=speakers[1], budget=budget,
-                                                            n=len(self.questions), abstain=ABSTENTION_ANSWER)]
-        if self.questions_upfront:
-            lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
-        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        shown = [q.question for q in self.questions] if self.questions_upfront else []
+        self._task_text = self._compose_task(conv.speakers, len(self.questions), shown)
         self._session = 0
         self._question = 0
         self._turn = 0

@@ -15,9 +15,10 @@ from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.protocol import parse_action
 from memenv.scoring import score_objectives, split_answers
-from memenv.search import SearchBackend, make_backend
+from memenv.search import BACKENDS, SearchBackend, make_backend
+from memenv.validation import ArgumentTypeError, check_choice, check_int, check_int_tuple, check_path, check_rate
 from tasks.types import Document, QADataset, Question
-from tasks.world import World, build_world
+from tasks.world import World, build_world, objective_capacity
 
 INSTRUCTIONS = {
     True: (
@@ -61,27 +62,88 @@ def _load_dataset(kind: str, paths: tuple[str, ...], mtimes: tuple[float, ...], 
     return load_qa_pair(paths[0], paths[1])
 
 
-def resolve_qa_source(*, dataset: str = "synthetic", source: Any = None, data_path=None, data_limit=None,
+#: Task sources of the QA-style envs (``dataset=``); a generic pair is chosen by ``corpus_path``/``questions_path``.
+QA_DATASETS = ("synthetic", "hotpotqa")
+#: Largest synthetic world an env builds (a million documents take about a minute to generate and index).
+MAX_CORPUS_SIZE = 1_000_000
+MIN_CORPUS_SIZE = 50
+#: Most distractor sentences per synthetic document.
+MAX_DISTRACTORS = 100
+MAX_HOPS = 6
+
+
+def check_qa_task(objectives: Any, hops: Any, comparison_rate: Any) -> tuple[int, tuple[int, ...], float]:
+    """The validated ``(objectives, hops, comparison_rate)`` of a QA-style env (range checks against the
+    task source come in :func:`resolve_qa_source`)."""
+    return (check_int("objectives", objectives, minimum=1),
+            check_int_tuple("hops", hops, minimum=1, maximum=MAX_HOPS),
+            check_rate("comparison_rate", comparison_rate))
+
+
+def resolve_qa_source(*, objectives: int = 1, hops: tuple[int, ...] = (2,), comparison_rate: float = 0.25,
+                      dataset: str = "synthetic", source: Any = None, data_path=None, data_limit=None,
                       corpus_path=None, questions_path=None, corpus_size: int = 1200, lookalike_rate: float = 0.3,
-                      distractors: int = 3, world_seed: int = 0) -> Any:
+                      distractors: int = 3, world_seed: int = 0, env_id: str = "MemQA-Hotpot-v0") -> Any:
     """The task source of a QA-style env (MemQA, MemRead): a given ``source``, a generic JSONL pair, a HotpotQA
-    file, or the (cached) synthetic world. Loaded files and worlds are shared by every env in the process."""
+    file, or the (cached) synthetic world. Loaded files and worlds are shared by every env in the process.
+
+    Every argument is validated first (a ValueError/TypeError naming it); ``objectives`` (already checked by
+    :func:`check_qa_task`) is then checked against what the source holds: the question count of a file, or
+    :func:`tasks.world.objective_capacity` of the world, computed before the world is built.
+    """
+    dataset = check_choice("dataset", dataset, QA_DATASETS)
+    data_path = check_path("data_path", data_path)
+    data_limit = check_int("data_limit", data_limit, minimum=1, allow_none=True)
+    corpus_path = check_path("corpus_path", corpus_path)
+    questions_path = check_path("questions_path", questions_path)
+    corpus_size = check_int("corpus_size", corpus_size, minimum=MIN_CORPUS_SIZE, maximum=MAX_CORPUS_SIZE)
+    lookalike_rate = check_rate("lookalike_rate", lookalike_rate)
+    distractors = check_int("distractors", distractors, minimum=0, maximum=MAX_DISTRACTORS)
+    world_seed = check_int("world_seed", world_seed, minimum=0)
+    pair = corpus_path is not None or questions_path is not None
     if source is not None:
         if not hasattr(source, "documents") or not hasattr(source, "sample_questions"):
-            raise TypeError("source must have .documents and .sample_questions(rng, n)")
+            raise ArgumentTypeError(f"source must have .documents and .sample_questions(rng, n), got "
+                                    f"{type(source).__name__}")
+        if pair or data_path is not None:
+            raise ValueError("source= is a task source of its own: give it without data_path/corpus_path/questions_path")
+        _check_question_count(objectives, source, "source")
         return source
-    if corpus_path is not None or questions_path is not None:
+    if pair:
         if corpus_path is None or questions_path is None:
             raise ValueError("a generic dataset needs both corpus_path= and questions_path= (JSONL files)")
-        paths = (os.fspath(corpus_path), os.fspath(questions_path))
-        return _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
+        if data_path is not None or dataset == "hotpotqa":
+            raise ValueError("corpus_path/questions_path make a generic dataset: give them without "
+                             "data_path= or dataset='hotpotqa'")
+        for name, path in (("corpus_path", corpus_path), ("questions_path", questions_path)):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{name} file not found: {path!r}")
+        paths = (corpus_path, questions_path)
+        loaded = _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
+        _check_question_count(objectives, loaded, f"questions_path={questions_path!r}")
+        return loaded
     if data_path is not None or dataset == "hotpotqa":
-        path = required_data_file(data_path, "MemQA-Hotpot-v0", "a HotpotQA JSON or JSONL file",
+        path = required_data_file(data_path, env_id, "a HotpotQA JSON or JSONL file",
                                   "../shared/data/hotpotqa/hotpot_dev_distractor_1100.json", "HotpotQA")
-        return _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
-    if dataset != "synthetic":
-        raise ValueError(f"unknown dataset {dataset!r}: use 'synthetic' or 'hotpotqa'")
-    return build_world(int(corpus_size), float(lookalike_rate), int(distractors), int(world_seed))
+        loaded = _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
+        _check_question_count(objectives, loaded, f"data_path={path!r}" + (
+            f" with data_limit={data_limit}" if data_limit is not None else ""))
+        return loaded
+    capacity = objective_capacity(corpus_size, hops, comparison_rate)
+    if objectives > capacity:
+        raise ValueError(
+            f"objectives={objectives} is more than a world of corpus_size={corpus_size} holds with hops={hops} "
+            f"and comparison_rate={comparison_rate}: at most {capacity} objectives (questions need disjoint "
+            f"supporting documents); lower objectives or raise corpus_size (up to {MAX_CORPUS_SIZE})")
+    return build_world(corpus_size, lookalike_rate, distractors, world_seed)
+
+
+def _check_question_count(objectives: int, source: Any, what: str) -> None:
+    """Objectives are drawn without replacement: a file must hold at least that many questions."""
+    questions = getattr(source, "questions", None)
+    if questions is not None and objectives > len(questions):
+        raise ValueError(f"objectives={objectives} is more than {what} holds: at most {len(questions)} "
+                         f"(its question count)")
 
 
 class MemQAEnv(MemEnvBase):
@@ -132,26 +194,20 @@ class MemQAEnv(MemEnvBase):
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
                          memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
-        if not isinstance(objectives, int) or objectives < 1:
-            raise ValueError(f"objectives must be a positive int, got {objectives!r}")
-        depths = (hops,) if isinstance(hops, int) else tuple(hops)
-        if not depths or any(not isinstance(h, int) or not 1 <= h <= 6 for h in depths):
-            raise ValueError(f"hops must be an int in 1..6 or a tuple of them, got {hops!r}")
-        if not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
-        self.objectives = objectives
-        self.hops = depths
-        self.comparison_rate = float(comparison_rate)
-        self.top_k = top_k
+        self.objectives, self.hops, self.comparison_rate = check_qa_task(objectives, hops, comparison_rate)
+        self.top_k = check_int("top_k", top_k, minimum=1)
+        self.max_turns = check_int("max_turns", max_turns, minimum=1, allow_none=True)
+        search_backend = check_choice("search_backend", search_backend, tuple(BACKENDS))
         self.source = resolve_qa_source(
-            dataset=dataset, source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
+            objectives=self.objectives, hops=self.hops, comparison_rate=self.comparison_rate, dataset=dataset,
+            source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
             questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
             distractors=distractors, world_seed=world_seed)
+        if self.max_turns is None:
+            self.max_turns = 2 * self.objectives * max(self.hops) + 2
+        self._check_context_budget(self._compose_task([""] * self.objectives))
         self.documents = _sanitized_corpus(self.source)
         self.index = _search_index(self.source, search_backend)
-        self.max_turns = int(max_turns) if max_turns is not None else 2 * objectives * max(depths) + 2
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
         self.questions: list[Question] = []
         self._task_text = ""
         self._last_result = ""
@@ -159,6 +215,11 @@ class MemQAEnv(MemEnvBase):
     # ------------------------------------------------------------------ text
     def _task_block(self) -> str:
         return self._task_text
+
+    def _compose_task(self, questions: list[str]) -> str:
+        lines = [INSTRUCTIONS[self.mode.uses_memory]]
+        lines += [f"Question {i}: {sanitize(q)}" for i, q in enumerate(questions, 1)]
+        return "<task>\n" + "\n".join(lines) + "\n</task>"
 
     def _information_block(self, content: str, notice: str | None = None) -> str:
         turns_left = self.max_turns - self._turn
@@ -187,9 +248,7 @@ class MemQAEnv(MemEnvBase):
                                                           self.comparison_rate)
         else:
             self.questions = self.source.sample_questions(self.np_random, self.objectives)
-        lines = [INSTRUCTIONS[self.mode.uses_memory]]
-        lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
-        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._task_text = self._compose_task([q.question for q in self.questions])
         self._last_result = "No search results yet."
         self._turn = 0  # the information block shows the turns left of the new episode
         self._start_episode(self._information_block(self._last_result))

@@ -36,14 +36,19 @@ import numpy as np
 
 from memenv.base import MemEnvBase, sanitize
 from memenv.context import TokenCounter
-from memenv.memqa import _document_positions, _sanitized_corpus, resolve_qa_source
+from memenv.memqa import _document_positions, _sanitized_corpus, check_qa_task, resolve_qa_source
 from memenv.protocol import parse_action
+from memenv.validation import check_bool, check_int
 from memenv.scoring import score_objectives, split_answers
 from tasks.documents import READ_INSTRUCTIONS, READ_INSTRUCTIONS_NO_MEMORY, DocumentPlan, plan_long_document, token_counts
 from tasks.types import Document, Question
 from tasks.world import World
 
 __all__ = ["MemReadEnv"]
+
+#: Longest document an episode streams (its plan holds one int32 per paragraph: about 6 MB at this length).
+MAX_DOC_TOKENS = 100_000_000
+MIN_CHUNK_TOKENS = 16
 
 _THINK_ONLY = re.compile(r"\s*(?:<think>.*?</think>)?\s*", re.DOTALL)
 
@@ -107,31 +112,17 @@ class MemReadEnv(MemEnvBase):
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
                          memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
-        if not isinstance(objectives, int) or isinstance(objectives, bool) or objectives < 1:
-            raise ValueError(f"objectives must be a positive int, got {objectives!r}")
-        depths = (hops,) if isinstance(hops, int) else tuple(hops)
-        if not depths or any(not isinstance(h, int) or not 1 <= h <= 6 for h in depths):
-            raise ValueError(f"hops must be an int in 1..6 or a tuple of them, got {hops!r}")
-        if not isinstance(doc_tokens, (int, np.integer)) or doc_tokens < 1:
-            raise ValueError(f"doc_tokens must be a positive int, got {doc_tokens!r}")
-        if not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 16:
-            raise ValueError(f"chunk_tokens must be an int >= 16, got {chunk_tokens!r}")
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-            raise ValueError(f"max_turns must be a positive int or None, got {max_turns!r}")
-        if data_path is None and dataset == "hotpotqa" and source is None:
-            raise ValueError("a HotpotQA MemRead env needs data_path= (a HotpotQA JSON or JSONL file), e.g. "
-                             "gym.make('MemRead-v0', data_path='../shared/data/hotpotqa/hotpot_dev_distractor_1100.json')")
-        self.objectives = objectives
-        self.hops = depths
-        self.comparison_rate = float(comparison_rate)
-        self.doc_tokens = int(doc_tokens)
-        self.chunk_tokens = int(chunk_tokens)
-        self.keep_snapshots = bool(keep_snapshots)
-        self._max_turns_arg = max_turns
+        self.objectives, self.hops, self.comparison_rate = check_qa_task(objectives, hops, comparison_rate)
+        self.doc_tokens = check_int("doc_tokens", doc_tokens, minimum=1, maximum=MAX_DOC_TOKENS)
+        self.chunk_tokens = check_int("chunk_tokens", chunk_tokens, minimum=MIN_CHUNK_TOKENS)
+        self._max_turns_arg = check_int("max_turns", max_turns, minimum=1, allow_none=True)
+        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
         self.source = resolve_qa_source(
-            dataset=dataset, source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
+            objectives=self.objectives, hops=self.hops, comparison_rate=self.comparison_rate, dataset=dataset,
+            source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
             questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
-            distractors=distractors, world_seed=world_seed)
+            distractors=distractors, world_seed=world_seed, env_id="MemRead-v0")
+        self._check_context_budget(self._compose_task([""] * self.objectives))
         self.documents: tuple[Document, ...] = _sanitized_corpus(self.source)
         self._header_tokens, self._text_tokens = _token_counts(self.source)
         self.questions: list[Question] = []
@@ -150,6 +141,11 @@ class MemReadEnv(MemEnvBase):
             return READ_INSTRUCTIONS_NO_MEMORY
         budget = "no limit" if self.memory_budget is None else f"{self.memory_budget} tokens"
         return READ_INSTRUCTIONS.format(budget=budget)
+
+    def _compose_task(self, questions: list[str]) -> str:
+        lines = [self._instructions()]
+        lines += [f"Question {i}: {sanitize(q)}" for i, q in enumerate(questions, 1)]
+        return "<task>\n" + "\n".join(lines) + "\n</task>"
 
     @property
     def n_chunks(self) -> int:
@@ -198,9 +194,7 @@ class MemReadEnv(MemEnvBase):
         self.plan = plan_long_document(self.np_random, self._header_tokens, self._text_tokens, gold,
                                        self.doc_tokens, self.chunk_tokens)
         self.max_turns = self._max_turns_arg or 2 * (self.plan.n_chunks + 1)
-        lines = [self._instructions()]
-        lines += [f"Question {i}: {sanitize(q.question)}" for i, q in enumerate(self.questions, 1)]
-        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._task_text = self._compose_task([q.question for q in self.questions])
         self._chunk = 0
         self._turn = 0
         self._block = self._information_block()

@@ -3,6 +3,6 @@
 This layer imports nothing else of the project.
 """
 
-from tasks.types import DataFormatError, Document, QADataset, Question
+from tasks.types import DataFormatError, DataFormatWarning, Document, QADataset, Question
 
-__all__ = ["DataFormatError", "Document", "QADataset", "Question"]
+__all__ = ["DataFormatError", "DataFormatWarning", "Document", "QADataset", "Question"]

@@ -51,12 +51,18 @@ __all__ = [
     "format_date",
     "generate_conversation",
     "is_abstention_answer",
+    "min_questions_by_type",
     "sample_questions",
 ]
 
 ABSTENTION_ANSWER = "Not mentioned in the conversation"
 ABSTENTION_MARKERS = ("not mentioned", "no information available")
 QUESTION_TYPES = ("single-hop", "multi-hop", "temporal", "knowledge-update", "abstention")
+# Per speaker, the generator states this many personal attributes, names this many relatives (inclusive
+# range) and reports this many dated events (at most one per session).
+_ATTRIBUTES_STATED = 4
+_RELATIVES_NAMED = (1, 2)
+_EVENTS_REPORTED = 3
 
 
 def _normalise(text: str) -> str:
@@ -333,7 +339,7 @@ def generate_conversation(rng: np.random.Generator, sessions: int = 6, turns_per
     used_events: set[int] = set()
     for si, p in enumerate(speakers):
         # Personal attributes: four of six; one updatable attribute changes in a later session.
-        chosen = [attr_names[i] for i in rng.permutation(len(attr_names))[:4]]
+        chosen = [attr_names[i] for i in rng.permutation(len(attr_names))[:_ATTRIBUTES_STATED]]
         updatable = [a for a in chosen if ATTRIBUTES[a].updates]
         updated = _pick(rng, updatable) if updatable else None
         for a in chosen:
@@ -357,7 +363,7 @@ def generate_conversation(rng: np.random.Generator, sessions: int = 6, turns_per
                                   (ABSTENTION_ANSWER,), (), {"attribute": a, "speaker": p, "abstention": True}))
         # Relatives: one or two, each named once; some of their attributes are mentioned in any session.
         kinds = [relation_pool[i] for i in rng.permutation(len(relation_pool))]
-        n_rel = int(rng.integers(1, 3))
+        n_rel = int(rng.integers(_RELATIVES_NAMED[0], _RELATIVES_NAMED[1] + 1))
         for r in kinds[:n_rel]:
             n = others.pop(0)
             kr = say(int(rng.integers(0, S)), p, _pick(rng, RELATIVE_STATEMENTS).format(r=r, n=n), f"{p}/rel/{r}")
@@ -375,7 +381,7 @@ def generate_conversation(rng: np.random.Generator, sessions: int = 6, turns_per
             questions.append(("abstention", _pick(rng, RELATIVE_QUESTIONS).format(p=p, r=r), (ABSTENTION_ANSWER,),
                               (), {"relative": r, "speaker": p, "abstention": True}))
         # Dated events, in distinct sessions (so their order is well defined).
-        n_events = min(3, S)
+        n_events = min(_EVENTS_REPORTED, S)
         free = [i for i in range(len(EVENTS)) if i not in used_events]
         event_ids = [free[int(i)] for i in rng.permutation(len(free))[:n_events]]
         used_events.update(event_ids)
@@ -449,6 +455,30 @@ def generate_conversation(rng: np.random.Generator, sessions: int = 6, turns_per
     return Conversation(conv_id, tuple(speakers), tuple(session_list), tuple(built), {"source": "synthetic"})
 
 
+def min_questions_by_type(sessions: int) -> dict[str, int]:
+    """The fewest questions of each type that every synthetic conversation of ``sessions`` sessions holds.
+
+    Per speaker (two speakers): of the stated attributes one is updated (a knowledge-update question) whenever
+    an updatable attribute is among them, the others are single-hop, the unstated ones abstention; each named
+    relative gives one single-hop and at least one multi-hop question, each unnamed relation an abstention;
+    each dated event a temporal question, and every pair of events an order question (events sit in distinct
+    sessions, at least 3 days apart, and happen at most a day before their session, so no two share a date).
+    """
+    n_attributes = len(ATTRIBUTES)
+    n_updatable = sum(1 for a in ATTRIBUTES.values() if a.updates)
+    always_updated = n_attributes - n_updatable < _ATTRIBUTES_STATED  # an updatable one is always stated
+    fewest_relatives, most_relatives = _RELATIVES_NAMED
+    events = min(_EVENTS_REPORTED, sessions)
+    per_speaker = {
+        "single-hop": _ATTRIBUTES_STATED - (1 if n_updatable else 0) + fewest_relatives,
+        "multi-hop": fewest_relatives,
+        "temporal": events + events * (events - 1) // 2,
+        "knowledge-update": 1 if always_updated else 0,
+        "abstention": n_attributes - _ATTRIBUTES_STATED + len(RELATIVES) - most_relatives,
+    }
+    return {kind: 2 * count for kind, count in per_speaker.items()}
+
+
 def sample_questions(rng: np.random.Generator, conversation: Conversation, n: int | None,
                      types: tuple[str, ...] | None = None) -> list[Question]:
     """``n`` distinct questions of ``conversation`` (all when ``n`` is None), drawn with ``rng``.
@@ -463,6 +493,9 @@ def sample_questions(rng: np.random.Generator, conversation: Conversation, n: in
         return pool
     if n < 1:
         raise ValueError(f"n must be a positive int or None, got {n!r}")
+    if n > len(pool):
+        raise ValueError(f"asked for {n} questions but conversation {conversation.id!r} holds only {len(pool)}"
+                         + (f" of types {types}" if types is not None else ""))
     by_type: dict[str, list[Question]] = {}
     for q in pool:
         by_type.setdefault(q.kind, []).append(q)

@@ -10,7 +10,9 @@ A *pair* is two files:
 
 :func:`load_qa_pair` reads both and resolves supporting titles to document ids. Every malformed input raises
 :class:`~tasks.types.DataFormatError` whose message names the file and the line (or, for a file holding one
-JSON array instead of JSON Lines, the 0-based record index and the line where that record starts).
+JSON array instead of JSON Lines, the 0-based record index and the line where that record starts): bytes that
+are not UTF-8, an empty or truncated file, invalid or too deeply nested JSON, a top level that is neither an
+array nor objects, a missing key, a value of the wrong type, empty required text, repeated ids.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tasks.types import DataFormatError, Document, QADataset, Question
 
 __all__ = [
     "RecordLocation",
+    "as_text",
     "iter_json_records",
     "load_corpus_jsonl",
     "load_qa_pair",
@@ -37,6 +40,8 @@ __all__ = [
 PathLike = str | os.PathLike
 
 _WS = re.compile(r"[ \t\n\r]*")
+# Python's JSON decoder recurses once per nesting level and raises RecursionError past the interpreter's limit.
+_TOO_DEEP = "invalid JSON: nested too deeply (arrays/objects inside each other beyond the decoder's recursion limit)"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -129,6 +134,8 @@ def _iter_lines(path: Path, text: str) -> Iterator[tuple[RecordLocation, dict[st
         loc = RecordLocation(path, i + 1)
         try:
             obj = json.loads(line)
+        except RecursionError:
+            loc.fail(_TOO_DEEP)
         except json.JSONDecodeError as e:
             if _is_truncation(e, line):
                 if i == last and not text.endswith("\n"):
@@ -162,6 +169,8 @@ def _iter_array(path: Path, text: str, start: int) -> Iterator[tuple[RecordLocat
             loc.fail("truncated file: the JSON array ends before this record")
         try:
             obj, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            loc.fail(_TOO_DEEP)
         except json.JSONDecodeError as e:
             if _is_truncation(e, text):
                 loc.fail(f"truncated file: the JSON array stops inside this record ({_json_msg(e)})")
@@ -235,6 +244,22 @@ def as_str_list(value: Any, field: str, loc: RecordLocation) -> list[str]:
     return value
 
 
+def as_text(value: Any, field: str, loc: RecordLocation) -> str:
+    """``value`` as a string with some non-whitespace content (a question, an answer), else a located error."""
+    text = as_str(value, field, loc)
+    if not text.strip():
+        loc.fail(f"{field}: empty text")
+    return text
+
+
+def as_nonempty_str_list(value: Any, field: str, loc: RecordLocation) -> list[str]:
+    """``value`` as a non-empty list of strings (an explicitly empty list is an error: omit the key instead)."""
+    items = as_str_list(value, field, loc)
+    if not items:
+        loc.fail(f"{field}: empty list (omit the key when there is nothing to list)")
+    return items
+
+
 def normalize_ws(text: str) -> str:
     """Collapse every run of whitespace to one space and strip the ends."""
     return " ".join(text.split())
@@ -268,8 +293,8 @@ def load_corpus_jsonl(path: PathLike) -> list[Document]:
 
     ``id`` may be a string or an integer (kept as its decimal string). With ``title``/``text``, ``title`` is
     optional (default ``""``). With ``contents`` (Search-R1/FlashRAG), the first line is the title (surrounding
-    double quotes stripped) and the rest the text. Blank lines are skipped. A repeated id raises
-    :class:`DataFormatError` naming the file and both lines.
+    double quotes stripped) and the rest the text. Blank lines are skipped. A repeated id, or a document with
+    neither title nor text, raises :class:`DataFormatError` naming the file and the line(s).
     """
     docs: list[Document] = []
     seen: dict[str, RecordLocation] = {}
@@ -282,6 +307,8 @@ def load_corpus_jsonl(path: PathLike) -> list[Document]:
             title, text = _split_contents(as_str(rec["contents"], "contents", loc))
         else:
             loc.fail("missing key 'text' (with 'title') or 'contents'")
+        if not (title.strip() or text.strip()):
+            loc.fail(f"document {doc_id!r} has neither title nor text")
         if doc_id in seen:
             loc.fail(f"duplicate document id {doc_id!r} (first at line {seen[doc_id].line})")
         seen[doc_id] = loc
@@ -336,7 +363,12 @@ def load_questions_jsonl(path: PathLike, *, documents: Sequence[Document] | None
       ``"single"`` otherwise); ``hops`` (int) overrides the default of the number of supporting documents
       (at least 1).
 
-    ``meta`` holds ``source`` (the path) and ``line`` (where the record starts). Repeated ids raise.
+    ``meta`` holds ``source`` (the path) and ``line`` (where the record starts).
+
+    Policy (shared by every loader): a record that is wrong or incomplete raises :class:`DataFormatError`
+    naming the file and the line; nothing is skipped silently. That covers repeated ids, an empty question,
+    no non-empty answer, and an explicitly empty ``supporting_ids``/``supporting_titles`` list (omit the key
+    for a question without known support).
     """
     path = Path(path)
     index = _TitleIndex(documents) if documents is not None else None
@@ -351,7 +383,7 @@ def load_questions_jsonl(path: PathLike, *, documents: Sequence[Document] | None
         if qid in seen:
             loc.fail(f"duplicate question id {qid!r} (first at line {seen[qid].line})")
         seen[qid] = loc
-        text = as_str(get_field(rec, "question", loc), "question", loc)
+        text = as_text(get_field(rec, "question", loc), "question", loc)
         answers = _answers(rec, loc)
         meta: dict[str, Any] = {"source": str(path), "line": loc.line}
 
@@ -359,13 +391,13 @@ def load_questions_jsonl(path: PathLike, *, documents: Sequence[Document] | None
             loc.fail("give 'supporting_ids' or 'supporting_titles', not both")
         support: tuple[str, ...] = ()
         if "supporting_ids" in rec:
-            support = _unique(as_str_list(rec["supporting_ids"], "supporting_ids", loc))
+            support = _unique(as_nonempty_str_list(rec["supporting_ids"], "supporting_ids", loc))
             if known_ids is not None:
                 for doc_id in support:
                     if doc_id not in known_ids:
                         loc.fail(f"supporting id {doc_id!r} is not in the corpus")
         elif "supporting_titles" in rec:
-            titles = _unique(as_str_list(rec["supporting_titles"], "supporting_titles", loc))
+            titles = _unique(as_nonempty_str_list(rec["supporting_titles"], "supporting_titles", loc))
             meta["supporting_titles"] = titles
             if index is not None:
                 resolved = []

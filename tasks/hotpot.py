@@ -27,6 +27,7 @@ from tasks.corpus import (
     PathLike,
     RecordLocation,
     as_str,
+    as_text,
     as_str_list,
     get_field,
     iter_json_records,
@@ -48,11 +49,12 @@ class _Item:
     type: str
     level: str | None
     paragraphs: list[tuple[str, str]]  # (title, normalised text), context order
+    sentence_counts: list[int]  # sentences of each paragraph
     supporting_facts: list[tuple[str, int]]  # (title, sentence index)
 
 
-def _parse_context(value: Any, loc: RecordLocation) -> list[tuple[str, str]]:
-    """Context in either layout -> ``[(title, text), ...]`` with sentences joined and whitespace normalised."""
+def _parse_context(value: Any, loc: RecordLocation) -> list[tuple[str, list[str]]]:
+    """Context in either layout -> ``[(title, sentences), ...]``."""
     if isinstance(value, list):  # official: [[title, [sentence, ...]], ...]
         pairs = []
         for i, entry in enumerate(value):
@@ -72,8 +74,9 @@ def _parse_context(value: Any, loc: RecordLocation) -> list[tuple[str, str]]:
         loc.fail(
             f"context: expected a list (official layout) or an object (Hugging Face layout), got {_short(value)}"
         )
-    # HotpotQA sentences usually carry their own leading space: join, then normalise.
-    return [(title, normalize_ws(" ".join(sents))) for title, sents in pairs]
+    if not pairs:
+        loc.fail("context: no paragraph")
+    return pairs
 
 
 def _parse_supporting_facts(value: Any, loc: RecordLocation) -> list[tuple[str, int]]:
@@ -115,18 +118,21 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def _parse_item(loc: RecordLocation, rec: dict[str, Any]) -> _Item:
     level = rec.get("level")
-    answer = as_str(get_field(rec, "answer", loc), "answer", loc)
-    if not answer.strip():
-        loc.fail("answer: empty gold answer")
+    context = _parse_context(get_field(rec, "context", loc), loc)
+    facts = _parse_supporting_facts(get_field(rec, "supporting_facts", loc), loc)
+    if not facts:
+        loc.fail("supporting_facts: empty (every HotpotQA question names the sentences that support it)")
     return _Item(
         loc=loc,
         id=as_str(get_field(rec, ("_id", "id"), loc), "_id" if "_id" in rec else "id", loc, allow_int=True),
-        question=as_str(get_field(rec, "question", loc), "question", loc),
-        answer=answer,
+        question=as_text(get_field(rec, "question", loc), "question", loc),
+        answer=as_text(get_field(rec, "answer", loc), "answer", loc),
         type=as_str(get_field(rec, "type", loc), "type", loc),
         level=None if level is None else as_str(level, "level", loc),
-        paragraphs=_parse_context(get_field(rec, "context", loc), loc),
-        supporting_facts=_parse_supporting_facts(get_field(rec, "supporting_facts", loc), loc),
+        # HotpotQA sentences usually carry their own leading space: join, then normalise.
+        paragraphs=[(title, normalize_ws(" ".join(sentences))) for title, sentences in context],
+        sentence_counts=[len(sentences) for _, sentences in context],
+        supporting_facts=facts,
     )
 
 
@@ -167,8 +173,10 @@ def load_hotpotqa(path: PathLike, limit: int | None = None, *, name: str | None 
 
     Raises :class:`FileNotFoundError` (naming the path) if the file does not exist, and
     :class:`~tasks.types.DataFormatError` naming the file and the record index (JSON array) or line (JSON
-    Lines) for malformed input: invalid JSON, truncated file, missing key, wrong type, a supporting title found
-    in no loaded paragraph, repeated question ids.
+    Lines) for malformed input: invalid JSON, truncated file, missing key, wrong type, an empty question or
+    answer, no context paragraph, empty ``supporting_facts``, a supporting title found in no loaded paragraph,
+    a sentence index beyond its paragraph, repeated question ids. Nothing is skipped: a wrong record stops the
+    load (the policy of every loader in :mod:`tasks`).
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
@@ -179,6 +187,10 @@ def load_hotpotqa(path: PathLike, limit: int | None = None, *, name: str | None 
 
     keys = list(dict.fromkeys(p for item in items for p in item.paragraphs))
     ids = _assign_ids(keys)
+    sentences: dict[str, int] = {}  # document id -> sentence count (the same text has the same count)
+    for item in items:
+        for key, n in zip(item.paragraphs, item.sentence_counts):
+            sentences.setdefault(ids[key], n)
     first_by_title: dict[str, str] = {}
     for title, text in keys:
         first_by_title.setdefault(title, ids[(title, text)])
@@ -197,6 +209,9 @@ def load_hotpotqa(path: PathLike, limit: int | None = None, *, name: str | None 
             doc_id = own.get(title, first_by_title.get(title))
             if doc_id is None:
                 item.loc.fail(f"supporting fact title {title!r} matches no context paragraph")
+            if sent >= sentences[doc_id]:
+                item.loc.fail(f"supporting fact [{title!r}, {sent}]: sentence index out of range (the paragraph "
+                              f"has {sentences[doc_id]} sentence(s), indexes 0..{sentences[doc_id] - 1})")
             facts.append((doc_id, sent))
         support = tuple(dict.fromkeys(doc_id for doc_id, _ in facts))
         questions.append(

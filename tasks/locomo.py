@@ -21,27 +21,37 @@ Mapping onto :mod:`tasks.conversations` types:
 * category 5 (adversarial) questions have as gold :data:`~tasks.conversations.ABSTENTION_ANSWER` (the
   conversation does not contain the answer). The two category-5 items of the release that do carry an
   ``answer`` ("No") keep it as a second accepted answer. Numeric answers become strings;
-* ``supporting_ids`` are the evidence ``dia_id`` strings as given (the release has a few malformed ones).
+* ``supporting_ids`` are the evidence ``dia_id`` s, split where one string holds several ("D8:6; D9:17") and
+  normalised ("D:11:26" -> "D11:26", "D30:05" -> "D30:5"), as in nine entries of the release.
 
-Malformed input raises :class:`~tasks.types.DataFormatError` naming the file and the record (sample) index,
-and the field inside it.
+Policy (as every loader in :mod:`tasks`): malformed input raises :class:`~tasks.types.DataFormatError` naming
+the file, the record (sample) index and the field inside it; nothing is skipped. That includes a sample
+without questions, an empty question or answer, and empty evidence for a question of category 1, 2 or 4 (the
+release leaves evidence empty only for categories 3 and 5). One exception, because the official release has
+three of them: evidence that names no turn of its conversation is kept, and one
+:class:`~tasks.types.DataFormatWarning` per file lists each such entry with its record and question index.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 from tasks.conversations import ABSTENTION_ANSWER, Conversation, Session, Turn
-from tasks.corpus import PathLike, RecordLocation, as_str, get_field, iter_json_records
-from tasks.types import DataFormatError, Question
+from tasks.corpus import PathLike, RecordLocation, as_str, as_text, get_field, iter_json_records
+from tasks.types import DataFormatError, DataFormatWarning, Question
 
 __all__ = ["CATEGORY_TYPES", "load_locomo"]
 
 CATEGORY_TYPES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _DATE_KEY = re.compile(r"session_(\d+)_date_time")
+_DIA_ID = re.compile(r"D:?(\d+):(\d+)")
+# Categories whose questions may come without evidence: open-domain inference (3) and adversarial (5).
+_EVIDENCE_OPTIONAL = (3, 5)
 
 
 def _turns(value: Any, field: str, loc: RecordLocation) -> tuple[Turn, ...]:
@@ -86,27 +96,49 @@ def _sessions(conv: Any, loc: RecordLocation) -> tuple[tuple[str, ...], tuple[Se
 def _answer_text(value: Any, field: str, loc: RecordLocation) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         loc.fail(f"{field}: expected a string or a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        loc.fail(f"{field}: expected a string or a finite number, got {value!r}")
     text = str(value).strip()
     if not text:
         loc.fail(f"{field}: empty answer")
     return text
 
 
+def _evidence(value: Any, field: str, loc: RecordLocation) -> list[str]:
+    """Evidence dia_ids, split and normalised: the release joins some ("D8:6; D9:17"), misspells others
+    ("D:11:26", "D30:05"); a string without any ``D<session>:<turn>`` is kept verbatim."""
+    if not isinstance(value, list) or not all(isinstance(e, str) for e in value):
+        loc.fail(f"{field}: expected a list of dia_id strings, got {_short(value)}")
+    ids: list[str] = []
+    for raw in value:
+        found = [f"D{int(m.group(1))}:{int(m.group(2))}" for m in _DIA_ID.finditer(raw)]
+        ids.extend(found or [raw])
+    return list(dict.fromkeys(ids))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _questions(qa: Any, sample_id: str, loc: RecordLocation) -> tuple[Question, ...]:
     if not isinstance(qa, list):
         loc.fail(f"qa: expected a list, got {type(qa).__name__}")
+    if not qa:
+        loc.fail("qa: no question (a LoCoMo sample probes its conversation with questions)")
     questions = []
     for i, raw in enumerate(qa):
         where = f"qa[{i}]"
         if not isinstance(raw, dict):
             loc.fail(f"{where}: expected an object, got {type(raw).__name__}")
-        text = as_str(get_field(raw, "question", loc, within=where), f"{where}.question", loc)
+        text = as_text(get_field(raw, "question", loc, within=where), f"{where}.question", loc)
         category = get_field(raw, "category", loc, within=where)
         if isinstance(category, bool) or category not in CATEGORY_TYPES:
             loc.fail(f"{where}.category: expected an integer 1..5, got {category!r}")
-        evidence = raw.get("evidence", [])
-        if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
-            loc.fail(f"{where}.evidence: expected a list of dia_id strings")
+        evidence = _evidence(raw.get("evidence", []), f"{where}.evidence", loc)
+        if not evidence and category not in _EVIDENCE_OPTIONAL:
+            loc.fail(f"{where}.evidence: empty, but a {CATEGORY_TYPES[category]} question (category {category}) "
+                     f"needs the dia_id of the turn(s) that answer it")
         meta: dict[str, Any] = {"category": category, "abstention": category == 5, "index": i}
         if category == 5:
             answers = [ABSTENTION_ANSWER]
@@ -134,6 +166,7 @@ def load_locomo(path: PathLike, limit: int | None = None) -> list[Conversation]:
     path = Path(path)
     conversations: list[Conversation] = []
     seen: dict[str, RecordLocation] = {}
+    dangling: list[str] = []
     for loc, rec in iter_json_records(path, limit=limit, what="LoCoMo file"):
         sample_id = as_str(get_field(rec, "sample_id", loc), "sample_id", loc, allow_int=True)
         if sample_id in seen:
@@ -141,8 +174,15 @@ def load_locomo(path: PathLike, limit: int | None = None) -> list[Conversation]:
         seen[sample_id] = loc
         speakers, sessions = _sessions(get_field(rec, "conversation", loc), loc)
         questions = _questions(get_field(rec, "qa", loc), sample_id, loc)
+        turns = {t.dia_id for session in sessions for t in session.turns}
+        dangling.extend(f"record {loc.index} ({sample_id}) qa[{q.meta['index']}]: {d!r}"
+                        for q in questions for d in q.supporting_ids if d not in turns)
         conversations.append(Conversation(sample_id, speakers, sessions, questions,
                                           {"source": str(path), "record": loc.index}))
     if not conversations:
         raise DataFormatError(f"{path}: no LoCoMo samples")
+    if dangling:
+        shown = "; ".join(dangling[:10]) + (f"; ... ({len(dangling)} in all)" if len(dangling) > 10 else "")
+        warnings.warn(f"{path}: {len(dangling)} evidence dia_id(s) name no turn of their conversation (kept as "
+                      f"given): {shown}", DataFormatWarning, stacklevel=2)
     return conversations

@@ -17,6 +17,13 @@ class DataFormatError(ValueError):
     """
 
 
+class DataFormatWarning(UserWarning):
+    """A data file loaded, but with records that are usable only in part (e.g. evidence naming no turn).
+
+    Like :class:`DataFormatError`, the message names the file and the records.
+    """
+
+
 @dataclass(frozen=True)
 class Document:
     """One searchable document. ``id`` is unique within a corpus."""

@@ -140,12 +140,23 @@ def test_fit_context_truncates_body_keeps_task(budget: int) -> None:
         assert count_words(rest) - 1 + dropped == count_words(BODY)
 
 
-def test_fit_context_task_alone_too_long() -> None:
+def test_fit_context_task_alone_too_long_keeps_the_task() -> None:
+    # The task block (the questions) is never cut: with no room left, it alone is shown and the overflow is
+    # reported honestly in the token count.
     text, tokens, dropped = fit_context(TASK, BODY, 3)
-    assert tokens <= 3 and count_words(text) <= 3
-    assert (TASK + BODY).endswith(text)  # the window holds the end of the whole text
-    assert text == "<information>r1 r2 r3</information>"
-    assert dropped == count_words(TASK + BODY) - count_words(text)
+    assert text == TASK
+    assert tokens == count_words(TASK) > 3
+    assert dropped == count_words(BODY)
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 6])
+def test_fit_context_min_body_keeps_the_newest_body(budget: int) -> None:
+    text, tokens, dropped = fit_context(TASK, BODY, budget, min_body=4)
+    assert text.startswith(TASK)
+    assert text.endswith("r2 r3</information>")
+    assert tokens == count_words(text) == count_words(TASK) + 4  # marker + the three newest words
+    assert "\n[…] " in text
+    assert dropped == count_words(BODY) - 3
 
 
 def test_fit_context_reported_tokens_match_text() -> None:

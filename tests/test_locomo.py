@@ -148,7 +148,9 @@ def test_invalid_json_and_duplicates(tmp_path):
 def test_env_on_tiny_file(tiny_locomo):
     with pytest.raises(ValueError, match="data_path"):
         gym.make("MemDialog-LoCoMo-v0")
-    env = gym.make("MemDialog-LoCoMo-v0", data_path=str(tiny_locomo))
+    with pytest.raises(ValueError, match="questions=10 .* at most 6"):  # the registered 10 > 6 per conversation
+        gym.make("MemDialog-LoCoMo-v0", data_path=str(tiny_locomo))
+    env = gym.make("MemDialog-LoCoMo-v0", data_path=str(tiny_locomo), questions=6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env.unwrapped)

@@ -1,0 +1,716 @@
+"""Bad input fails fast and clearly: every env kwarg at make time, every malformed data file at load time.
+
+Kwargs: ``gym.make`` raises ``ValueError`` (out of range) or ``TypeError`` (wrong type; also a ValueError,
+see :class:`memenv.validation.ArgumentTypeError`) whose message names the parameter and what it accepts.
+Files: every loader raises :class:`tasks.DataFormatError` naming the file and the record or line.
+Actions: whatever text an agent sends, ``step`` never raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import memenv  # noqa: F401 - registers the envs
+from memenv.base import MIN_BODY_TOKENS
+from memenv.memdialog import MemDialogEnv
+from memenv.validation import ArgumentTypeError
+from tasks import DataFormatError, DataFormatWarning
+from tasks.conversations import QUESTION_TYPES, generate_conversation, min_questions_by_type
+from tasks.corpus import load_corpus_jsonl, load_qa_pair, load_questions_jsonl
+from tasks.hotpot import load_hotpotqa
+from tasks.locomo import load_locomo
+from tasks.world import build_world, objective_capacity
+
+from conftest import TINY_HOTPOT, _tiny_locomo
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+CORPUS = [
+    {"id": "d1", "title": "Velmora Records", "text": "Velmora Records was founded by Ilsa Brandt."},
+    {"id": "d2", "title": "Ilsa Brandt", "text": "Ilsa Brandt was born in Tarsk."},
+    {"id": "d3", "title": "Tarsk", "text": "Tarsk is a river town."},
+]
+QUESTIONS = [
+    {"id": "q1", "question": "Where was the founder of Velmora Records born?", "answers": ["Tarsk"],
+     "supporting_titles": ["Velmora Records", "Ilsa Brandt"]},
+    {"id": "q2", "question": "Who founded Velmora Records?", "answers": ["Ilsa Brandt"], "supporting_ids": ["d1"]},
+]
+
+
+def _write_jsonl(path: Path, records: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    """A good data file of every kind: HotpotQA, corpus + questions pair, LoCoMo (two conversations)."""
+    locomo = _tiny_locomo()
+    second = copy.deepcopy(locomo[0])
+    second["sample_id"] = "tiny-2"
+    second["qa"] = second["qa"][:8]
+    hotpot = tmp_path / "hotpot.json"
+    hotpot.write_text(json.dumps(TINY_HOTPOT), encoding="utf-8")
+    lo = tmp_path / "locomo.json"
+    lo.write_text(json.dumps(locomo + [second]), encoding="utf-8")
+    return {"hotpot": str(hotpot), "locomo": str(lo),
+            "corpus": _write_jsonl(tmp_path / "corpus.jsonl", CORPUS),
+            "questions": _write_jsonl(tmp_path / "questions.jsonl", QUESTIONS)}
+
+
+# Every registered env family, with the kwargs it needs to build from the fixture files.
+ENVS = {
+    "MemQA": ("MemQA-v0", {}),
+    "MemQA-N4": ("MemQA-N4-v0", {}),
+    "Hotpot": ("MemQA-Hotpot-v0", {"data_path": "hotpot"}),
+    "Pair": ("MemQA-v0", {"corpus_path": "corpus", "questions_path": "questions", "objectives": 1}),
+    "MemRead": ("MemRead-v0", {"doc_tokens": 2000}),
+    "MemDialog": ("MemDialog-v0", {}),
+    "LoCoMo": ("MemDialog-LoCoMo-v0", {"data_path": "locomo", "questions": 2}),
+}
+
+
+def make(env: str, files: dict[str, str], **kwargs):
+    env_id, base = ENVS[env]
+    resolved = {k: files[v] if k in ("data_path", "corpus_path", "questions_path") else v for k, v in base.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the checker's warnings are not the subject here
+        return gym.make(env_id, **{**resolved, **kwargs})
+
+
+def expect(env: str, files: dict[str, str], kwargs: dict, error: type, *fragments: str) -> str:
+    """Make ``env`` with ``kwargs``; it must raise ``error`` naming every fragment. Returns the message."""
+    with pytest.raises(error) as info:
+        make(env, files, **kwargs)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    return message
+
+
+class Raising:
+    def __call__(self, text: str) -> int:
+        raise RuntimeError("tokenizer not loaded")
+
+
+NAN, INF = float("nan"), float("inf")
+
+# (kwargs, error, fragments the message must hold). Every env takes these.
+COMMON_CASES = [
+    ({"context": 5}, TypeError, ["context", "'memory'"]),
+    ({"context": ["memory"]}, TypeError, ["context"]),
+    ({"context": "bogus"}, ValueError, ["context", "'bogus'", "window:K"]),
+    ({"context": "window:0"}, ValueError, ["context", "'window:0'"]),
+    ({"context": "window:-3"}, ValueError, ["'window:-3'"]),
+    ({"context": "window:two"}, ValueError, ["'window:two'"]),
+    ({"context_budget": 0}, ValueError, ["context_budget", ">= 1"]),
+    ({"context_budget": -5}, ValueError, ["context_budget"]),
+    ({"context_budget": 300.0}, TypeError, ["context_budget", "an int"]),
+    ({"context_budget": "800"}, TypeError, ["context_budget"]),
+    ({"context_budget": True}, TypeError, ["context_budget", "bool"]),
+    ({"context_budget": NAN}, TypeError, ["context_budget"]),
+    ({"context_budget": 5}, ValueError, ["context_budget=5", "context_budget >="]),
+    ({"token_counter": "words"}, TypeError, ["token_counter", "callable"]),
+    ({"token_counter": 5}, TypeError, ["token_counter"]),
+    ({"token_counter": lambda s: 1.5}, ValueError, ["token_counter", "1.5"]),
+    ({"token_counter": lambda s: -1}, ValueError, ["token_counter", "-1"]),
+    ({"token_counter": lambda s: s.split()}, ValueError, ["token_counter", "list"]),
+    ({"token_counter": Raising()}, ValueError, ["token_counter", "tokenizer not loaded"]),
+    ({"memory_budget": -1}, ValueError, ["memory_budget", ">= 0"]),
+    ({"memory_budget": 2.5}, TypeError, ["memory_budget"]),
+    ({"memory_budget": True}, TypeError, ["memory_budget"]),
+    ({"memory_budget": "256"}, TypeError, ["memory_budget"]),
+    ({"invalid_penalty": -1}, ValueError, ["invalid_penalty", ">= 0"]),
+    ({"invalid_penalty": NAN}, ValueError, ["invalid_penalty", "finite"]),
+    ({"invalid_penalty": INF}, ValueError, ["invalid_penalty", "finite"]),
+    ({"invalid_penalty": "0.1"}, TypeError, ["invalid_penalty"]),
+    ({"invalid_penalty": True}, TypeError, ["invalid_penalty"]),
+    ({"render_mode": "human"}, ValueError, ["render_mode", "'human'", "'ansi'"]),
+]
+
+# The knobs of the QA task and the synthetic world (MemQA, MemRead).
+QA_CASES = [
+    ({"objectives": 0}, ValueError, ["objectives", ">= 1"]),
+    ({"objectives": -1}, ValueError, ["objectives"]),
+    ({"objectives": True}, TypeError, ["objectives", "bool"]),
+    ({"objectives": 1.5}, TypeError, ["objectives"]),
+    ({"objectives": "2"}, TypeError, ["objectives"]),
+    ({"objectives": NAN}, TypeError, ["objectives"]),
+    ({"objectives": 10**6}, ValueError, ["objectives=1000000", "corpus_size=1200", "at most"]),
+    ({"objectives": 600}, ValueError, ["objectives=600", "at most"]),
+    ({"hops": 0}, ValueError, ["hops", "[1, 6]"]),
+    ({"hops": 7}, ValueError, ["hops"]),
+    ({"hops": True}, TypeError, ["hops"]),
+    ({"hops": 2.0}, TypeError, ["hops"]),
+    ({"hops": "2"}, TypeError, ["hops"]),
+    ({"hops": ()}, ValueError, ["hops"]),
+    ({"hops": (2, 9)}, ValueError, ["hops"]),
+    ({"hops": [2, True]}, TypeError, ["hops"]),
+    ({"corpus_size": 10}, ValueError, ["corpus_size", "[50, 1000000]"]),
+    ({"corpus_size": 10**9}, ValueError, ["corpus_size"]),
+    ({"corpus_size": 1e3}, TypeError, ["corpus_size"]),
+    ({"corpus_size": True}, TypeError, ["corpus_size"]),
+    ({"lookalike_rate": -0.1}, ValueError, ["lookalike_rate", "[0, 1]"]),
+    ({"lookalike_rate": 2.0}, ValueError, ["lookalike_rate", "[0, 1]"]),
+    ({"lookalike_rate": NAN}, ValueError, ["lookalike_rate"]),
+    ({"lookalike_rate": "0.3"}, TypeError, ["lookalike_rate"]),
+    ({"comparison_rate": 1.5}, ValueError, ["comparison_rate", "[0, 1]", "1.5"]),
+    ({"comparison_rate": -0.01}, ValueError, ["comparison_rate"]),
+    ({"comparison_rate": INF}, ValueError, ["comparison_rate"]),
+    ({"comparison_rate": True}, TypeError, ["comparison_rate"]),
+    ({"distractors": -1}, ValueError, ["distractors", "[0, 100]"]),
+    ({"distractors": 10**6}, ValueError, ["distractors"]),
+    ({"distractors": 1.5}, TypeError, ["distractors"]),
+    ({"distractors": True}, TypeError, ["distractors"]),
+    ({"world_seed": -1}, ValueError, ["world_seed", ">= 0"]),
+    ({"world_seed": 1.5}, TypeError, ["world_seed"]),
+    ({"world_seed": "0"}, TypeError, ["world_seed"]),
+    ({"world_seed": True}, TypeError, ["world_seed"]),
+    ({"world_seed": None}, TypeError, ["world_seed"]),
+    ({"dataset": "wiki"}, ValueError, ["dataset", "'wiki'", "'synthetic'", "'hotpotqa'"]),
+    ({"dataset": 3}, TypeError, ["dataset"]),
+    ({"dataset": "hotpotqa"}, ValueError, ["data_path"]),
+    ({"data_path": 5}, TypeError, ["data_path", "path"]),
+    ({"data_path": ""}, ValueError, ["data_path"]),
+    ({"data_path": "/nonexistent/hotpot.json"}, FileNotFoundError, ["data_path", "/nonexistent/hotpot.json"]),
+    ({"data_limit": 0}, ValueError, ["data_limit"]),
+    ({"data_limit": True}, TypeError, ["data_limit"]),
+    ({"corpus_path": "/nonexistent/c.jsonl"}, ValueError, ["questions_path"]),
+    ({"corpus_path": 3, "questions_path": 4}, TypeError, ["corpus_path"]),
+    ({"source": object()}, TypeError, ["source", "sample_questions"]),
+    ({"max_turns": 0}, ValueError, ["max_turns", ">= 1"]),
+    ({"max_turns": True}, TypeError, ["max_turns"]),
+    ({"max_turns": 2.5}, TypeError, ["max_turns"]),
+]
+
+MEMQA_CASES = [
+    ({"top_k": 0}, ValueError, ["top_k", ">= 1"]),
+    ({"top_k": True}, TypeError, ["top_k"]),
+    ({"top_k": 1.5}, TypeError, ["top_k"]),
+    ({"search_backend": "faiss"}, ValueError, ["search_backend", "'faiss'", "'bm25'", "'rank_bm25'"]),
+    ({"search_backend": None}, TypeError, ["search_backend"]),
+]
+
+MEMREAD_CASES = [
+    ({"doc_tokens": 0}, ValueError, ["doc_tokens", "[1, 100000000]"]),
+    ({"doc_tokens": 10**12}, ValueError, ["doc_tokens", "100000000"]),
+    ({"doc_tokens": 8000.0}, TypeError, ["doc_tokens"]),
+    ({"doc_tokens": True}, TypeError, ["doc_tokens"]),
+    ({"chunk_tokens": 8}, ValueError, ["chunk_tokens", ">= 16"]),
+    ({"chunk_tokens": "512"}, TypeError, ["chunk_tokens"]),
+    ({"chunk_tokens": True}, TypeError, ["chunk_tokens"]),
+    ({"keep_snapshots": "yes"}, TypeError, ["keep_snapshots", "True or False"]),
+    ({"keep_snapshots": 1}, TypeError, ["keep_snapshots"]),
+    ({"keep_snapshots": None}, TypeError, ["keep_snapshots"]),
+]
+
+DIALOG_CASES = [
+    ({"questions": 0}, ValueError, ["questions", ">= 1"]),
+    ({"questions": True}, TypeError, ["questions", "bool"]),
+    ({"questions": 2.5}, TypeError, ["questions"]),
+    ({"questions": "5"}, TypeError, ["questions"]),
+    ({"sessions": 0}, ValueError, ["sessions"]),
+    ({"sessions": True}, TypeError, ["sessions"]),
+    ({"sessions": 1.5}, TypeError, ["sessions"]),
+    ({"sessions": 10**6}, ValueError, ["sessions", "1000"]),
+    ({"turns_per_session": 3}, ValueError, ["turns_per_session", "[4, 1000]"]),
+    ({"turns_per_session": True}, TypeError, ["turns_per_session"]),
+    ({"turns_per_session": 20.0}, TypeError, ["turns_per_session"]),
+    ({"max_turns": 0}, ValueError, ["max_turns"]),
+    ({"max_turns": False}, TypeError, ["max_turns"]),
+    ({"dataset": "beam"}, ValueError, ["dataset", "'beam'", "'synthetic'", "'locomo'"]),
+    ({"data_path": 7}, TypeError, ["data_path"]),
+    ({"question_types": 5}, TypeError, ["question_types"]),
+    ({"question_types": []}, ValueError, ["question_types", "at least one"]),
+    ({"question_types": [1]}, TypeError, ["question_types"]),
+    ({"questions_upfront": "no"}, TypeError, ["questions_upfront", "True or False"]),
+    ({"questions_upfront": 0}, TypeError, ["questions_upfront"]),
+    ({"keep_snapshots": 1}, TypeError, ["keep_snapshots"]),
+    ({"conversation": True}, TypeError, ["conversation"]),
+    ({"conversation": -1}, ValueError, ["conversation"]),
+]
+
+SYNTHETIC_DIALOG_CASES = [
+    ({"sessions": 1}, ValueError, ["sessions", ">= 2"]),
+    ({"questions": 10**6}, ValueError, ["questions=1000000", "sessions=8", "at most 32"]),
+    ({"questions": 33}, ValueError, ["questions=33", "at most 32"]),
+    ({"questions": 9, "sessions": 2, "question_types": ["temporal", "multi-hop"]}, ValueError,
+     ["questions=9", "sessions=2", "at most 8"]),
+    ({"question_types": ("temporal",), "questions": 13}, ValueError, ["questions=13", "at most 12"]),
+    ({"question_types": "temporal"}, TypeError, ["question_types", "('temporal',)"]),
+    ({"question_types": ["temporal", "bogus"]}, ValueError,
+     ["question_types", "'bogus'", *(repr(t) for t in QUESTION_TYPES)]),
+    ({"question_types": ["adversarial"]}, ValueError, ["question_types", "'adversarial'"]),
+    ({"conversation": 0}, ValueError, ["conversation", "data_path"]),
+]
+
+LOCOMO_CASES = [
+    ({"conversation": 2}, ValueError, ["conversation", "0..1"]),
+    ({"questions": 10}, ValueError, ["questions=10", "at most 8"]),
+    ({"conversation": 0, "questions": 13}, ValueError, ["questions=13", "at most 12"]),
+    ({"sessions": 3}, ValueError, ["sessions", "at most 2"]),
+    ({"question_types": ["knowledge-update"]}, ValueError,
+     ["question_types", "'knowledge-update'", "'adversarial'", "'single-hop'"]),
+    ({"question_types": "temporal"}, TypeError, ["question_types", "('temporal',)"]),
+    ({"question_types": ["temporal"], "questions": 2}, ValueError, ["questions=2", "at most 1"]),
+    ({"data_path": "/nonexistent/locomo.json"}, FileNotFoundError, ["data_path", "/nonexistent/locomo.json"]),
+]
+
+PAIR_CASES = [
+    ({"objectives": 3}, ValueError, ["objectives=3", "at most 2", "questions_path"]),
+    ({"dataset": "hotpotqa"}, ValueError, ["corpus_path", "dataset='hotpotqa'"]),
+    ({"questions_path": None}, ValueError, ["corpus_path", "questions_path"]),
+]
+
+HOTPOT_CASES = [
+    ({"objectives": 5}, ValueError, ["objectives=5", "at most 4", "data_path"]),
+    ({"objectives": 3, "data_limit": 2}, ValueError, ["objectives=3", "at most 2", "data_limit=2"]),
+    ({"data_path": None}, ValueError, ["MemQA-Hotpot-v0 needs data_path="]),
+]
+
+
+def _battery() -> list:
+    cases = []
+    for env in ENVS:
+        family = [*COMMON_CASES]
+        if env in ("MemQA", "MemQA-N4", "MemRead"):
+            family += QA_CASES
+        if env in ("MemQA", "MemQA-N4", "Hotpot", "Pair"):
+            family += MEMQA_CASES
+        if env == "MemRead":
+            family += MEMREAD_CASES
+        if env in ("MemDialog", "LoCoMo"):
+            family += DIALOG_CASES
+        family += {"MemDialog": SYNTHETIC_DIALOG_CASES, "LoCoMo": LOCOMO_CASES, "Pair": PAIR_CASES,
+                   "Hotpot": HOTPOT_CASES}.get(env, [])
+        for kwargs, error, fragments in family:
+            cases.append(pytest.param(env, kwargs, error, fragments, id=f"{env}-{kwargs!r}"[:90]))
+    return cases
+
+
+@pytest.mark.parametrize("env, kwargs, error, fragments", _battery())
+def test_bad_kwarg_fails_at_make_naming_it(files, env: str, kwargs: dict, error: type, fragments: list) -> None:
+    expect(env, files, kwargs, error, *fragments)
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+def test_good_kwargs_at_the_boundaries_are_accepted(files, env: str) -> None:
+    """The checks are not stricter than the ranges they state."""
+    bounds = {"memory_budget": 0, "invalid_penalty": 0, "context": "window:1", "max_turns": 1}
+    if env in ("MemQA", "MemQA-N4", "MemRead"):
+        bounds.update(comparison_rate=1.0, lookalike_rate=0, hops=[1, 6], distractors=0, world_seed=2**40,
+                      objectives=np.int64(1), corpus_size=50)
+    if env in ("MemDialog", "LoCoMo"):
+        bounds.update(questions=None, question_types=("temporal", "single-hop"), questions_upfront=False)
+    env_ = make(env, files, **bounds)
+    obs, info = env_.reset(seed=0)
+    assert env_.observation_space.contains(obs)
+
+
+def test_render_mode_of_wrong_type_names_it() -> None:
+    # gym.make itself calls str methods on render_mode before the env sees it, so build the env directly.
+    with pytest.raises(TypeError, match="render_mode must be one of 'ansi' or None, got 1"):
+        MemDialogEnv(render_mode=1)
+
+
+def test_type_errors_are_also_value_errors() -> None:
+    # Code written against the old ValueError keeps catching a wrongly typed kwarg.
+    with pytest.raises(ValueError):
+        gym.make("MemQA-v0", objectives="2")
+    assert issubclass(ArgumentTypeError, TypeError) and issubclass(ArgumentTypeError, ValueError)
+
+
+# ------------------------------------------------------------------------------ capacities are truthful
+
+@pytest.mark.parametrize("corpus_size, hops, rate", [(200, 2, 0.25), (50, 1, 0.0), (120, (1, 3), 1.0), (50, 6, 1.0)])
+def test_objective_capacity_is_reachable_and_enforced(corpus_size: int, hops, rate: float) -> None:
+    capacity = objective_capacity(corpus_size, hops, rate)
+    assert capacity >= 1
+    env = gym.make("MemQA-v0", objectives=capacity, hops=hops, comparison_rate=rate, corpus_size=corpus_size)
+    for seed in range(3):
+        _, info = env.reset(seed=seed)
+        assert len(info["questions"]) == capacity
+    with pytest.raises(ValueError, match=f"at most {capacity} objectives"):
+        gym.make("MemQA-v0", objectives=capacity + 1, hops=hops, comparison_rate=rate, corpus_size=corpus_size)
+
+
+def test_objective_capacity_leaves_room_below_what_greedy_draws_reach() -> None:
+    # The default world: 2-hop objectives need 2 documents each, comparisons 4; a quarter of the corpus.
+    assert objective_capacity(1200, 2, 0.25) == 120
+    world = build_world(200, 0.3, 3, 0)
+    questions = world.sample_questions(np.random.default_rng(0), 2 * objective_capacity(200, 2, 0.25), 2, 0.25)
+    assert len({d for q in questions for d in q.supporting_ids}) == sum(len(q.supporting_ids) for q in questions)
+
+
+@pytest.mark.parametrize("sessions", [2, 3, 8])
+def test_min_questions_by_type_is_a_tight_lower_bound(sessions: int) -> None:
+    minimum = min_questions_by_type(sessions)
+    assert set(minimum) == set(QUESTION_TYPES)
+    fewest = dict.fromkeys(QUESTION_TYPES, math.inf)
+    for seed in range(40):
+        conv = generate_conversation(np.random.default_rng(seed), sessions, 4)
+        for kind in QUESTION_TYPES:
+            count = sum(q.kind == kind for q in conv.questions)
+            assert count >= minimum[kind], (seed, kind)
+            fewest[kind] = min(fewest[kind], count)
+    assert fewest == minimum  # some conversation attains each bound
+
+
+def test_dialog_questions_at_capacity_are_all_asked() -> None:
+    holds = sum(min_questions_by_type(2).values())
+    env = MemDialogEnv(questions=holds, sessions=2, turns_per_session=4)
+    for seed in range(5):
+        _, info = env.reset(seed=seed)
+        assert len(info["questions"]) == holds  # nothing silently cut
+
+
+# ---------------------------------------------------------------------------------------- context budget
+
+def _minimum_budget(env: str, files, **kwargs) -> int:
+    message = expect(env, files, {"context_budget": 1, **kwargs}, ValueError, "context_budget=1")
+    return int(re.search(r"context_budget >= (\d+)", message).group(1))
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+def test_context_budget_minimum_is_exact_and_keeps_every_question(files, env: str) -> None:
+    need = _minimum_budget(env, files)
+    assert need > MIN_BODY_TOKENS
+    expect(env, files, {"context_budget": need - 1}, ValueError, f"context_budget >= {need}")
+    made = make(env, files, context_budget=need, context="history")
+    obs, info = made.reset(seed=0)
+    for i in range(1, len(info["questions"]) + 1):  # every env lists its questions up front by default
+        assert f"Question {i}:" in obs
+    # The task block survives every step, even when the body is cut to the minimum.
+    for _ in range(3):
+        obs, _, terminated, truncated, step = made.step("<memory>" + "word " * 500 + "</memory>")
+        assert obs.startswith(made.unwrapped._task_block())
+        if terminated or truncated:
+            break
+
+
+def test_context_budget_minimum_grows_with_the_objectives(files) -> None:
+    assert _minimum_budget("MemQA", files, objectives=16) > _minimum_budget("MemQA", files, objectives=1)
+
+
+# -------------------------------------------------------------------------------------- fuzzed actions
+
+NASTY_ACTIONS = [
+    "", " ", "\x00", "\ud800", "💥" * 50, "<memory>", "</memory>", "<memory><memory>x</memory></memory>",
+    "<answer>", "<answer></answer>", "<search></search>", "<memory>m</memory><search>" + "q " * 5000 + "</search>",
+    "<memory>m</memory><answer>" + ";" * 1000 + "</answer>", "<think>" * 100, "<memory>" + "x" * 200_000,
+    "<MEMORY>m</MEMORY><ANSWER>a</ANSWER>", "<memory>m</memory><answer>a</answer><answer>b</answer>",
+    "<memory>m</memory><tool>x</tool>", "\n" * 1000, "<memory>\u2028</memory><search>\u2029</search>",
+]
+
+
+@pytest.mark.parametrize("env", ["MemQA", "MemRead", "MemDialog", "LoCoMo"])
+@pytest.mark.parametrize("context", ["memory", "none"])
+def test_env_never_raises_on_action_text(files, env: str, context: str) -> None:
+    made = make(env, files, context=context, max_turns=8)
+    rng = np.random.default_rng(0)
+    made.reset(seed=0)
+    for i in range(60):
+        action = NASTY_ACTIONS[int(rng.integers(len(NASTY_ACTIONS)))] if i % 3 else \
+            "".join(chr(int(c)) for c in rng.integers(0, 0x10FFFF, size=40) if not 0xD800 <= c < 0xE000)
+        obs, reward, terminated, truncated, info = made.step(action)
+        assert made.observation_space.contains(obs) and math.isfinite(reward)
+        if terminated or truncated:
+            made.reset(seed=i)
+
+
+# ------------------------------------------------------------------------------------ malformed files
+#
+# Each case writes one malformed file and names what the error must say besides the file name: the record
+# ("record 1") or line ("line 3") and the field.
+
+def _hotpot(mutate) -> str:
+    items = copy.deepcopy(TINY_HOTPOT)
+    mutate(items)
+    return json.dumps(items)
+
+
+def _set(index: int, key: str, value):
+    def mutate(items):
+        items[index][key] = value
+    return mutate
+
+
+def _del(index: int, key: str):
+    def mutate(items):
+        del items[index][key]
+    return mutate
+
+
+def _locomo(mutate) -> str:
+    samples = _tiny_locomo()
+    samples.append(copy.deepcopy(samples[0]))
+    samples[1]["sample_id"] = "tiny-2"
+    mutate(samples[1])
+    return json.dumps(samples)
+
+
+def _jsonl(records: list, bad_line: str | None = None, at: int = 2) -> str:
+    lines = [json.dumps(r) for r in records]
+    if bad_line is not None:
+        lines.insert(at, bad_line)
+    return "\n".join(lines) + "\n"
+
+
+# Generic damage, for every loader: R1 and R2 stand for two well-formed records of the loader's own layout,
+# so that the error comes from the damage and not from a record.
+GENERIC_CONTENTS = [  # (content as text or bytes, fragments)
+    (b"[{\"_id\": \"caf\xe9\"}]", ["not UTF-8", "byte offset"]),
+    (b"\xff\xfe\x00[", ["not UTF-8"]),
+    ("", ["empty file"]),
+    ("  \n\n ", ["empty file"]),
+    ("[" * 100_000 + "]" * 100_000, ["record 0", "nested too deeply"]),
+    ('{"a": ' * 50_000 + "1" + "}" * 50_000 + "\n", ["line 1", "nested too deeply"]),
+    ("42", ["line 1", "expected a JSON array"]),
+    ('"text"', ["expected a JSON array"]),
+    ("null", ["expected a JSON array"]),
+    ("[1, 2]", ["record 0", "expected a JSON object", "a int"]),
+    ("[[]]", ["record 0", "expected a JSON object, got an array"]),
+    ('[R1, "x"]', ["record 1", "got a string"]),
+    ('[R1,\n{"a": ', ["record 1", "truncated"]),
+    ('[R1', ["record 0", "truncated", "not closed"]),
+    ('[R1] trailing', ["line 1", "unexpected data after the JSON array"]),
+    ('[R1 R2]', ["record 0", "expected ',' or ']'"]),
+    ('{\n  "data": []\n}\n', ["line 1", "invalid JSON"]),
+    ('R1\nR2\n{"a": \nR1\n', ["line 3", "invalid JSON"]),
+    ('R1\n[1]\n', ["line 2", "expected a JSON object"]),
+    ('R1\n{"a": [1, 2', ["line 2", "truncated file"]),
+    ('R1\nR2\n{"a" 3}\n', ["line 3", "invalid JSON", "column"]),
+]
+
+
+def _two_locomo_samples() -> list[dict]:
+    first = _tiny_locomo()[0]
+    second = copy.deepcopy(first)
+    second["sample_id"] = "tiny-2"
+    return [first, second]
+
+
+VALID_RECORDS = {
+    "hotpot": TINY_HOTPOT[:2],
+    "corpus": CORPUS[:2],
+    "questions": [{k: v for k, v in q.items() if not k.startswith("supporting")} for q in QUESTIONS],
+    "locomo": _two_locomo_samples(),
+}
+
+
+def _fill(content, loader: str):
+    if isinstance(content, bytes):
+        return content
+    r1, r2 = (json.dumps(r) for r in VALID_RECORDS[loader])
+    return content.replace("R1", r1).replace("R2", r2)
+
+
+LOADERS = {
+    "hotpot": lambda p: load_hotpotqa(p),
+    "corpus": lambda p: load_corpus_jsonl(p),
+    "questions": lambda p: load_questions_jsonl(p),
+    "locomo": lambda p: load_locomo(p),
+}
+
+HOTPOT_FILES = [
+    (_hotpot(_del(1, "answer")), ["record 1", "'answer'"]),
+    (_hotpot(_set(1, "answer", 42)), ["record 1", "answer", "expected a string"]),
+    (_hotpot(_set(1, "answer", "  ")), ["record 1", "answer", "empty"]),
+    (_hotpot(_set(1, "question", "")), ["record 1", "question", "empty"]),
+    (_hotpot(_set(1, "question", ["Who?"])), ["record 1", "question", "expected a string"]),
+    (_hotpot(_set(2, "_id", None)), ["record 2", "_id"]),
+    (_hotpot(_set(3, "_id", "h1")), ["record 3", "duplicate question id 'h1'"]),
+    (_hotpot(_set(1, "supporting_facts", [])), ["record 1", "supporting_facts", "empty"]),
+    (_hotpot(_set(1, "supporting_facts", [["Quillon Tower", 5]])), ["record 1", "out of range", "Quillon Tower"]),
+    (_hotpot(_set(1, "supporting_facts", [["Quillon Tower", -1]])), ["record 1", "supporting_facts[0][1]"]),
+    (_hotpot(_set(1, "supporting_facts", [["Quillon Tower", True]])), ["record 1", "sentence index"]),
+    (_hotpot(_set(1, "supporting_facts", [["Quillon Tower"]])), ["record 1", "supporting_facts[0]", "expected"]),
+    (_hotpot(_set(1, "supporting_facts", [["Quillon Tower", 0, 1]])), ["record 1", "supporting_facts[0]"]),
+    (_hotpot(_set(1, "supporting_facts", [["Nowhere", 0]])), ["record 1", "'Nowhere'", "no context paragraph"]),
+    (_hotpot(_set(1, "supporting_facts", "Quillon Tower")), ["record 1", "supporting_facts"]),
+    (_hotpot(_set(1, "context", [])), ["record 1", "context", "no paragraph"]),
+    (_hotpot(_set(1, "context", [["Quillon Tower"]])), ["record 1", "context[0]"]),
+    (_hotpot(_set(1, "context", [["Quillon Tower", "one sentence"]])), ["record 1", "context[0][1]"]),
+    (_hotpot(_set(1, "context", [[7, ["s"]]])), ["record 1", "context[0][0]", "title"]),
+    (_hotpot(_set(1, "context", [["T", [1, 2]]])), ["record 1", "context[0][1]"]),
+    (_hotpot(_set(1, "context", {"title": ["a", "b"], "sentences": [["x"]]})), ["record 1", "2 titles but 1"]),
+    (_hotpot(_set(1, "context", "text")), ["record 1", "context"]),
+    (_hotpot(_set(1, "type", 3)), ["record 1", "type"]),
+    (_hotpot(_set(1, "level", 2)), ["record 1", "level"]),
+]
+
+CORPUS_FILES = [
+    (_jsonl(CORPUS, '{"id": "d1", "title": "Again", "text": "dup"}', 3), ["line 4", "duplicate document id 'd1'",
+                                                                          "line 1"]),
+    (_jsonl(CORPUS, '{"id": "d9", "title": "No text"}'), ["line 3", "'text'", "'contents'"]),
+    (_jsonl(CORPUS, '{"title": "T", "text": "x"}'), ["line 3", "'id'"]),
+    (_jsonl(CORPUS, '{"id": ["d9"], "text": "x"}'), ["line 3", "id", "expected a string"]),
+    (_jsonl(CORPUS, '{"id": "d9", "text": 5}'), ["line 3", "text", "expected a string"]),
+    (_jsonl(CORPUS, '{"id": "d9", "title": "", "text": "  "}'), ["line 3", "neither title nor text"]),
+    (_jsonl(CORPUS, '{"id": "d9", "contents": null}'), ["line 3", "contents"]),
+]
+
+QUESTION_FILES = [
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "", "answers": ["a"]}'), ["line 3", "question", "empty"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": 5, "answers": ["a"]}'), ["line 3", "question", "expected a string"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "answers": ["a"]}'), ["line 3", "'question'"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?"}'), ["line 3", "'answers'"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": []}'), ["line 3", "no non-empty gold answer"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": [" "]}'), ["line 3", "no non-empty gold answer"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": [1]}'), ["line 3", "answers[0]"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_ids": []}'),
+     ["line 3", "supporting_ids", "empty list"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_titles": []}'),
+     ["line 3", "supporting_titles", "empty list"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_titles": [["T", 0]]}'),
+     ["line 3", "supporting_titles[0]"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_ids": "d1"}'),
+     ["line 3", "supporting_ids", "expected a list"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "hops": 0}'), ["line 3", "hops"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "hops": true}'), ["line 3", "hops"]),
+    (_jsonl(QUESTIONS, '{"id": "q1", "question": "Q?", "answers": ["a"]}'), ["line 3", "duplicate question id"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_ids": ["d1"], '
+                       '"supporting_titles": ["Tarsk"]}'), ["line 3", "not both"]),
+]
+
+
+def _qa(i: int, key: str, value):
+    def mutate(sample):
+        if value is _DELETE:
+            del sample["qa"][i][key]
+        else:
+            sample["qa"][i][key] = value
+    return mutate
+
+
+_DELETE = object()
+
+
+def _conv(key: str, value):
+    def mutate(sample):
+        if value is _DELETE:
+            del sample["conversation"][key]
+        else:
+            sample["conversation"][key] = value
+    return mutate
+
+
+def _sample(key: str, value):
+    def mutate(sample):
+        if value is _DELETE:
+            del sample[key]
+        else:
+            sample[key] = value
+    return mutate
+
+
+LOCOMO_FILES = [
+    (_locomo(_sample("qa", [])), ["record 1", "qa", "no question"]),
+    (_locomo(_sample("qa", _DELETE)), ["record 1", "'qa'"]),
+    (_locomo(_sample("qa", {"q": 1})), ["record 1", "qa", "expected a list"]),
+    (_locomo(_sample("sample_id", "tiny-1")), ["record 1", "duplicate sample_id 'tiny-1'", "record 0"]),
+    (_locomo(_sample("sample_id", [1])), ["record 1", "sample_id"]),
+    (_locomo(_sample("conversation", [])), ["record 1", "conversation", "expected an object"]),
+    (_locomo(_qa(2, "question", "")), ["record 1", "qa[2].question", "empty"]),
+    (_locomo(_qa(2, "question", 3)), ["record 1", "qa[2].question"]),
+    (_locomo(_qa(2, "answer", "")), ["record 1", "qa[2].answer", "empty"]),
+    (_locomo(_qa(2, "answer", None)), ["record 1", "qa[2].answer"]),
+    (_locomo(_qa(2, "answer", _DELETE)), ["record 1", "qa[2]", "'answer'"]),
+    (_locomo(_qa(2, "category", 7)), ["record 1", "qa[2].category", "1..5"]),
+    (_locomo(_qa(2, "category", True)), ["record 1", "qa[2].category"]),
+    (_locomo(_qa(2, "evidence", [])), ["record 1", "qa[2].evidence", "empty", "single-hop"]),
+    (_locomo(_qa(2, "evidence", "D1:3")), ["record 1", "qa[2].evidence", "list"]),
+    (_locomo(_qa(2, "evidence", [["D1", 3]])), ["record 1", "qa[2].evidence"]),
+    (_locomo(_conv("session_2_date_time", _DELETE)), ["record 1", "session_2", "session_2_date_time"]),
+    (_locomo(_conv("session_1", "hello")), ["record 1", "conversation.session_1", "list"]),
+    (_locomo(_conv("session_1", [{"speaker": "Mara", "dia_id": "D1:1"}])),
+     ["record 1", "conversation.session_1[0]", "'text'"]),
+    (_locomo(_conv("session_1", [["Mara", "hi"]])), ["record 1", "conversation.session_1[0]", "object"]),
+    (_locomo(_conv("speaker_a", 5)), ["record 1", "conversation.speaker_a"]),
+    (_locomo(_conv("session_1_date_time", 20230508)), ["record 1", "session_1_date_time"]),
+]
+
+
+def _file_cases() -> list:
+    cases = []
+    for loader in LOADERS:
+        for i, (content, fragments) in enumerate(GENERIC_CONTENTS):
+            cases.append(pytest.param(loader, _fill(content, loader), fragments, id=f"{loader}-generic{i}"))
+    for loader, table in (("hotpot", HOTPOT_FILES), ("corpus", CORPUS_FILES), ("questions", QUESTION_FILES),
+                          ("locomo", LOCOMO_FILES)):
+        for i, (content, fragments) in enumerate(table):
+            cases.append(pytest.param(loader, content, fragments, id=f"{loader}-{i}"))
+    return cases
+
+
+@pytest.mark.parametrize("loader, content, fragments", _file_cases())
+def test_malformed_file_names_file_and_record(tmp_path: Path, loader: str, content, fragments: list) -> None:
+    path = tmp_path / f"bad_{loader}.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        LOADERS[loader](path)
+    message = str(info.value)
+    assert str(path) in message
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_locomo_dangling_evidence_warns_once_naming_file_and_records(tmp_path: Path) -> None:
+    samples = _tiny_locomo()
+    samples[0]["qa"][1]["evidence"] = ["D9:9"]
+    samples[0]["qa"][3]["evidence"] = ["D1:1; D2:1", "D:1:02"]  # joined and misspelt ids are repaired
+    path = tmp_path / "dangling.json"
+    path.write_text(json.dumps(samples), encoding="utf-8")
+    with pytest.warns(DataFormatWarning) as caught:
+        conversations = load_locomo(path)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert str(path) in message and "1 evidence" in message and "record 0 (tiny-1) qa[1]: 'D9:9'" in message
+    questions = conversations[0].questions
+    assert questions[1].supporting_ids == ("D9:9",)  # kept as given
+    assert questions[3].supporting_ids == ("D1:1", "D2:1", "D1:2")
+
+
+def test_locomo_empty_evidence_is_allowed_for_open_domain_and_adversarial(tmp_path: Path) -> None:
+    samples = _tiny_locomo()
+    categories = [q["category"] for q in samples[0]["qa"]]
+    for q in samples[0]["qa"]:
+        if q["category"] in (3, 5):
+            q["evidence"] = []
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps(samples), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        questions = load_locomo(path)[0].questions
+    assert [q.meta["category"] for q in questions] == categories
+    assert all(q.supporting_ids == () for q in questions if q.meta["category"] in (3, 5))
+
+
+@pytest.mark.parametrize("kind, kwargs_key", [("hotpot", "data_path"), ("corpus", "corpus_path"),
+                                              ("questions", "questions_path"), ("locomo", "data_path")])
+def test_env_make_reports_the_malformed_file(files, tmp_path: Path, kind: str, kwargs_key: str) -> None:
+    bad = tmp_path / f"broken_{kind}.json"
+    bad.write_text(_fill('[R1, {"b": ', kind), encoding="utf-8")
+    env = {"hotpot": "Hotpot", "corpus": "Pair", "questions": "Pair", "locomo": "LoCoMo"}[kind]
+    with pytest.raises(DataFormatError) as info:
+        make(env, files, **{kwargs_key: str(bad)})
+    assert str(bad) in str(info.value) and "record 1" in str(info.value)
+
+
+def test_pair_of_good_files_still_loads(files) -> None:
+    # The stricter checks do not reject the well-formed fixtures.
+    dataset = load_qa_pair(files["corpus"], files["questions"])
+    assert [q.supporting_ids for q in dataset.questions] == [("d1", "d2"), ("d1",)]
+    assert len(load_hotpotqa(files["hotpot"])) == 4
