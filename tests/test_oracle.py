@@ -44,27 +44,16 @@ def _write_pair(tmp_path: Path, questions: list[dict]) -> dict:
     return {"corpus_path": corpus, "questions_path": qs}
 
 
-def _episode(env, policy: OraclePolicy, seed: int = 0) -> tuple[list[dict], dict]:
-    obs, _ = env.reset(seed=seed)
-    policy.reset(env)
-    infos = []
-    while True:
-        obs, _, terminated, truncated, info = env.step(policy.act(obs))
-        infos.append(info)
-        if terminated or truncated:
-            return infos, info
-
-
 def _search_terms(queries: list[str]) -> list[tuple[str, ...]]:
     return [tuple(sorted(tokenize(q))) for q in queries]
 
 
-def test_reformulates_a_missed_search_and_finds_the_bridge(tmp_path: Path) -> None:
+def test_reformulates_a_missed_search_and_finds_the_bridge(tmp_path: Path, run_episode) -> None:
     env = gym.make("MemQA-v0", objectives=1, **_write_pair(tmp_path, QUESTIONS[:1]))
     index, position = env.unwrapped.index, {d.id: i for i, d in enumerate(env.unwrapped.documents)}
     assert position["ilsa"] not in index.search("Ilsa Brandt (producer)", 3)  # the premise: the title misses
     policy = OraclePolicy()
-    infos, final = _episode(env, policy)
+    infos, final = run_episode(env, policy, 0)
     assert final["summary"]["f1"] == 1.0 and policy.evidence_complete and policy.supported == [True]
     queries = [i["invocation"]["tool_input"] for i in infos if i["invocation"]["tool"] == "search"]
     assert queries == policy.queries
@@ -79,10 +68,10 @@ def test_reformulates_a_missed_search_and_finds_the_bridge(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("max_turns", [6, 30])
-def test_abstains_when_the_evidence_is_unreachable(tmp_path: Path, max_turns: int) -> None:
+def test_abstains_when_the_evidence_is_unreachable(tmp_path: Path, max_turns: int, run_episode) -> None:
     env = gym.make("MemQA-v0", objectives=1, max_turns=max_turns, **_write_pair(tmp_path, QUESTIONS[1:2]))
     policy = OraclePolicy()
-    infos, final = _episode(env, policy)
+    infos, final = run_episode(env, policy, 0)
     retrieved = [d for i in infos for d in i["invocation"].get("retrieved_ids", ())]
     assert "ostvale" not in retrieved and retrieved  # same-titled pages came back, never the gold one
     assert final["invocation"]["tool"] == "answer"
@@ -95,31 +84,31 @@ def test_abstains_when_the_evidence_is_unreachable(tmp_path: Path, max_turns: in
         assert len(infos) == len(policy.queries) + 1 < max_turns
 
 
-def test_titles_only_oracle_searches_each_title_once(tmp_path: Path) -> None:
+def test_titles_only_oracle_searches_each_title_once(tmp_path: Path, run_episode) -> None:
     env = gym.make("MemQA-v0", objectives=2, max_turns=20, **_write_pair(tmp_path, QUESTIONS[:2]))
     policy = OraclePolicy(reformulate=False, abstain_answer="no idea")
-    infos, final = _episode(env, policy)
+    infos, final = run_episode(env, policy, 0)
     assert sorted(policy.queries) == ["Ilsa Brandt (producer)", "Ostvale", "Velmora Records"]
     assert final["summary"]["answers"] == ["no idea", "no idea"]  # "Tarsk" was never read
 
 
-def test_question_without_supporting_documents_needs_a_sentence_with_the_answer(tmp_path: Path) -> None:
+def test_question_without_supporting_documents_needs_a_sentence_with_the_answer(tmp_path: Path, run_episode) -> None:
     env = gym.make("MemQA-v0", objectives=1, **_write_pair(tmp_path, QUESTIONS[2:]))
     policy = OraclePolicy()
-    _, final = _episode(env, policy)
+    _, final = run_episode(env, policy, 0)
     assert policy.queries[0] == "When does the glass fair of Keld open?"
     assert final["summary"]["f1"] == 1.0
     assert "Glass fair: The glass fair of Keld opens in 1911." in final["invocation"]["memory_after"]
 
 
-def test_context_budget_cut_turns_evidence_into_answer_lines() -> None:
+def test_context_budget_cut_turns_evidence_into_answer_lines(run_episode) -> None:
     """Under a context budget that hides the start of its memory, the oracle concludes what it can still see
     (``Answer i: ...`` lines) instead of forgetting it, so it stays perfect and every answer has a line."""
     env = gym.make("MemQA-v0", objectives=16, context_budget=800)
     cut_seen = False
     for seed in range(2, 5):  # seed 3 overflows the budget, 2 and 4 do not
         policy = OraclePolicy()
-        infos, final = _episode(env, policy, seed)
+        infos, final = run_episode(env, policy, seed)
         assert final["summary"]["f1"] == 1.0 and policy.evidence_complete
         memory = final["invocation"]["memory_after"]
         cut_seen |= "Answer " in memory
@@ -129,12 +118,12 @@ def test_context_budget_cut_turns_evidence_into_answer_lines() -> None:
     assert cut_seen
 
 
-def test_real_hotpot_never_answers_gold_without_evidence(real_hotpot: str) -> None:
+def test_real_hotpot_never_answers_gold_without_evidence(real_hotpot: str, run_episode) -> None:
     env = gym.make("MemQA-Hotpot-v0", data_path=real_hotpot)
     abstained = 0
     for seed in range(400):
         policy = OraclePolicy()
-        infos, final = _episode(env, policy, seed)
+        infos, final = run_episode(env, policy, seed)
         question = env.unwrapped.questions[0]
         answer = final["summary"]["answers"][0]
         memory = final["invocation"]["memory_after"]
