@@ -127,7 +127,8 @@ class DocumentPlan:
         start, end, piece = int(self.chunk_start[c]), int(self.chunk_end[c]), int(self.chunk_piece[c])
         if piece >= 0:
             doc = documents[int(self.paragraphs[start])]
-            return f"{paragraph_header(start + 1, doc.title)} {self._piece_text(start, doc.text, piece, int(self.piece_words[c]))}"
+            words = self._piece_text(start, doc.text, piece, int(self.piece_words[c]))
+            return f"{paragraph_header(start + 1, doc.title)} {words}"
         lines = []
         for p in range(start, end):
             doc = documents[int(self.paragraphs[p])]

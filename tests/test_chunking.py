@@ -21,8 +21,8 @@ def _old_chunk_text(plan: DocumentPlan, c: int, docs) -> str:
         width = int(plan.piece_words[c])
         words = doc.text.split()[piece * width:(piece + 1) * width]
         return f"{paragraph_header(start + 1, doc.title)} {' '.join(words)}"
-    return "\n".join(f"{paragraph_header(p + 1, docs[int(plan.paragraphs[p])].title)} {docs[int(plan.paragraphs[p])].text}"
-                     for p in range(start, end))
+    paragraphs = [docs[int(plan.paragraphs[p])] for p in range(start, end)]
+    return "\n".join(f"{paragraph_header(start + 1 + i, d.title)} {d.text}" for i, d in enumerate(paragraphs))
 
 
 def _odd_whitespace_source() -> QADataset:

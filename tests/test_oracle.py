@@ -20,19 +20,24 @@ from memenv.search import tokenize
 # repeat every word of both more often.
 CORPUS = [
     {"id": "velmora", "title": "Velmora Records", "text": "Velmora Records is a folk label founded by Ilsa Brandt."},
-    {"id": "ilsa", "title": "Ilsa Brandt (producer)", "text": "Ilsa Brandt, a folk singer born in Tarsk, founded a label."},
-    *({"id": f"ilsa-{k}", "title": f"Ilsa Brandt (producer) {k}", "text": f"Ilsa Brandt the producer: {k} of Ilsa Brandt, producer."}
+    {"id": "ilsa", "title": "Ilsa Brandt (producer)",
+     "text": "Ilsa Brandt, a folk singer born in Tarsk, founded a label."},
+    *({"id": f"ilsa-{k}", "title": f"Ilsa Brandt (producer) {k}",
+       "text": f"Ilsa Brandt the producer: {k} of Ilsa Brandt, producer."}
       for k in ("discography", "tours", "awards", "interviews")),
     {"id": "ostvale", "title": "Ostvale", "text": "The Marrow flows through it."},
-    *({"id": f"ostvale-{k}", "title": "Ostvale", "text": f"Ostvale river {k}: which river flows through Ostvale? A river flows through Ostvale {k}."}
+    *({"id": f"ostvale-{k}", "title": "Ostvale",
+       "text": f"Ostvale river {k}: which river flows through Ostvale? A river flows through Ostvale {k}."}
       for k in ("north", "south", "east", "west")),
-    *({"id": f"filler-{k}", "title": f"Filler {k}", "text": f"Filler {k} is a place with {k} houses."} for k in range(40)),
+    *({"id": f"filler-{k}", "title": f"Filler {k}", "text": f"Filler {k} is a place with {k} houses."}
+      for k in range(40)),
     {"id": "fair", "title": "Glass fair", "text": "The glass fair of Keld opens in 1911."},
 ]
 QUESTIONS = [
     {"id": "bridge", "question": "In which city was the founder of Velmora Records born?", "answers": ["Tarsk"],
      "supporting_ids": ["velmora", "ilsa"]},
-    {"id": "lost", "question": "Which river flows through Ostvale?", "answers": ["Marrow"], "supporting_ids": ["ostvale"]},
+    {"id": "lost", "question": "Which river flows through Ostvale?", "answers": ["Marrow"],
+     "supporting_ids": ["ostvale"]},
     {"id": "open", "question": "When does the glass fair of Keld open?", "answers": ["1911"]},
 ]
 
