@@ -10,12 +10,20 @@ episode (Python allocations made during it, the world and caches excluded).
 
 Flat memory: the env streams chunks from a plan of paragraph indices, so the 1M-token peak RSS should stay
 within a few MB of the 10k-token one.
+
+    python benchmarks/memread_rss.py --huge-paragraph 6000000 [--chunk-tokens 512]
+
+A document that is one paragraph of that many words instead: ``env.step`` time per step at the first, middle
+and last chunk (means over windows of steps), and beside it the time to render one chunk there, now (the
+paragraph scanned once, piece by piece) and as it was (the whole paragraph split for every chunk). The step
+time should not grow with the position.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import resource
 import subprocess
 import sys
@@ -72,13 +80,66 @@ def child(doc_tokens: int, strategy: str, seed: int) -> dict:
     }
 
 
+def _old_piece(text: str, piece: int, width: int) -> str:
+    """A piece of a split paragraph as it was rendered before: the whole paragraph split for every chunk."""
+    return " ".join(text.split()[piece * width:(piece + 1) * width])
+
+
+def huge_paragraph(words: int, chunk_tokens: int, window: int = 50) -> dict:
+    """Per-step times on a one-paragraph document of ``words`` words (see the module docstring)."""
+    import torch
+
+    from memenv.memread import MemReadEnv
+    from tasks.types import Document, QADataset, Question
+
+    text = " ".join(f"w{i}" for i in range(words))
+    source = QADataset([Document("big", "Big", text)], [Question("q", "Which word comes first?", ("w0",), ("big",))],
+                       name="huge-paragraph")
+    env = MemReadEnv(source=source, doc_tokens=words, chunk_tokens=chunk_tokens, keep_snapshots=False)
+    env.reset(seed=0)
+    n, width = env.n_chunks, int(env.plan.piece_words[0])
+    marks = {"first": 0, "middle": max(0, n // 2 - window // 2), "last": max(0, n - window - 1)}
+    step_ms: dict[str, float] = {}
+    shown = 0  # the chunk on screen: each memory-only step moves to the next one
+    for label, first in marks.items():
+        while shown < first:
+            env.step("<memory></memory>")
+            shown += 1
+        start = time.perf_counter()
+        for _ in range(window):
+            env.step("<memory></memory>")
+        step_ms[label] = (time.perf_counter() - start) / window * 1e3
+        shown += window
+    render_new, render_old = {}, {}
+    for label, c in marks.items():
+        start = time.perf_counter()
+        env.plan.chunk_text(c, env.documents)
+        render_new[label] = (time.perf_counter() - start) * 1e3
+        start = time.perf_counter()
+        _old_piece(env.documents[0].text, c, width)
+        render_old[label] = (time.perf_counter() - start) * 1e3
+    print(f"host: {platform.machine()}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{torch.get_num_threads()} torch threads (unused here), text only (no dtype)")
+    print(f"one paragraph of {words:,} words, chunk_tokens {chunk_tokens}: {n:,} chunks of {width} words")
+    print(f"{'chunk':>7} {'env.step ms':>12} {'render now ms':>14} {'render before ms':>17} {'before/now':>11}")
+    for label in marks:
+        print(f"{label:>7} {step_ms.get(label, float('nan')):>12.3f} {render_new[label]:>14.3f} "
+              f"{render_old[label]:>17.1f} {render_old[label] / render_new[label]:>11.0f}x")
+    return {"chunks": n, "step_ms": step_ms, "render_new_ms": render_new, "render_old_ms": render_old}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--strategy", default="relevance", help="a memory-only MemRead strategy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--huge-paragraph", type=int, metavar="WORDS",
+                        help="time steps on a document that is one paragraph of WORDS words instead")
+    parser.add_argument("--chunk-tokens", type=int, default=512, help="with --huge-paragraph (default: 512)")
     args = parser.parse_args(argv)
+    if args.huge_paragraph is not None:
+        return [huge_paragraph(args.huge_paragraph, args.chunk_tokens)]
     if args.child is not None:
         print(json.dumps(child(args.child, args.strategy, args.seed)))
         return []

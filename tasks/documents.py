@@ -14,13 +14,17 @@ text is rendered on demand by :meth:`DocumentPlan.chunk_text`, so memory stays f
 Chunking: a chunk packs whole paragraphs, in order, while they fit in ``chunk_tokens`` whitespace tokens; a
 paragraph longer than a chunk gets chunks of its own, split at word boundaries, each piece repeating the
 paragraph's header. Lengths are whitespace tokens throughout (``doc_tokens`` is the total over all chunks, at
-least the requested length and at most one paragraph above it).
+least the requested length and at most one paragraph above it). A split paragraph is never split whole per
+chunk: the plan scans it once, piece by piece, remembering where each piece starts, so reading a paragraph of
+any length costs time linear in it (each chunk costs its own words).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,6 +68,19 @@ def token_counts(documents: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]
     return header, text
 
 
+@functools.lru_cache(maxsize=32)
+def _words_pattern(n: int) -> re.Pattern:
+    # ``\s`` is exactly ``str.isspace`` (what ``str.split()`` splits on); possessive, so words never split.
+    return re.compile(r"(?:\s*+\S++){1,%d}" % n)
+
+
+def skip_words(text: str, start: int, n: int) -> int:
+    """The offset just past the next ``n`` whitespace-separated words of ``text`` from offset ``start`` (fewer
+    if the text ends first; ``len(text)`` if no word is left). Costs the length of the span, not of the text."""
+    match = _words_pattern(n).match(text, start)
+    return match.end() if match else len(text)
+
+
 @dataclass(frozen=True)
 class DocumentPlan:
     """A long document as indices: what :func:`plan_long_document` draws.
@@ -83,6 +100,8 @@ class DocumentPlan:
     piece_words: np.ndarray
     chunk_tokens: int
     total_tokens: int
+    # The split paragraph being read: position -> character offsets where its pieces start (as far as found).
+    _piece_offsets: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_chunks(self) -> int:
@@ -108,14 +127,25 @@ class DocumentPlan:
         start, end, piece = int(self.chunk_start[c]), int(self.chunk_end[c]), int(self.chunk_piece[c])
         if piece >= 0:
             doc = documents[int(self.paragraphs[start])]
-            width = int(self.piece_words[c])
-            words = doc.text.split()[piece * width:(piece + 1) * width]
-            return f"{paragraph_header(start + 1, doc.title)} {' '.join(words)}"
+            words = self._piece_text(start, doc.text, piece, int(self.piece_words[c]))
+            return f"{paragraph_header(start + 1, doc.title)} {words}"
         lines = []
         for p in range(start, end):
             doc = documents[int(self.paragraphs[p])]
             lines.append(f"{paragraph_header(p + 1, doc.title)} {doc.text}")
         return "\n".join(lines)
+
+    def _piece_text(self, position: int, text: str, piece: int, width: int) -> str:
+        """Words ``piece * width .. (piece + 1) * width - 1`` of ``text`` joined by single spaces, i.e.
+        ``" ".join(text.split()[piece * width:(piece + 1) * width])`` without splitting the whole text: piece
+        starts are found by scanning forward from the last one known (kept for one paragraph at a time), so
+        reading the pieces in order scans the paragraph once."""
+        if position not in self._piece_offsets:
+            self._piece_offsets.clear()
+        offsets = self._piece_offsets.setdefault(position, [0])
+        while len(offsets) <= piece + 1:
+            offsets.append(skip_words(text, offsets[-1], width))
+        return " ".join(text[offsets[piece]:offsets[piece + 1]].split())
 
     def iter_chunks(self, documents: Sequence[Document]) -> Iterator[str]:
         """Every chunk's text, in order, one at a time."""

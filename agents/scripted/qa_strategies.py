@@ -5,8 +5,9 @@ it knows at turn t must have survived in what the environment shows it, that is 
 ``memory``), in the transcript (``history``) or nowhere (``last-observation``). They share one reader
 (:mod:`agents.scripted.world_reader`), so differences in score come from the memory strategy alone.
 
-- ``oracle``: reads the gold supporting documents through the task; searches each by title, keeps the gold
-  fact sentences, answers the gold answers. The upper bound, and the source of expert trajectories.
+- ``oracle``: knows the gold supporting documents through the task; searches each by title (reformulating a
+  search that missed), keeps their evidence sentences, and answers the gold answers only where its memory
+  holds the evidence (else ``"unknown"``). The upper bound, and the source of expert trajectories.
 - ``keep-all``: memory accumulates every sentence that states a fact.
 - ``relevance``: memory keeps answers found so far and the facts on the open questions' chains, most relevant
   first, within ``memory_budget`` words.
@@ -31,10 +32,47 @@ from agents.scripted.world_reader import (
     resolve_open,
     sentences,
 )
-from memenv.search import tokenize
+from memenv.base import sanitize
 from memenv.protocol import format_action
+from memenv.scoring import normalize_answer
+from memenv.search import tokenize
+from tasks.types import Document
 
 _ANSWER_LINE = re.compile(r"^Answer (\d+): (.*)$")
+_PARENTHETICAL = re.compile(r"\s*\([^)]*\)")  # "Franz Ferdinand (band)": the disambiguation
+_RESULT_ENTRY = re.compile(r"^Doc \d+ \(Title: (.*)$", re.MULTILINE)  # what follows is "title) text"
+FAILED_SEARCHES = "Failed searches: "  # the oracle's memory line listing searches that missed their document
+
+
+def _bare(title: str) -> str:
+    """A title without its parenthesised disambiguation."""
+    return _PARENTHETICAL.sub("", title).strip()
+
+
+def _categorical(answer: str) -> bool:
+    """Whether an answer is yes/no (scored only on an exact match, and never a span of a document)."""
+    return normalize_answer(answer) in ("yes", "no")
+
+
+def _contains(text: str, answer: str) -> bool:
+    """Whether ``answer`` occurs in ``text`` as whole words, after SQuAD answer normalisation."""
+    needle = normalize_answer(answer)
+    return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
+
+
+def _memory_cut(visible: str) -> bool:
+    """Whether the text after the task block shows a memory whose start (its opening tag) a context budget
+    cut away."""
+    end = visible.find("</memory>")
+    return end >= 0 and visible.rfind("<memory>", 0, end) < 0
+
+
+def _key_words(question: Any, env: Any, title: str) -> list[str]:
+    """The search terms of ``question`` that name none of its supporting documents (nor ``title``)."""
+    named = set(tokenize(title))
+    for doc_id in question.supporting_ids:
+        named.update(tokenize(env.document(doc_id).title))
+    return [w for w in dict.fromkeys(tokenize(sanitize(question.question))) if w not in named]
 
 
 class ScriptedPolicy:
@@ -173,53 +211,207 @@ class HistoryPolicy(ScriptedPolicy):
 
 
 class OraclePolicy(ScriptedPolicy):
-    """Reads the gold supporting documents through the task (``reset(env)`` hands it the env).
+    """The expert: knows which documents support each question (``reset(env)`` hands it the env), finds them
+    by searching, and answers only from what it found and kept.
 
-    Memory holds one line per supporting document read: ``Title: gold sentences``. It is a function of the
-    observation and the gold task only, so its trajectories are valid expert demonstrations.
+    Memory holds one line per supporting document retrieved, ``Title: evidence sentences`` (the gold fact
+    sentences on the synthetic world; on real data the sentences that hold the answer or name another of the
+    question's supporting documents, the bridge), and, once a search has missed, a ``Failed searches: q1 | q2``
+    line. What it writes and does is a function of the observation, the gold task and its own earlier queries,
+    so its trajectories are valid expert demonstrations.
+
+    Searching: each missing supporting document is searched by its title first (on the synthetic world that
+    always finds it, so the oracle makes one search per document). A search that misses its document is never
+    repeated (no query with the same search terms is issued twice); the next search for that document is a
+    reformulation, in this order (see :meth:`query_forms`): the title without its parenthesised
+    disambiguation, a sentence from memory that names the document (the bridge entity in context), the title
+    with one key word of the question, the title with all of them (the question's key phrase), and the
+    question itself. Missing documents take turns (the one searched least goes next), and the oracle answers
+    when every document is found, when it has no untried query left, or on the last turn.
+
+    Answering: a question gets its gold answer only with evidence in memory: every supporting document was
+    retrieved, or (for a bridge question whose answer is not yes/no) a kept sentence contains the answer.
+    Otherwise the oracle abstains with :attr:`abstain_answer` (``"unknown"``): it scores 0 but never teaches a
+    model trained on its trajectories to answer what it did not read. A question without supporting documents
+    (a generic dataset may omit them) is searched by its text, and a result sentence containing the answer
+    is kept as evidence.
+
+    After each :meth:`act`, ``evidence_complete`` says whether every supporting document of every question is
+    in memory, ``supported`` (one bool per question) which answers memory supports, and ``queries`` lists
+    the searches issued this episode.
+
+    Args:
+        reformulate: search a missed document again with other queries (default). ``False`` searches titles
+            only (each once), for comparison.
+        abstain_answer: the answer given to a question memory does not support.
     """
 
     name = "oracle"
 
-    def __init__(self) -> None:
+    def __init__(self, reformulate: bool = True, abstain_answer: str = "unknown") -> None:
+        self.reformulate = reformulate
+        self.abstain_answer = abstain_answer
         self.env = None
+        self._reset_episode()
+
+    def _reset_episode(self) -> None:
+        self.queries: list[str] = []
+        self.evidence_complete = False
+        self.supported: list[bool] = []
+        self._failed_terms: set[tuple[str, ...]] = set()  # search terms of the queries that missed
+        self._misses: dict[str, int] = {}  # target key -> searches that missed it
+        self._failed: list[str] = []
+        self._last_target: str | None = None
 
     def reset(self, env: Any = None) -> None:
         if env is None:
             raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
         self.env = getattr(env, "unwrapped", env)
+        self._reset_episode()
 
-    def _gold_sentences(self, question, doc_title: str, doc_text: str) -> list[str]:
+    # ------------------------------------------------------------------ evidence
+    @staticmethod
+    def _evidence_sentences(question, doc: Document, others: list[str]) -> list[str]:
+        """The sentences of ``doc`` worth keeping for ``question``: the gold fact sentences where the task
+        states them (synthetic world); else those holding the answer (at most two) and the first naming
+        another supporting document (the bridge), in document order; else the first sentence."""
+        doc_sentences = sentences(doc.text)
         gold: set[Fact] = set(map(tuple, question.meta.get("facts", ())))
         if gold:
-            return [s for s in sentences(doc_text) if parse_fact(s) in gold]
-        answers = [a.lower() for a in question.answers]
-        doc_sentences = sentences(doc_text)
-        hits = [s for s in doc_sentences if any(a in s.lower() for a in answers)]
-        return hits[:2] or doc_sentences[:1]
+            return [s for s in doc_sentences if parse_fact(s) in gold]
+        answers = [a for a in question.answers if not _categorical(a)]
+        with_answer = [s for s in doc_sentences if any(_contains(s, a) for a in answers)][:2]
+        bridge = [s for s in doc_sentences if s not in with_answer and any(o in s for o in others)][:1]
+        keep = set(with_answer + bridge)
+        return [s for s in doc_sentences if s in keep] or doc_sentences[:1]
 
+    def _supported(self, question, lines: dict[str, str]) -> bool:
+        """Whether memory (``title -> kept text``) holds evidence for ``question``'s gold answer."""
+        if not question.supporting_ids:
+            return any(_contains(text, a) for text in lines.values() for a in question.answers)
+        titles = [self.env.document(d).title for d in question.supporting_ids]
+        if all(t in lines for t in titles):
+            return True
+        if question.kind == "comparison" or any(_categorical(a) for a in question.answers):
+            return False  # a comparison, or a yes/no answer, needs every compared document
+        kept = " ".join(f"{t} {lines[t]}" for t in titles if t in lines)
+        return any(_contains(kept, a) for a in question.answers)
+
+    # ------------------------------------------------------------------ searching
+    def query_forms(self, question, doc: Document | None, lines: dict[str, str]) -> list[str]:
+        """The queries for finding ``doc`` (``None``: evidence for a question without supporting documents),
+        in the order they are tried; :meth:`act` skips any whose search terms were already searched."""
+        text = sanitize(question.question)
+        if doc is None:
+            return [text] + ([" ".join(_key_words(question, self.env, ""))] if self.reformulate else [])
+        forms = [doc.title]
+        if self.reformulate:
+            bare = _bare(doc.title)
+            forms.append(bare)
+            if bare:  # the bridge entity in context: a kept sentence of another document naming this one
+                forms += [s for kept in lines.values() for s in sentences(kept) if bare in s]
+            words = _key_words(question, self.env, doc.title)
+            forms += [f"{doc.title} {w}" for w in words]
+            forms += [" ".join([doc.title, *words]), text]
+        return forms
+
+    def _next_query(self, missing: list[str], targets: dict[str, tuple[Any, Document | None]],
+                    lines: dict[str, str]) -> tuple[str, str] | None:
+        """``(query, target key)`` of the next search: the missing target searched least so far (ties: task
+        order) that still has an untried query form; ``None`` when no target has one."""
+        order = sorted(range(len(missing)), key=lambda i: (self._misses.get(missing[i], 0), i))
+        for i in order:
+            key = missing[i]
+            for form in self.query_forms(*targets[key], lines):
+                terms = tuple(sorted(tokenize(form)))
+                if terms and terms not in self._failed_terms:
+                    return form, key
+        return None
+
+    # ------------------------------------------------------------------ acting
     def act(self, observation: str) -> str:
         if self.env is None:
             raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
         view = read_observation(observation)
-        lines = [line for line in view.memory.split("\n") if line.strip()]
-        read_titles = {line.split(": ", 1)[0] for line in lines}
-        docs = {d: self.env.document(d) for q in self.env.questions for d in q.supporting_ids}
-        # Keep the gold sentences of every supporting document in the newest result.
-        for question in self.env.questions:
-            for doc_id in question.supporting_ids:
-                doc = docs[doc_id]
-                header = f"(Title: {doc.title}) "
-                if doc.title not in read_titles and header in view.information:
-                    start = view.information.index(header) + len(header)
-                    text = view.information[start:].split("\n", 1)[0]
-                    lines.append(f"{doc.title}: " + " ".join(self._gold_sentences(question, doc.title, text)))
-                    read_titles.add(doc.title)
-        pending = [docs[d].title for q in self.env.questions for d in q.supporting_ids if docs[d].title not in read_titles]
-        memory = "\n".join(lines)
-        if pending and view.turns_left > 1:
-            return format_action(memory, "search", pending[0])
-        return format_action(memory, "answer", "; ".join(q.answers[0] for q in self.env.questions))
+        # Memory lines are kept verbatim (a context budget may have cut the first one); ``lines`` reads the
+        # document lines as title -> kept text, ``concluded`` the answer lines as question number -> answer.
+        questions = self.env.questions
+        # A title may itself hold ": " ("Namibia: The Struggle for Liberation"): known titles are matched first.
+        titles = sorted({self.env.document(d).title for q in questions for d in q.supporting_ids}, key=len,
+                        reverse=True)
+        kept_lines, lines, concluded = [], {}, {}
+        for line in view.memory.split("\n"):
+            if not line.strip() or line.startswith(FAILED_SEARCHES):
+                continue
+            kept_lines.append(line)
+            match = _ANSWER_LINE.match(line)
+            if match:
+                concluded[int(match.group(1))] = match.group(2)
+                continue
+            title = next((t for t in titles if line.startswith(f"{t}: ")), None)
+            if title is None:
+                title = line.partition(": ")[0]
+            lines[title] = line[len(title) + 2:]
+        new_lines: dict[str, str] = {}
+        shown = [m.group(1) for m in _RESULT_ENTRY.finditer(view.information)]
+        targets: dict[str, tuple[Any, Document | None]] = {}  # still to find: key -> (question, document)
+        for i, question in enumerate(questions, 1):
+            if i in concluded:
+                continue
+            docs = [self.env.document(d) for d in question.supporting_ids]
+            if not docs:
+                targets[f"question {i}"] = (question, None)
+            for doc in docs:
+                targets.setdefault(doc.title, (question, doc))
+                if doc.title not in lines and f"{doc.title}) {doc.text}" in shown:
+                    others = [_bare(d.title) for d in docs if d is not doc]
+                    lines[doc.title] = new_lines[doc.title] = " ".join(
+                        self._evidence_sentences(question, doc, others))
+            if not docs and not self._supported(question, lines):
+                # No supporting documents named: a result sentence holding the answer is the evidence.
+                answers = [a for a in question.answers if not _categorical(a)]
+                for entry in shown:
+                    title, _, text = entry.partition(") ")
+                    hits = [s for s in sentences(text) if any(_contains(s, a) for a in answers)]
+                    if hits and title not in lines:
+                        lines[title] = new_lines[title] = hits[0]
+                        break
+
+        def found(key: str) -> bool:
+            question, doc = targets[key]
+            return doc.title in lines if doc is not None else self._supported(question, lines)
+
+        if self._last_target is not None and self._last_target in targets and not found(self._last_target):
+            self._failed.append(self.queries[-1])
+            self._failed_terms.add(tuple(sorted(tokenize(self.queries[-1]))))
+            self._misses[self._last_target] = self._misses.get(self._last_target, 0) + 1
+        self._last_target = None
+        self.supported = [i in concluded or self._supported(q, lines) for i, q in enumerate(questions, 1)]
+        if _memory_cut(view.visible):
+            # The context budget hides the start of the memory: conclude what the visible evidence supports
+            # (one short answer line per question) and keep only the documents still needed.
+            for i, (question, ok) in enumerate(zip(questions, self.supported), 1):
+                if ok and i not in concluded:
+                    concluded[i] = question.answers[0]
+            needed = {self.env.document(d).title for i, q in enumerate(questions, 1) if i not in concluded
+                      for d in q.supporting_ids}
+            targets = {k: t for k, t in targets.items() if k in needed or t[1] is None and k not in concluded}
+            kept_lines = [f"{t}: {kept}" for t, kept in lines.items() if t in needed]
+            kept_lines += [f"Answer {i}: {a}" for i, a in sorted(concluded.items())]
+        else:
+            kept_lines += [f"{title}: {kept}" for title, kept in new_lines.items()]
+        missing = [key for key in targets if not found(key)]
+        self.evidence_complete = not missing
+        memory = "\n".join(kept_lines + ([FAILED_SEARCHES + " | ".join(self._failed)] if self._failed else []))
+        if missing and view.turns_left > 1:
+            choice = self._next_query(missing, targets, lines)
+            if choice is not None:
+                query, key = choice
+                self.queries.append(query)
+                self._last_target = key
+                return format_action(memory, "search", query)
+        answers = [q.answers[0] if ok else self.abstain_answer for q, ok in zip(questions, self.supported)]
+        return format_action(memory, "answer", "; ".join(answers))
 
 
 STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
