@@ -62,6 +62,40 @@ def _get_cache(out) -> Any:
     raise RuntimeError("the model returned no KV cache (use_cache=True)")
 
 
+class PromptFormat:
+    """Observation text -> prompt ids (chat template or plain template; see the module doc). Needs no model:
+    :class:`LLMPolicy` and the serving adapters (verl) encode prompts the same way."""
+
+    def __init__(self, tokenizer, template: str = "auto", system_prompt: str | None = None,
+                 plain_template: str = PLAIN_TEMPLATE, max_prompt_tokens: int | None = None) -> None:
+        if template not in ("auto", "chat", "plain"):
+            raise ValueError(f"template must be 'auto', 'chat' or 'plain', got {template!r}")
+        self.tokenizer = tokenizer
+        self.use_chat = template == "chat" or (template == "auto" and bool(getattr(tokenizer, "chat_template", None)))
+        if self.use_chat and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("template='chat' but the tokenizer has no chat template")
+        self.system_prompt = system_prompt
+        self.plain_template = plain_template
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def prompt_text(self, observation: str) -> str:
+        if self.use_chat:
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            messages.append({"role": "user", "content": observation})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.plain_template.format(observation=observation)
+
+    def encode_prompt(self, observation: str) -> list[int]:
+        """The prompt ids of one observation (the same for sampling, SFT and scoring)."""
+        ids = list(self.tokenizer.encode(self.prompt_text(observation), add_special_tokens=False))
+        bos = self.tokenizer.bos_token_id
+        if not self.use_chat and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            ids = ids[-self.max_prompt_tokens:]
+        return ids
+
+
 class LLMPolicy:
     """Sampling policy over a causal LM.
 
@@ -89,17 +123,14 @@ class LLMPolicy:
             raise ValueError("LLMPolicy needs the tokenizer of an in-memory model")
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-        if template not in ("auto", "chat", "plain"):
-            raise ValueError(f"template must be 'auto', 'chat' or 'plain', got {template!r}")
+        self.format = PromptFormat(tokenizer, template, system_prompt, plain_template, max_prompt_tokens)
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
         self.stop = tuple(stop)
-        self.use_chat = template == "chat" or (template == "auto" and getattr(tokenizer, "chat_template", None))
-        if self.use_chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("template='chat' but the tokenizer has no chat template")
+        self.use_chat = self.format.use_chat
         self.system_prompt = system_prompt
         self.plain_template = plain_template
         self.batch_size = int(batch_size)
@@ -134,21 +165,11 @@ class LLMPolicy:
         return next(self.model.parameters()).device
 
     def prompt_text(self, observation: str) -> str:
-        if self.use_chat:
-            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-            messages.append({"role": "user", "content": observation})
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.plain_template.format(observation=observation)
+        return self.format.prompt_text(observation)
 
     def encode_prompt(self, observation: str) -> list[int]:
         """The prompt ids of one observation (the same for sampling, SFT and scoring)."""
-        ids = list(self.tokenizer.encode(self.prompt_text(observation), add_special_tokens=False))
-        bos = self.tokenizer.bos_token_id
-        if not self.use_chat and bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            ids = ids[-self.max_prompt_tokens:]
-        return ids
+        return self.format.encode_prompt(observation)
 
     def encode_action(self, action: str) -> list[int]:
         """Ids of an expert action (SFT targets). Sampled actions are never re-encoded."""

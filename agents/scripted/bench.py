@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 import memenv  # noqa: F401 - registers the environments
 from agents.files import write_atomic
 from agents.scripted.qa_strategies import STRATEGIES, make_strategy
+from agents.served import ServedPolicy, ServedSpec, is_served
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
@@ -90,6 +91,22 @@ def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
             return info["summary"], steps
 
 
+def resolve_strategy(name: str, env_id: str):
+    """A strategy by name: a scripted one (:func:`make_strategy`) or a served model ``openai:MODEL@URL``
+    (:class:`agents.served.ServedPolicy`)."""
+    return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id)
+
+
+def strategy_name(name: str) -> str:
+    """argparse type of ``--strategies``: a scripted strategy or ``openai:MODEL@URL``."""
+    if is_served(name):
+        ServedSpec.parse(name)
+    elif name not in STRATEGIES:
+        raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)} "
+                                         f"or openai:MODEL@URL")
+    return name
+
+
 def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes: int = DEFAULT_EPISODES,
               seed: int = 0, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run every strategy on every env for ``episodes`` seeded episodes (seeds ``seed..seed+episodes-1``,
@@ -101,26 +118,35 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     strategies = list(strategies)
     for spec in specs:  # fail before any work on a strategy an env family does not have
         for name in strategies:
-            make_strategy(name, spec.env_id)
+            policy = resolve_strategy(name, spec.env_id)
+            if is_served(name):
+                policy.client.check()  # a server that is down fails here, naming its URL
     rows, summary = [], []
     bar = tqdm(total=len(specs) * len(strategies) * episodes, desc="bench", unit="ep", disable=not progress)
     for spec in specs:
         for name in strategies:
-            policy = make_strategy(name, spec.env_id)
+            policy = resolve_strategy(name, spec.env_id)
             kwargs = {"context": policy.context, **spec.kwargs}
             env = gym.make(spec.env_id, **kwargs)
             steps, start = 0, time.perf_counter()
             cell = []
-            for i in range(episodes):
-                episode, n = run_episode(env, policy, seed + i)
+            seeds = [seed + i for i in range(episodes)]
+            concurrent = hasattr(policy, "run_episodes")  # served models: episodes run on a thread pool
+            if concurrent:
+                results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, run_episode,
+                                              on_done=lambda: bar.update(1))
+            else:
+                results = (run_episode(env, policy, s) + ({},) for s in seeds)
+            for i, (episode, n, extra) in enumerate(results):
                 steps += n
                 cell.append({
                     "env": spec.label, "strategy": name, "seed": seed + i, "f1": episode["f1"], "em": episode["em"],
                     "peak_context_tokens": episode["peak_context_tokens"],
                     "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
-                    "invalid_actions": episode["invalid_actions"], "answered": episode["answered"],
+                    "invalid_actions": episode["invalid_actions"], "answered": episode["answered"], **extra,
                 })
-                bar.update(1)
+                if not concurrent:
+                    bar.update(1)
             elapsed = time.perf_counter() - start
             env.close()
             frame = pd.DataFrame(cell)
@@ -130,10 +156,12 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
                 "total_context_tokens": frame.total_context_tokens.mean(), "invocations": frame.invocations.mean(),
                 "invalid_rate": frame.invalid_actions.sum() / max(1, frame.invocations.sum()),
                 "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
+                **{k: frame[k].mean() for k in frame.columns if k.startswith("server_")},  # tokens per episode
             })
             rows.extend(cell)
     bar.close()
-    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(rows)
+    extra_columns = list(dict.fromkeys(k for row in summary for k in row if k not in SUMMARY_COLUMNS))
+    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS + extra_columns), pd.DataFrame(rows)
 
 
 def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
@@ -280,7 +308,7 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
 def format_table(summary: pd.DataFrame) -> str:
     """The summary as text, each column rounded to what it can resolve."""
     digits = {"f1": 3, "em": 3, "peak_context_tokens": 0, "total_context_tokens": 0, "invocations": 1,
-              "invalid_rate": 3, "steps_per_s": 0}
+              "invalid_rate": 3, "steps_per_s": 0, "server_prompt_tokens": 0, "server_completion_tokens": 0}
     shown = summary.copy()
     for column, n in digits.items():
         if column in shown:
@@ -320,7 +348,8 @@ def register_cli(subparsers) -> None:
     """Adds ``memenv bench`` (entry point ``memenv.commands``)."""
     parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=strategy_name,
+                        help=f"{', '.join(STRATEGIES)}, or openai:MODEL@URL (an OpenAI-compatible completions server)")
     parser.add_argument("--envs", nargs="+", default=None,
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
                              f"with --sweep: {' '.join(SWEEP_ENVS)})")

@@ -1,0 +1,159 @@
+"""``openai:MODEL@URL``: a served model through the text protocol, against a local OpenAI-style server that
+answers with a scripted strategy's actions (so the served run must score exactly as that strategy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agents.scripted.bench import register_cli, run_bench
+from agents.scripted.qa_strategies import make_strategy
+from agents.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError, restore_stop
+
+ENV = "MemQA-v0:objectives=1,hops=2"
+MAX_REQUESTS = 400  # the scripted server refuses anything beyond this (a runaway client fails the test)
+
+
+class ScriptedServer:
+    """An OpenAI-compatible completions server on 127.0.0.1 (port 0) whose model is the ``relevance`` strategy.
+
+    Like real servers it drops the stop string from the text. ``fail_first`` requests get HTTP 503."""
+
+    def __init__(self, fail_first: int = 0, stop_reason: bool = False, delay: float = 0.0) -> None:
+        self.policy = make_strategy("relevance")
+        self.fail_first, self.stop_reason, self.delay = fail_first, stop_reason, delay
+        self.requests, self.failed, self.in_flight, self.max_in_flight = 0, 0, 0, 0
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def _send(self, code: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"data": [{"id": "scripted"}]} if self.path == "/v1/models" else {"error": "no"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with owner.lock:
+                    owner.requests += 1
+                    n = owner.requests
+                    owner.in_flight += 1
+                    owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                try:
+                    if self.path != "/v1/completions" or n > MAX_REQUESTS:
+                        return self._send(400, {"error": f"refused request {n} to {self.path}"})
+                    if n <= owner.fail_first:
+                        owner.failed += 1
+                        return self._send(503, {"error": "warming up"})
+                    time.sleep(owner.delay)
+                    action = owner.policy.act(body["prompt"])
+                    cut = min((action.find(s) for s in body["stop"] if s in action), default=len(action))
+                    matched = next((s for s in body["stop"] if action.find(s) == cut), None)
+                    text = action[:cut]
+                    choice = {"index": 0, "text": text, "finish_reason": "stop" if matched else "length"}
+                    if owner.stop_reason:
+                        choice["stop_reason"] = matched
+                    usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": len(text.split())}
+                    self._send(200, {"id": f"c{n}", "object": "text_completion", "model": body["model"],
+                                     "choices": [choice], "usage": usage})
+                finally:
+                    with owner.lock:
+                        owner.in_flight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "ScriptedServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_served_model_scores_exactly_as_the_strategy_it_serves():
+    with ScriptedServer(delay=0.01) as server:
+        name = f"openai:scripted@{server.url}"
+        summary, episodes = run_bench(["relevance", name], [ENV], episodes=8, seed=3, progress=False)
+    assert server.requests <= MAX_REQUESTS
+    local, served = (episodes[episodes.strategy == s].reset_index(drop=True) for s in ("relevance", name))
+    assert list(served.seed) == list(local.seed) == list(range(3, 11))
+    assert list(served.f1) == list(local.f1) and list(served.invocations) == list(local.invocations)
+    assert served.f1.mean() > 0.3  # the served actions were understood by the env (the closing tags were restored)
+    assert server.requests == served.invocations.sum()
+    # Token counts are the server's usage fields: its prompt tokens are the words of each observation.
+    assert list(served.server_prompt_tokens) == list(served.total_context_tokens)
+    assert (served.server_completion_tokens > 0).all()
+    row = summary[summary.strategy == name].iloc[0]
+    assert row.server_prompt_tokens == pytest.approx(served.server_prompt_tokens.mean())
+    assert summary[summary.strategy == "relevance"].server_prompt_tokens.isna().all()
+    assert server.max_in_flight > 1  # episodes ran concurrently
+
+
+def test_retries_with_backoff_then_succeeds():
+    with ScriptedServer(fail_first=2, stop_reason=True) as server:
+        client = CompletionsClient(ServedSpec.parse(f"openai:m@{server.url}/v1"), retries=3, backoff=0.01)
+        prompt = "<task>\nQuestion 1: Where is Wigei?\n</task>\n<memory>\n\n</memory>\n"
+        result = client.complete(prompt)
+    assert server.failed == 2 and server.requests == 3
+    # the stop string the server dropped is back (from its stop_reason), so the action is the strategy's own
+    assert result.text == make_strategy("relevance").act(prompt) and result.text.endswith("</answer>")
+    assert result.prompt_tokens == len(prompt.split()) and result.finish_reason == "stop"
+
+
+def test_retries_are_bounded():
+    with ScriptedServer(fail_first=10) as server:
+        client = CompletionsClient(ServedSpec.parse(f"openai:m@{server.url}"), retries=2, backoff=0.0)
+        with pytest.raises(ServerError, match=r"HTTP 503.*3 attempts"):
+            client.complete("hello")
+    assert server.requests == 3
+
+
+def test_server_down_fails_before_any_work_naming_the_url():
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    start = time.perf_counter()
+    with pytest.raises(ServerError, match=f"server at {url} is not answering"):
+        run_bench([f"openai:m@{url}"], [ENV], episodes=2, progress=False)
+    assert time.perf_counter() - start < 5
+
+
+def test_restore_stop():
+    stop = ("</search>", "</answer>")
+    assert restore_stop("<memory>a</memory><search>x", "stop", None, stop) == "<memory>a</memory><search>x</search>"
+    assert restore_stop("<memory>a</memory><answer>x", "stop", "</answer>", stop) == "<memory>a</memory><answer>x</answer>"
+    assert restore_stop("<memory>a</memory><search>x", "length", None, stop) == "<memory>a</memory><search>x"
+    assert restore_stop("<search>x</search>", "stop", None, stop) == "<search>x</search>"
+
+
+def test_strategy_names_on_the_command_line():
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--strategies", "relevance", "openai:Qwen2.5-7B@localhost:8000"])
+    assert args.strategies == ["relevance", "openai:Qwen2.5-7B@localhost:8000"]
+    assert ServedSpec.parse(args.strategies[1]).api_base == "http://localhost:8000/v1"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--strategies", "bogus"])
+    with pytest.raises(ValueError, match="expected openai:MODEL@URL"):
+        ServedSpec.parse("openai:no-url")
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        ServedPolicy("openai:m@localhost:1", concurrency=0)
