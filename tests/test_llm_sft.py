@@ -94,3 +94,17 @@ def test_sft_evaluations_do_not_count_on_the_budget(tmp_path):
     assert 0 < first < second  # cumulative evaluation CPU time, logged beside the training clock
     # the training clock between the two evaluations holds 3 small steps, not the evaluation that came first
     assert float(rows[1]["cpu_seconds"]) - float(rows[0]["cpu_seconds"]) < first + 1.0
+
+
+def test_sft_zero_intervals_mean_never_evaluate_and_save_only_at_the_end(tmp_path):
+    import csv
+
+    cfg = SFTConfig(out_dir=str(tmp_path), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
+                    steps=3, batch_size=2, warmup=1, eval_every=0, save_every=0, log_every=0, num_envs=2,
+                    max_new_tokens=16, threads=1, progress=False, tiny_vocab=300, tiny_hidden=32, tiny_layers=1,
+                    tiny_heads=2, tiny_tokenizer_episodes=4)
+    train_sft(cfg)  # eval_every=0 used to divide by zero
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [int(r["step"]) for r in rows] == [3]  # logged once, at the end
+    assert not any(r.get("eval_f1") for r in rows)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0000003"]

@@ -198,13 +198,13 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
             done = dist.mean({"d": float(done)})["d"] > 0
         row = None
-        if (step + 1) % cfg.log_every == 0 or done:
+        if (cfg.log_every > 0 and (step + 1) % cfg.log_every == 0) or done:
             stats = dist.mean({"loss": loss_sum / max(1, n_sum), "token_acc": acc_sum / max(1, n_sum)})
             row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
             loss_sum = acc_sum = n_sum = 0.0
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
-        if (step + 1) % cfg.eval_every == 0 or done:
+        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
             row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
@@ -212,7 +212,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             log.append(row)
             last = row
             log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
-        if (step + 1) % cfg.save_every == 0 or done:
+        if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
             _save(cfg, dist, out, step + 1, lm, tok, optimizer, timer)
         if done:
             break
