@@ -134,7 +134,8 @@ def play_command(line: str, memory: str) -> tuple[str | None, str | None, str]:
         return line, None, memory
     if word == "memory":
         if not rest:
-            return None, f"memory needs TEXT, e.g.  memory Q1 asks for the country of X  (draft now: {memory!r})", memory
+            hint = f"memory needs TEXT, e.g.  memory Q1 asks for the country of X  (draft now: {memory!r})"
+            return None, hint, memory
         return None, f"memory draft: {rest!r} (sent with your next action)", rest
     if word in ("search", "answer"):
         if not rest:
@@ -208,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
     play.add_argument("env", nargs="?", default="MemQA-v0", help="environment id")
     play.add_argument("--seed", type=non_negative_int, default=0, help="episode seed")
-    play.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs, e.g. objectives=4 context=history")
+    play.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
+                      help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
     for name, loader in _commands().items():
         try:
