@@ -10,10 +10,12 @@ import copy
 import functools
 import os
 import re
+import warnings
 from typing import Any
 
 import gymnasium as gym
 from gymnasium import spaces
+from gymnasium.vector.utils import create_shared_memory
 
 from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_right
 from memenv.validation import check_callable, check_choice, check_int, check_number, check_path
@@ -45,13 +47,45 @@ def required_data_file(data_path: Any, env_id: str, what: str, example: str, lab
     return path
 
 
+class MemText(spaces.Text):
+    """Gymnasium's ``Text`` space with a repr that fits on a line.
+
+    ``spaces.Text.__repr__`` lists the whole charset: 63k characters for :data:`CHARSET`. This one names the
+    charset by its size and ends (``Text(0, 1000000, charset=<63,331 characters U+0009..U+FFFD>)``).
+    Everything else (sampling, ``contains``, flattening, batching, pickling) is the parent's.
+    """
+
+    def __repr__(self) -> str:
+        chars = self.character_list
+        charset = f"<{len(chars):,} characters U+{ord(min(chars)):04X}..U+{ord(max(chars)):04X}>"
+        return f"{type(self).__name__}({self.min_length}, {self.max_length}, charset={charset})"
+
+
+SHARED_MEMORY_WARNING = (
+    "AsyncVectorEnv(shared_memory=True) over memenv's Text observation space returns stale observations: "
+    "Gymnasium 1.x reads Text observations out of shared memory once, when the vector env is built "
+    "(Farama-Foundation/Gymnasium#1164). Build it with shared_memory=False, e.g. gym.make_vec(..., "
+    "vectorization_mode='async', vector_kwargs={'shared_memory': False})."
+)
+
+
+@create_shared_memory.register(MemText)
+def _create_text_shared_memory_with_warning(space: MemText, n: int = 1, ctx: Any = None) -> Any:
+    """``AsyncVectorEnv(shared_memory=True)`` calls this (and nothing else does) while it is built: warn,
+    then allocate the buffer as Gymnasium would for any ``Text`` space. The warning's location is fixed
+    (Gymnasium's AsyncVectorEnv), so the default filter shows it once per process."""
+    warnings.warn(SHARED_MEMORY_WARNING, RuntimeWarning, stacklevel=3)
+    parent = create_shared_memory.dispatch(spaces.Text)
+    return parent(space, n=n) if ctx is None else parent(space, n=n, ctx=ctx)
+
+
 @functools.lru_cache(maxsize=None)
-def _text_space_template(max_length: int, min_length: int) -> spaces.Text:
-    return spaces.Text(max_length, min_length=min_length, charset=CHARSET)
+def _text_space_template(max_length: int, min_length: int) -> MemText:
+    return MemText(max_length, min_length=min_length, charset=CHARSET)
 
 
-def text_space(max_length: int, min_length: int = 0) -> spaces.Text:
-    """A ``Text`` space over :data:`CHARSET`.
+def text_space(max_length: int, min_length: int = 0) -> MemText:
+    """A :class:`MemText` space over :data:`CHARSET`.
 
     Building a Text space over ~63k characters takes ~40 ms, so spaces are shallow copies of one template
     (the charset tables are read-only); each copy gets its own sampling generator.
@@ -177,7 +211,13 @@ class MemEnvBase(gym.Env):
 
     def _record(self, *, action: Any, memory_before: str, tool: str | None, tool_input: str | None,
                 tool_output: str, valid: bool, error: str | None, reward: float, **extra: Any) -> dict[str, Any]:
-        """The invocation snapshot of DESIGN.md for the observation just acted on."""
+        """The invocation snapshot of DESIGN.md for the observation just acted on.
+
+        Every step of an env returns the same keys with the same types (vector envs batch a key per step, and
+        an int array cannot take a None): ``retrieved_ids`` is ``[]`` when the step retrieved nothing,
+        ``answer_f1``/``answer_em`` are ``[]`` when it scored no answer; ``extra`` holds the env's own keys,
+        which it passes on every step.
+        """
         snapshot = {
             "episode_id": self._episode_id,
             "turn": self._turn,
@@ -193,6 +233,9 @@ class MemEnvBase(gym.Env):
             "context_tokens": self._obs_tokens,
             "truncated_tokens": self._obs_truncated,
             "reward": float(reward),
+            "retrieved_ids": [],
+            "answer_f1": [],
+            "answer_em": [],
             **extra,
         }
         self._snapshots.append(snapshot)

@@ -9,38 +9,157 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from importlib.metadata import entry_points
-from typing import Any, Callable
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
+from memenv.protocol import TOOLS, parse_action
+from memenv.registration import ENVIRONMENTS
+
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
 _FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli"}
+
+# What a user's bad input raises while a command sets up (unknown env or kwarg, bad value, missing or
+# malformed file, unknown strategy): printed as one line, exit status 2. Later, they are bugs (tracebacks).
+USER_ERRORS = (ValueError, TypeError, LookupError, OSError, gym.error.Error)
+
+
+class CommandError(Exception):
+    """A user's mistake on the command line: :func:`main` prints ``memenv CMD: error: MESSAGE`` and returns 2."""
+
+
+@contextmanager
+def user_input(what: str = "") -> Iterator[None]:
+    """Turn :data:`USER_ERRORS` raised inside the block (the set-up from command-line arguments) into a
+    :class:`CommandError`; ``what`` (e.g. ``"--envs MemQA-v0:objectives=0"``) prefixes the message."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        message = exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
+        if isinstance(exc, gym.error.UnregisteredEnv):
+            message += " memenv environments: " + ", ".join(ENVIRONMENTS)
+        raise CommandError(f"{what}: {message}" if what else str(message)) from exc
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    return _checked_number(text, int, 1, ">= 1")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0 (seeds)."""
+    return _checked_number(text, int, 0, ">= 0")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    return _checked_number(text, float, 0.0, "> 0", strict=True)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    return _checked_number(text, float, 0.0, ">= 0")
+
+
+def _checked_number(text: str, kind: type, low: float, rule: str, strict: bool = False) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} {rule}, "
+                                         f"got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < low or (strict and value == low):
+        raise argparse.ArgumentTypeError(f"expected a {'' if kind is int else 'finite '}value {rule}, got {text!r}")
+    return value
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and shows every option's default: ``(default: X)`` is appended to a
+    help text that does not already say its default (options whose default is None say it in words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or "%(default)" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return text
+        default = action.default
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {shown})".strip()
 
 
 def parse_kwargs(items: list[str] | None) -> dict[str, Any]:
     """``["objectives=16", "context=history"]`` -> ``{"objectives": 16, "context": "history"}``."""
     kwargs: dict[str, Any] = {}
     for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"error: --kw expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--kw expects KEY=VALUE, got {item!r}")
         try:
-            kwargs[key] = ast.literal_eval(value)
+            kwargs[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            kwargs[key] = value
+            kwargs[key.strip()] = value
     return kwargs
+
+
+def package_version() -> str:
+    """The installed distribution's version, or the source tree's ``memenv.__version__``."""
+    try:
+        return version("memenv")
+    except PackageNotFoundError:
+        from memenv import __version__
+
+        return __version__
+
+
+# ---------------------------------------------------------------------------------------------------- play
+PLAY_HELP = """Type an action in the protocol, e.g. <memory>notes</memory><search>query</search>, or a shortcut:
+  memory TEXT     set the memory draft (sent with your next action)
+  search QUERY    search, sending the memory draft        answer A1; A2   answer, sending the memory draft
+  next            send the memory draft alone (reading envs: move on to the next chunk or session)
+  help | quit"""
+
+
+def play_command(line: str, memory: str) -> tuple[str | None, str | None, str]:
+    """One line typed in ``memenv play`` -> ``(action text to send or None, message to show or None, memory
+    draft)``. A shortcut without its argument, an unknown word or malformed protocol text sends nothing (the
+    turn is not used) and comes back with a hint."""
+    word, _, rest = line.partition(" ")
+    rest = rest.strip()
+    if line.startswith("<"):
+        parsed = parse_action(line, require_memory=False, tools=TOOLS, allow_memory_only=True)
+        if not parsed.valid:
+            return None, f"not sent ({parsed.error}); try again, or type help", memory
+        return line, None, memory
+    if word == "memory":
+        if not rest:
+            hint = f"memory needs TEXT, e.g.  memory Q1 asks for the country of X  (draft now: {memory!r})"
+            return None, hint, memory
+        return None, f"memory draft: {rest!r} (sent with your next action)", rest
+    if word in ("search", "answer"):
+        if not rest:
+            example = "search Wigei" if word == "search" else "answer Paris; 1987"
+            return None, f"{word} needs {'a QUERY' if word == 'search' else 'answers'}, e.g.  {example}", memory
+        return f"<memory>{memory}</memory><{word}>{rest}</{word}>", None, memory
+    if word == "next" and not rest:
+        return f"<memory>{memory}</memory>", None, memory
+    if word == "help":
+        return None, PLAY_HELP, memory
+    return None, f"unknown command {word!r}: not sent. " + PLAY_HELP, memory
 
 
 def _play(args: argparse.Namespace) -> int:
     import memenv  # noqa: F401 - registers the envs
 
-    env = gym.make(args.env, **parse_kwargs(args.kw))
-    obs, info = env.reset(seed=args.seed)
-    print(__doc_play__)
+    kwargs = parse_kwargs(args.kw)
+    with user_input(args.env):
+        env = gym.make(args.env, **kwargs)
+        obs, info = env.reset(seed=args.seed)
+    print(PLAY_HELP)
     memory = ""
+    print("\n" + obs)
     while True:
-        print("\n" + obs)
         try:
             line = input("action> ").strip()
         except EOFError:
@@ -48,27 +167,24 @@ def _play(args: argparse.Namespace) -> int:
             return 0
         if line in ("quit", "exit"):
             return 0
-        if line.startswith("memory "):
-            memory = line[len("memory "):]
-            print(f"(memory draft set; it is sent with your next search or answer)")
+        action, message, memory = play_command(line, memory)
+        if message:
+            print(message)
+        if action is None:
             continue
-        if line.startswith("search ") or line.startswith("answer "):
-            tool, argument = line.split(" ", 1)
-            line = f"<memory>{memory}</memory><{tool}>{argument}</{tool}>"
-        obs, reward, terminated, truncated, info = env.step(line)
+        obs, reward, terminated, truncated, info = env.step(action)
         snapshot = info["invocation"]
         if not snapshot["valid"]:
-            print(f"!! invalid action: {snapshot['error']}")
+            print(f"!! invalid action (turn used): {snapshot['error']}")
+        elif snapshot["memory_after"] != snapshot["memory_before"]:
+            print(f"memory updated: {snapshot['memory_after']!r}")
         if terminated or truncated:
-            episode = info["summary"]
+            summary = info["summary"]
             print(f"\nepisode over ({'answered' if terminated else 'out of turns'}): reward {reward:.3f}, "
-                  f"F1 {episode['f1']:.3f}, EM {episode['em']:.3f}")
-            print("gold answers:", "; ".join(g[0] for g in episode["gold"]))
+                  f"F1 {summary['f1']:.3f}, EM {summary['em']:.3f}")
+            print("gold answers:", "; ".join(g[0] for g in summary["gold"]))
             return 0
-
-
-__doc_play__ = """Type an action in the protocol, e.g. <memory>notes</memory><search>query</search>,
-or the shortcuts:  memory TEXT  (draft memory)  |  search QUERY  |  answer A1; A2  |  quit"""
+        print("\n" + obs)
 
 
 def _commands() -> dict[str, Callable[[Any], None]]:
@@ -87,11 +203,14 @@ def _commands() -> dict[str, Callable[[Any], None]]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memenv", description="Environments for agents that rewrite their own memory.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    play = sub.add_parser("play", help="play an episode in the terminal")
-    play.add_argument("env", nargs="?", default="MemQA-v0", help="environment id (default MemQA-v0)")
-    play.add_argument("--seed", type=int, default=0)
-    play.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs, e.g. objectives=4 context=history")
+    play = sub.add_parser("play", help="play an episode in the terminal", description=PLAY_HELP,
+                          formatter_class=HelpFormatter)
+    play.add_argument("env", nargs="?", default="MemQA-v0", help="environment id")
+    play.add_argument("--seed", type=non_negative_int, default=0, help="episode seed")
+    play.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
+                      help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
     for name, loader in _commands().items():
         try:
@@ -104,12 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``memenv`` command. A user's mistake prints one line to stderr and returns 2; bugs raise."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.error(f"command {args.command!r} is not available in this installation")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except CommandError as exc:
+        print(f"memenv {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m memenv.cli` runs this file as __main__, a second copy of the module: run the imported one,
+    # whose CommandError is the class the subcommands raise.
+    from memenv import cli
+
+    sys.exit(cli.main())

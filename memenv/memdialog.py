@@ -290,7 +290,7 @@ class MemDialogEnv(MemEnvBase):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         memory_before = self._begin_step()
         shown = ("session", self._session) if self.reading else ("question", self._question)
-        reward, terminated, extra = 0.0, False, {}
+        reward, terminated, extra = 0.0, False, {"question_index": -1}  # -1: this step answered no question
         memory_cut, tool, tool_input, memory, error = 0, None, None, None, None
         if not (not self.mode.uses_memory and blank_action(action) and self.reading):
             parsed = parse_action(action, require_memory=False, tools=("answer",), allow_memory_only=True)
@@ -313,7 +313,7 @@ class MemDialogEnv(MemEnvBase):
                 self._answers[j] = tool_input
                 self._scores[j] = score_answer(tool_input, self.questions[j])
                 extra["question_index"] = j
-                extra["answer_f1"] = self._scores[j][1]
+                extra["answer_em"], extra["answer_f1"] = [self._scores[j][0]], [self._scores[j][1]]
                 tool_output = f"answer {j + 1}/{len(self.questions)} recorded"
                 self._question += 1
                 terminated = self._question >= len(self.questions)

@@ -264,7 +264,7 @@ class MemQAEnv(MemEnvBase):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         memory_before = self._begin_step()
         parsed = parse_action(action, require_memory=self.mode.uses_memory)
-        reward, terminated, extra = 0.0, False, {}
+        reward, terminated, extra, scores = 0.0, False, {}, None
         tool_output, notice, memory_cut = "", None, 0
         if not parsed.valid:
             reward = -self.invalid_penalty
@@ -286,7 +286,7 @@ class MemQAEnv(MemEnvBase):
                 reward = float(scores["f1_mean"])
                 terminated = True
                 tool_output = f"answers submitted; F1 {reward:.3f}"
-                extra["scores"] = scores
+                extra["answer_f1"], extra["answer_em"] = list(scores["f1"]), list(scores["em"])
                 information = self._information_block(tool_output)
         truncated = not terminated and self._turn >= self.max_turns
         snapshot = self._record(
@@ -298,8 +298,7 @@ class MemQAEnv(MemEnvBase):
         info: dict[str, Any] = {"invocation": snapshot}
         if terminated or truncated:
             self._done = True
-            scores = extra.get("scores") or score_objectives([""] * len(self.questions),
-                                                             [q.answers for q in self.questions])
+            scores = scores or score_objectives([""] * len(self.questions), [q.answers for q in self.questions])
             answers = split_answers(parsed.argument, len(self.questions)) if terminated else []
             info["summary"] = self._episode_info(scores["em"], scores["f1"], answers, terminated)
         return self._obs, reward, terminated, truncated, info

@@ -213,8 +213,8 @@ class MemReadEnv(MemEnvBase):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         memory_before = self._begin_step()
-        shown_chunk = self._chunk if self.reading else None
-        reward, terminated, extra = 0.0, False, {}
+        shown_chunk = self._chunk if self.reading else -1  # -1: the answer phase (an int on every step)
+        reward, terminated, extra, scores = 0.0, False, {}, None
         memory_cut, tool, tool_input = 0, None, None
         answers: list[str] = []
 
@@ -242,7 +242,7 @@ class MemReadEnv(MemEnvBase):
                 scores = score_objectives(answers, [q.answers for q in self.questions])
                 reward = float(scores["f1_mean"])
                 terminated = True
-                extra["scores"] = scores
+                extra["answer_f1"], extra["answer_em"] = list(scores["f1"]), list(scores["em"])
                 tool_output = f"answers submitted; F1 {reward:.3f}"
                 information = f"<information>[{tool_output}]\n</information>"
             else:
@@ -262,8 +262,7 @@ class MemReadEnv(MemEnvBase):
         info: dict[str, Any] = {"invocation": snapshot}
         if terminated or truncated:
             self._done = True
-            scores = extra.get("scores") or score_objectives([""] * len(self.questions),
-                                                             [q.answers for q in self.questions])
+            scores = scores or score_objectives([""] * len(self.questions), [q.answers for q in self.questions])
             info["summary"] = self._episode_info(
                 scores["em"], scores["f1"], answers, terminated,
                 doc_tokens=self.plan.total_tokens, chunks=self.plan.n_chunks,

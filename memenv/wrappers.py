@@ -48,9 +48,14 @@ hops=1, corpus_size=300, top_k=3, invalid_penalty=0.1``; pass MemQA kwargs to ch
 ``objectives=4``, ...). ``examples/sb3_ppo.py`` measured, on held-out seeds after 60k steps each (4.1 min
 wall on 2 shared cores): F1 random 0.05, masked-random 0.10, PPO 0.67, MaskablePPO 0.70. Example::
 
+    import torch
     from sb3_contrib import MaskablePPO
     from memenv.wrappers import MemQANumeric
+    torch.set_num_threads(1)  # see benchmarks/sb3_snippet_speed.py: more threads only cost time here
     model = MaskablePPO("MlpPolicy", MemQANumeric(), seed=0).learn(100_000)
+
+The wrapper steps ~800-1,400 times per second on one core; on a shared 2-core machine, torch's default of
+one thread per core makes SB3's small MLP updates (not the wrapper) the bottleneck, several times over.
 """
 
 from __future__ import annotations

@@ -68,9 +68,11 @@ def test_sft_then_grpo_and_ppo_with_checkpoints_and_resume(tmp_path):
 
 
 def test_cli_rejects_options_of_another_algo(tmp_path):
-    with pytest.raises(SystemExit):
+    from memenv.cli import CommandError
+
+    with pytest.raises(CommandError, match="--updates does not apply to --algo sft"):
         _cli(["train", "--algo", "sft", "--updates", "3", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit):
+    with pytest.raises(CommandError, match="PPOConfig has no field 'no_such_field'"):
         _cli(["train", "--algo", "ppo", "--set", "no_such_field=1", "--out", str(tmp_path)])
 
 

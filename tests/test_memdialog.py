@@ -132,7 +132,7 @@ def test_protocol_questions_one_per_turn_and_per_type_scores():
     for j, q in enumerate(env.questions):
         obs, reward, terminated, truncated, step = env.step(f"<answer>{q.answers[0]}</answer>")
         rewards.append(reward)
-        assert step["invocation"]["answer_f1"] == 1.0 and terminated == (j == 4)
+        assert step["invocation"]["answer_f1"] == [1.0] and terminated == (j == 4)
     episode = step["summary"]
     assert EPISODE_KEYS <= set(episode)
     assert rewards[-1] == 1.0 and rewards[:-1] == [0.0] * 4

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from agents.llm.records import InvocationRecord, memory_mask
+from memenv.vector import sub_env_info
 
 
 @dataclass
@@ -44,36 +45,6 @@ class Episode:
     @property
     def turns(self) -> int:
         return len(self.records)
-
-
-def _py(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return [_py(v) for v in value.tolist()]
-    if isinstance(value, dict):
-        return {k: _py(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_py(v) for v in value)
-    return value
-
-
-def unbatch_info(info: dict[str, Any], i: int) -> dict[str, Any]:
-    """Env ``i``'s info out of a Gymnasium vector-env info dict (keys with their ``_key`` masks)."""
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if key.startswith("_"):
-            continue
-        mask = info.get("_" + key)
-        if mask is not None and not bool(mask[i]):
-            continue
-        if isinstance(value, dict):
-            out[key] = unbatch_info(value, i)
-        elif isinstance(value, np.ndarray):
-            out[key] = _py(value[i])
-        else:
-            out[key] = _py(value[i]) if isinstance(value, (list, tuple)) else value
-    return out
 
 
 def _finish(records: list[InvocationRecord], gamma: float, terminated: bool) -> None:
@@ -207,7 +178,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
         slots: list[_Slot | None] = []
         for k in range(n):
             if k < len(chunk):
-                eid = unbatch_info(info, k).get("episode_id") or f"ep{seeds[chunk[k]]}-{next(counter)}"
+                eid = sub_env_info(info, k).get("episode_id") or f"ep{seeds[chunk[k]]}-{next(counter)}"
                 slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid), seen))
             else:
                 slots.append(None)
@@ -225,7 +196,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
             obs, rewards, terms, truncs, info = venv.step(actions)
             for k in active:
                 slot, gen = slots[k], gens[k]
-                env_info = unbatch_info(info, k)
+                env_info = sub_env_info(info, k)
                 snapshot = env_info.get("invocation") or _minimal_snapshot(
                     (slot.env_episode_id, slot.turn), observations[k], gen.text, rewards[k])
                 slot.records.append(_make_record(gen, snapshot, float(rewards[k]), policy.tokenizer, slot))
@@ -233,7 +204,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
                     _finish(slot.records, gamma, bool(terms[k]))
                     episode_info = env_info.get("summary")
                     if episode_info is None and "final_info" in info:  # SAME_STEP autoreset
-                        episode_info = unbatch_info(info["final_info"], k).get("summary")
+                        episode_info = sub_env_info(info["final_info"], k).get("summary")
                     episode_info = {k2: v for k2, v in (episode_info or {}).items() if k2 != "snapshots"}
                     results[chunk[k]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
                     bar.update(1)

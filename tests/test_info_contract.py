@@ -1,0 +1,248 @@
+"""The info contract, uniform across steps and envs, and memenv under the ecosystem's wrappers.
+
+- every step of an env returns the same ``info["invocation"]`` keys with the same types (a vector env
+  batches each key into one array: an int array cannot take a None, and a dict cannot mix with a None);
+- :func:`memenv.vector.sub_env_info` gives back exactly what the sub-env wrote, and None-safe access on a
+  NEXT_STEP reset step, where the vector info has no ``"invocation"`` at all;
+- the Text spaces print short, still pickle, and warn when ``AsyncVectorEnv(shared_memory=True)`` is built;
+- under Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor`` (single and vector), ``info["episode"]``
+  is theirs and ``info["summary"]`` keeps memenv's F1 and snapshots.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from gymnasium.vector.utils import create_shared_memory
+
+import memenv  # noqa: F401 - registers the environments
+from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family
+from memenv.base import SHARED_MEMORY_WARNING, MemText
+from memenv.registration import ENVIRONMENTS
+from memenv.vector import sub_env_info
+from memenv.wrappers import MemQANumeric, masked_random_action
+
+ROOT = Path(__file__).resolve().parents[1]
+NONE_ALLOWED = {"tool", "tool_input", "error"}  # object arrays in a vector env: None mixes with str there
+ANSWER = "<memory>m</memory><answer>nobody</answer>"
+
+
+def _kwargs(env_id: str, data_paths: dict[str, str]) -> dict:
+    dataset = ENVIRONMENTS[env_id][1].get("dataset")
+    return {"data_path": data_paths[dataset]} if dataset else {}
+
+
+def _invocations(env_id: str, kwargs: dict, seed: int) -> list[dict]:
+    """Every invocation of one episode: a malformed action, an empty memory rewrite, then the oracle."""
+    env = gym.make(env_id, **kwargs)
+    policy = STRATEGY_FAMILIES[env_family(env_id)]["oracle"]()
+    obs, _ = env.reset(seed=seed)
+    policy.reset(env.unwrapped)
+    found = []
+    for action in ("not protocol text", "<memory></memory>"):
+        obs, _, terminated, truncated, info = env.step(action)
+        found.append(info["invocation"])
+    while not (terminated or truncated):
+        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        found.append(info["invocation"])
+    env.close()
+    return found
+
+
+@pytest.mark.parametrize("env_id", ["MemQA-v0", "MemQA-Hotpot-v0", "MemRead-v0", "MemDialog-v0",
+                                    "MemDialog-LoCoMo-v0"])
+def test_every_step_has_the_same_invocation_keys_and_types(env_id, data_paths):
+    kwargs = _kwargs(env_id, data_paths)
+    steps = _invocations(env_id, kwargs, seed=1) + _invocations(env_id, kwargs, seed=2)
+    tools = {s["tool"] for s in steps}
+    assert "answer" in tools and None in tools and len(steps) >= 4  # the contract is checked on every kind
+    keys = set(steps[0])
+    assert all(set(s) == keys for s in steps), [sorted(set(s) ^ keys) for s in steps]
+    assert {"retrieved_ids", "answer_f1", "answer_em", "memory_truncated_tokens"} <= keys
+    for key in keys:
+        kinds = {type(s[key]) for s in steps} - {type(None)}
+        assert len(kinds) <= 1, (key, kinds)  # one type per key: vector envs batch it into one array
+        if key not in NONE_ALLOWED:
+            assert all(s[key] is not None for s in steps), key
+    for s in steps:
+        assert s["retrieved_ids"] == [] or s["tool"] == "search"
+        assert (s["answer_f1"] != []) == (s["tool"] == "answer")
+        assert len(s["answer_em"]) == len(s["answer_f1"])
+    if env_id.startswith("MemQA"):
+        assert any(s["retrieved_ids"] for s in steps)
+    final = steps[-1]
+    assert final["tool"] == "answer" and final["answer_f1"] and all(0.0 <= f <= 1.0 for f in final["answer_f1"])
+
+
+def test_sub_env_info_returns_what_the_env_wrote_and_none_on_a_reset_step():
+    fns = [functools.partial(gym.make, "MemQA-v0", objectives=1) for _ in range(2)]
+    vec = SyncVectorEnv(fns)
+    single = gym.make("MemQA-v0", objectives=1)
+    try:
+        vec.reset(seed=5)
+        single.reset(seed=5)  # sub-env 0 gets seed 5
+        actions = ("<memory>a</memory><search>the capital</search>", ANSWER)
+        _, _, terminated, _, info = vec.step(actions)
+        _, _, _, _, expected = single.step(actions[0])
+        assert sub_env_info(info, 0)["invocation"] == expected["invocation"]  # Python values, as written
+        assert terminated.tolist() == [False, True]
+        assert sub_env_info(info, 1)["summary"]["answered"] is True
+        _, _, terminated, _, info = vec.step((ANSWER, "ignored: the reset step"))
+        assert sub_env_info(info, 1).get("invocation") is None and "invocation" in sub_env_info(info, 0)
+        # both reset on the same step: no sub-env produced an invocation, and the key is absent altogether
+        vec.reset(seed=6)
+        _, _, terminated, _, info = vec.step((ANSWER, ANSWER))
+        assert terminated.all()
+        _, _, _, _, info = vec.step(("ignored", "ignored"))
+        assert "invocation" not in info
+        assert [sub_env_info(info, i).get("invocation") for i in range(2)] == [None, None]
+    finally:
+        vec.close()
+
+
+def test_text_spaces_print_short_and_still_work():
+    env = gym.make("MemQA-v0")
+    space = env.observation_space
+    assert isinstance(space, MemText) and isinstance(space, gym.spaces.Text)
+    text = repr(space)
+    assert len(text) < 100 and "1000000" in text and f"{len(space.character_set):,} characters" in text
+    assert str(env.action_space).startswith("MemText(0, 100000,")
+    clone = pickle.loads(pickle.dumps(space))
+    assert type(clone) is MemText and clone == space and clone.contains("<task> a question")
+    assert not space.contains("\x00") and space.contains(space.sample(mask=(50, None)))
+    batched = gym.vector.utils.batch_space(space, 3)
+    assert len(repr(batched)) < 400
+    env.close()
+
+
+def test_shared_memory_allocation_warns_and_the_documented_path_does_not():
+    space = gym.make("MemQA-v0").observation_space
+    with pytest.warns(RuntimeWarning, match="shared_memory=False") as record:
+        buffer = create_shared_memory(space, n=2)  # what AsyncVectorEnv(shared_memory=True) calls
+    assert str(record[0].message) == SHARED_MEMORY_WARNING and len(buffer) == 2 * space.max_length
+    fns = [functools.partial(gym.make, "MemQA-v0", objectives=1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at all on the documented paths
+        vec = AsyncVectorEnv(fns, shared_memory=False)
+        obs, _ = vec.reset(seed=0)
+        vec.close()
+        SyncVectorEnv(fns).close()
+    assert obs[0].startswith("<task>")
+
+
+def test_shared_memory_warning_is_shown_once_per_process():
+    code = textwrap.dedent("""
+        import functools, gymnasium as gym, memenv
+        from gymnasium.vector import AsyncVectorEnv
+        for _ in range(2):
+            AsyncVectorEnv([functools.partial(gym.make, "MemQA-v0", objectives=1)]).close()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("RuntimeWarning: AsyncVectorEnv(shared_memory=True)") == 1
+
+
+# ----------------------------------------------------------------------------- the ecosystem's wrappers
+def _oracle_episode(env, seed: int = 0) -> dict:
+    base = env.unwrapped
+    obs, _ = env.reset(seed=seed)
+    action = "<memory>m</memory><answer>" + "; ".join(q.answers[0] for q in base.questions) + "</answer>"
+    obs, _, terminated, truncated, info = env.step("<memory>m</memory><search>the capital</search>")
+    assert not (terminated or truncated)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert terminated and reward == 1.0
+    return info
+
+
+def _check_summary(summary: dict, turns: int = 2) -> None:
+    assert summary["f1"] == 1.0 and summary["em"] == 1.0 and summary["turns"] == turns
+    assert [s["turn"] for s in summary["snapshots"]] == list(range(1, turns + 1))
+
+
+def test_gymnasium_record_episode_statistics_single():
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make("MemQA-v0", objectives=1))
+    for seed in range(2):  # the second episode too: nothing raises at or after the first episode end
+        info = _oracle_episode(env, seed)
+        assert info["episode"]["l"] == 2 and info["episode"]["r"] == 1.0
+        _check_summary(info["summary"])
+
+
+def test_sb3_monitor_single(tmp_path):
+    monitor = pytest.importorskip("stable_baselines3.common.monitor")
+    env = monitor.Monitor(gym.make("MemQA-v0", objectives=1), filename=str(tmp_path / "run"))
+    for seed in range(2):
+        info = _oracle_episode(env, seed)
+        assert info["episode"]["l"] == 2 and info["episode"]["r"] == 1.0
+        _check_summary(info["summary"])
+    assert env.get_episode_rewards() == [1.0, 1.0]
+    env.close()
+
+
+def test_gymnasium_record_episode_statistics_vector():
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    fns = [functools.partial(gym.make, "MemQA-v0", objectives=1) for _ in range(2)]
+    vec = RecordEpisodeStatistics(SyncVectorEnv(fns))
+    try:
+        vec.reset(seed=0)
+        search = "<memory>m</memory><search>the capital</search>"
+        _, _, _, _, info = vec.step((ANSWER, search))  # the first episode end (used to raise ValueError)
+        assert info["_episode"].tolist() == [True, False] and info["episode"]["l"][0] == 1
+        assert info["_summary"].tolist() == [True, False]
+        summary = sub_env_info(info, 0)["summary"]
+        assert summary["f1"] == 0.0 and len(summary["snapshots"]) == 1 and summary["answered"]
+        gold = "; ".join(q.answers[0] for q in vec.unwrapped.envs[1].unwrapped.questions)
+        _, _, terminated, _, info = vec.step(("ignored", f"<memory>m</memory><answer>{gold}</answer>"))
+        assert terminated.tolist() == [False, True] and info["episode"]["r"][1] == 1.0
+        assert info["episode"]["l"][1] == 2
+        _check_summary(sub_env_info(info, 1)["summary"])
+        for _ in range(3):  # keep going across further episode ends
+            vec.step((ANSWER, ANSWER))
+    finally:
+        vec.close()
+
+
+def test_sb3_vector_monitor_keeps_the_summary():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    for vec in (make_vec_env(MemQANumeric, n_envs=2, seed=0),  # Monitor per sub-env
+                VecMonitor(make_vec_env(MemQANumeric, n_envs=2, seed=0, wrapper_class=None))):
+        # make_vec_env always wraps in Monitor; VecMonitor on top then records too: both must keep "summary"
+        rng = np.random.default_rng(0)
+        vec.reset()
+        ended = []
+        for _ in range(200):
+            actions = [masked_random_action(_unwrap(vec, i), rng) for i in range(2)]
+            _, _, dones, infos = vec.step(np.array(actions))
+            ended += [info for info, done in zip(infos, dones) if done]
+            if len(ended) >= 3:
+                break
+        assert len(ended) >= 3
+        for info in ended:
+            assert set(info["episode"]) >= {"r", "l", "t"}
+            summary = info["summary"]
+            assert 0.0 <= summary["f1"] <= 1.0 and info["f1"] == summary["f1"]
+            assert len(summary["snapshots"]) == summary["turns"] >= 1
+        vec.close()
+
+
+def _unwrap(vec, i: int):
+    """The MemQANumeric wrapper of sub-env ``i`` of an SB3 (Vec)Monitor'd DummyVecEnv."""
+    inner = vec.venv if hasattr(vec, "venv") else vec
+    env = inner.envs[i]
+    while not isinstance(env, MemQANumeric):
+        env = env.env
+    return env
