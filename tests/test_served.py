@@ -157,3 +157,16 @@ def test_strategy_names_on_the_command_line():
         ServedSpec.parse("openai:no-url")
     with pytest.raises(ValueError, match="concurrency must be >= 1"):
         ServedPolicy("openai:m@localhost:1", concurrency=0)
+
+
+def test_bench_cli_with_a_server_that_is_down_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+    from memenv.cli import main
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--strategies", f"openai:m@http://127.0.0.1:{port}", "-n", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"127.0.0.1:{port}" in err.strip().splitlines()[-1]
+    assert not list(tmp_path.iterdir())
