@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from memenv.context import count_words
 from memenv.search import make_backend
 
@@ -178,13 +180,30 @@ class MemoryStore:
         self._index = None
 
     def search(self, query: str, k: int) -> list[int]:
-        """Ids of the at most ``k`` best entries for ``query`` (BM25; entries sharing no term are not returned)."""
+        """Ids of the at most ``k`` best entries for ``query``, best first; entries sharing no term are not returned.
+
+        BM25 (Okapi, :class:`memenv.search.BM25Sparse`) ranks first. Okapi's idf is 0 or negative for a term in
+        half or more of the entries, so in a tiny store a real match can score <= 0: entries that share a query
+        term but score <= 0 follow the positive ones, by the number of query terms they share (then oldest first).
+        """
         if not self.entries:
             return []
         if self._index is None:
             self._index_ids = list(self.entries)
             self._index = make_backend(self.backend, [self.entries[i] for i in self._index_ids])
-        return [self._index_ids[i] for i in self._index.search(query, k)]
+        index = self._index
+        scores = index.scores(query)
+        shared = np.zeros(len(scores), dtype=np.int64)
+        indptr, indices = index.matrix.indptr, index.matrix.indices
+        for term in set(index.tokenizer(query)):
+            row = index.vocab.get(term)
+            if row is not None:
+                shared[indices[indptr[row]:indptr[row + 1]]] += 1
+        candidates = np.flatnonzero(shared > 0)
+        positive = scores[candidates] > 0
+        # lexsort: the last key sorts first: positives first, then score, then shared terms, then oldest
+        order = np.lexsort((candidates, -shared[candidates], -np.where(positive, scores[candidates], 0.0), ~positive))
+        return [self._index_ids[int(d)] for d in candidates[order[:k]]]
 
     def summary(self) -> str:
         budget = "no limit" if self.budget is None else str(self.budget)
