@@ -8,7 +8,8 @@ Judge-free (the default; **an approximation of BEAM's official score, not the of
   reference order and the order in which the answer mentions the items (:func:`event_order_score`);
 * every other ability: *rubric-nugget recall* (:func:`nugget_recall`): each rubric item, stripped of BEAM's
   "LLM response should ...:" lead, is matched against the answer by SQuAD token F1 (the best F1 over the
-  answer's sentences and lines and the whole answer), and the matches are averaged.
+  answer's sentences, lines, the whole answer and its runs of as many tokens as the nugget), and the matches
+  are averaged.
 
 With a judge (``judge="openai:MODEL@URL"``, :class:`OpenAIJudge`): each rubric item is graded 0 / 0.5 / 1 by
 the model (BEAM's nugget judging; 0.5 stays 0.5) and the grades are averaged; event ordering keeps the tau
@@ -48,11 +49,24 @@ def _segments(answer: str) -> list[str]:
     return parts + [answer]
 
 
+def _windows(answer: str, size: int) -> list[str]:
+    tokens = normalize_answer(answer).split()
+    if len(tokens) <= size:
+        return []
+    return [" ".join(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
+
+
 def nugget_scores(answer: str | None, rubric: Sequence[str]) -> list[float]:
-    """Per rubric item: the best token F1 between the item's nugget and a sentence/line of ``answer`` (or the
-    whole answer)."""
+    """Per rubric item: the best token F1 between the item's nugget and a part of ``answer``: a sentence, a
+    line, the whole answer, or any run of as many tokens as the nugget has (so a nugget stated inside a longer
+    sentence is matched, as a judge would, rather than diluted by the sentence's other words)."""
     segments = _segments(answer or "")
-    return [max(f1_score(seg, rubric_nugget(item)) for seg in segments) for item in rubric]
+    scores = []
+    for item in rubric:
+        nugget = rubric_nugget(item)
+        parts = segments + _windows(answer or "", max(1, len(normalize_answer(nugget).split())))
+        scores.append(max(f1_score(part, nugget) for part in parts))
+    return scores
 
 
 def nugget_recall(answer: str | None, rubric: Sequence[str]) -> float:

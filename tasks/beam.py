@@ -18,7 +18,8 @@ Malformed input raises :class:`~tasks.types.DataFormatError` naming the file, th
 ``batch_number``) and, inside it, the turn and message index, or the ability and question index.
 
 The synthetic generator (:class:`SyntheticBeamChat`) writes a user talking to an assistant over dated batches:
-long filler exchanges (how-to questions and long answers, so the chat reaches 128K to 10M whitespace tokens)
+long filler exchanges (how-to questions, often after a first-person statement that looks like a fact but is
+never asked about, and long answers, so the chat reaches 128K to 10M whitespace tokens)
 with, at planned places, personal facts that are stated, updated, contradicted, ordered in time, preferences
 and instructions the assistant must follow later, and none of what the abstention questions ask about. Each
 of the ten abilities (:data:`ABILITIES`) gets ``questions_per_ability`` questions with a reference, a rubric and
@@ -404,6 +405,15 @@ _FILLER = (
 )
 _USER_OPENERS = ("Can you explain how to handle {t}?", "I have a question about {t}.", "What is the best way to deal with {t}?",
                  "Could you give me tips on {t}?", "I was wondering about {t} today.")
+# First-person statements in filler messages that look like facts but are never asked about: they compete
+# with the real facts for a relevance-pruned store and for retrieval.
+_DISTRACTORS = ("My neighbour {n} just adopted a {a}.", "My colleague's name is {n}, and she loves {a}s.",
+                "My {thing} costs {k} dollars a year.", "Today I cleaned the {thing} with my friend {n}.",
+                "I much prefer {a}s over cats, says my friend {n}.", "My classmate {n} visited Oslo last {month}.",
+                "I have never tried to repair a {thing} before.", "This week I finally sorted my {thing} receipts.")
+_ANIMALS = ("parrot", "beagle", "hamster", "tortoise", "kitten", "goldfish")
+_THINGS = ("garage", "bike", "balcony", "printer", "attic", "car seat", "desk", "aquarium")
+_MONTHS = ("January", "March", "June", "October")
 _ACKS = ("Thanks for telling me, I will keep that in mind.", "Noted, that is good to know.",
          "Got it, I will remember that for later.", "Thank you for the update.")
 
@@ -582,7 +592,12 @@ class SyntheticBeamChat:
                           message("assistant", f"{rng.choice(_ACKS)} " + self._filler(rng, 60))))
         while budget > 0:
             topic = str(rng.choice(_TOPICS))
-            turns.append((message("user", str(rng.choice(_USER_OPENERS)).format(t=topic)),
+            ask = str(rng.choice(_USER_OPENERS)).format(t=topic)
+            if rng.random() < 0.5:
+                ask = str(rng.choice(_DISTRACTORS)).format(
+                    n=str(rng.choice(_NAMES)), a=str(rng.choice(_ANIMALS)), thing=str(rng.choice(_THINGS)),
+                    k=int(rng.integers(20, 400)), month=str(rng.choice(_MONTHS))) + " " + ask
+            turns.append((message("user", ask),
                           message("assistant", f"Here is how to approach {topic}. " + self._filler(rng, min(900, max(40, budget))))))
         return BeamBatch(b, b + 1, date, tuple(turns))
 

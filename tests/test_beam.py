@@ -143,8 +143,11 @@ def test_nugget_recall_matches_direct_computation() -> None:
     answer = "Your sister is Maya. You moved to Lisbon in May."
     rubric = ["LLM response should state: Maya", "LLM response should mention: moved to Porto"]
     assert rubric_nugget(rubric[0]) == "Maya"
-    direct = [max(f1_score(s, n) for s in ("Your sister is Maya.", "You moved to Lisbon in May.", answer))
+    words = "your sister is maya you moved to lisbon in may".split()
+    windows = {n: [" ".join(words[i:i + k]) for i in range(len(words) - k + 1)] for n, k in (("Maya", 1), ("moved to Porto", 3))}
+    direct = [max(f1_score(s, n) for s in ["Your sister is Maya.", "You moved to Lisbon in May.", answer] + windows[n])
               for n in ("Maya", "moved to Porto")]
+    assert direct == [1.0, pytest.approx(2 / 3)]
     assert nugget_recall(answer, rubric) == pytest.approx(sum(direct) / 2)
     assert 0 < nugget_recall(answer, rubric) < 1
 

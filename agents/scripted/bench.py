@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 import memenv  # noqa: F401 - registers the environments
 from agents.files import write_atomic
-from agents.scripted.qa_strategies import STRATEGIES, make_strategy
+from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, make_strategy
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
@@ -107,7 +107,7 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     for spec in specs:
         for name in strategies:
             policy = make_strategy(name, spec.env_id)
-            kwargs = {"context": policy.context, **spec.kwargs}
+            kwargs = {"context": policy.context, **getattr(policy, "env_kwargs", {}), **spec.kwargs}
             env = gym.make(spec.env_id, **kwargs)
             steps, start = 0, time.perf_counter()
             cell = []
@@ -119,6 +119,7 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
                     "peak_context_tokens": episode["peak_context_tokens"],
                     "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
                     "invalid_actions": episode["invalid_actions"], "answered": episode["answered"],
+                    **_ability_scores(episode),
                 })
                 bar.update(1)
             elapsed = time.perf_counter() - start
@@ -130,10 +131,19 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
                 "total_context_tokens": frame.total_context_tokens.mean(), "invocations": frame.invocations.mean(),
                 "invalid_rate": frame.invalid_actions.sum() / max(1, frame.invocations.sum()),
                 "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
+                **{c: frame[c].mean() for c in frame.columns if c.startswith("score")},
             })
             rows.extend(cell)
     bar.close()
-    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(rows)
+    extra = sorted({c for row in summary for c in row if c.startswith("score")}, key=lambda c: (c != "score", c))
+    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS + extra), pd.DataFrame(rows)
+
+
+def _ability_scores(episode: dict[str, Any]) -> dict[str, float]:
+    """MemDialog-BEAM: the episode's score and its score per ability (extra ``score``/``score:<ability>`` columns)."""
+    if "score_by_ability" not in episode:
+        return {}
+    return {"score": episode["score"], **{f"score:{a}": v for a, v in episode["score_by_ability"].items()}}
 
 
 def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
@@ -227,11 +237,16 @@ def format_sweep(table: pd.DataFrame, key: str) -> str:
     for env, part in table.groupby("env", sort=False):
         order = list(dict.fromkeys(part.strategy))
         values = list(dict.fromkeys(part[key]))
-        for metric, fmt in (("f1", "{:.3f}"), ("peak_context_tokens", "{:.0f}")):
+        for metric, fmt in ((_main_metric(part), "{:.3f}"), ("peak_context_tokens", "{:.0f}")):
             pivot = part.pivot(index=key, columns="strategy", values=metric).reindex(index=values)[order]
             text = pivot.to_string(float_format=lambda v, f=fmt: f.format(v))
             blocks.append(f"{env}: {metric} vs {key}\n{text}")
     return "\n\n".join(blocks)
+
+
+def _main_metric(table: pd.DataFrame) -> str:
+    """``score`` (MemDialog-BEAM) where every row has one, else ``f1``."""
+    return "score" if "score" in table and table["score"].notna().all() else "f1"
 
 
 def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
@@ -255,9 +270,9 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
             line = part[part.strategy == name]
             xs = [positions[v] for v in line[key]]
             style = dict(color=colors[name], marker=markers[i % len(markers)], label=name, alpha=0.9)
-            row[0].plot(xs, line.f1, **style)
+            row[0].plot(xs, line[_main_metric(part)], **style)
             row[1].plot(xs, line.peak_context_tokens, **style)
-        row[0].set_ylabel("F1")
+        row[0].set_ylabel(_main_metric(part))
         row[0].set_ylim(-0.05, 1.08)
         row[1].set_ylabel("peak context tokens (mean per episode)")
         for ax in row:
@@ -282,6 +297,7 @@ def format_table(summary: pd.DataFrame) -> str:
     digits = {"f1": 3, "em": 3, "peak_context_tokens": 0, "total_context_tokens": 0, "invocations": 1,
               "invalid_rate": 3, "steps_per_s": 0}
     shown = summary.copy()
+    digits.update({c: 3 for c in shown.columns if c.startswith("score")})
     for column, n in digits.items():
         if column in shown:
             shown[column] = shown[column].map(lambda v, n=n: f"{v:.{n}f}")
@@ -320,7 +336,8 @@ def register_cli(subparsers) -> None:
     """Adds ``memenv bench`` (entry point ``memenv.commands``)."""
     parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+                        choices=sorted({name for family in STRATEGY_FAMILIES.values() for name in family}))
     parser.add_argument("--envs", nargs="+", default=None,
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
                              f"with --sweep: {' '.join(SWEEP_ENVS)})")
