@@ -177,7 +177,6 @@ def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iter
         def fill() -> bool:
             nonlocal buf, pos, eof, chunk
             data = f.read(chunk)
-            chunk = min(chunk * 2, 1 << 24)  # a huge batch costs O(size) reads, not O(size^2 / read_size)
             if not data:
                 eof = True
                 return False
@@ -210,10 +209,13 @@ def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iter
                     raw, end = decoder.raw_decode(buf, pos)
                     break
                 except json.JSONDecodeError as err:
+                    # The batch runs past the buffer: read more, doubling the read size so a huge batch costs
+                    # O(size) reads rather than O(size^2 / read_size); back to read_size after it.
+                    chunk = min(chunk * 2, 1 << 24)
                     if eof or not fill():
                         line_hint = f" ({err.msg})"
                         raise DataFormatError(f"{_where(path, position)}: invalid or truncated JSON{line_hint}") from None
-            pos = end
+            pos, chunk = end, read_size
             yield _parse_batch(raw, path, position)
             position += 1
             skip_ws()

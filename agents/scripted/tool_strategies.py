@@ -111,6 +111,9 @@ class ToolReader:
         return f"{question} {' '.join(sorted(self.topical(question)))}{extra}"
 
     def answer(self, question: str, entries: list[str]) -> str:
+        """The answer from ``entries`` (``[date] Role: text``, oldest first): the sentences on the question's topic
+        in time order; a count or a number of days for "how many" questions; the abstention answer when no entry
+        covers half of the question's topical terms."""
         if question.lower().startswith("can you recommend"):
             stated = [s for text in entries for s in _SENTENCE.split(_ROLE.sub("", _DATED.sub("", text)))
                       if "prefer" in s.lower()]
@@ -129,7 +132,7 @@ class ToolReader:
         if not scored or max(best for _, best, _ in scored) < max(1, (len(terms) + 1) // 2):
             return ABSTENTION_ANSWER
         keep = max(1, (len(terms) + 1) // 2)
-        relevant = sorted(((d, s) for d, best, ss in scored if best >= keep for s in ss), key=lambda x: x[0])
+        relevant = [(d, s) for d, best, ss in scored if best >= keep for s in ss]
         lowered = question.lower()
         if lowered.startswith("how many days"):
             dates = sorted({d for d, _ in relevant if d})
@@ -188,7 +191,8 @@ class _ToolPolicy(ScriptedPolicy):
                 self._question = j
                 # The question plus its topical stems, so "comics" also finds "comic" (BM25 does not stem).
                 return format_tool_call("mem_search", self.reader.query(question))
-            entries = [text for _, text in _ENTRY.findall(view.result)]
+            # Entry ids grow with insertion, and every strategy stores in chat order: id order is time order.
+            entries = [text for _, text in sorted(_ENTRY.findall(view.result), key=lambda e: int(e[0]))]
             return format_tool_call("answer", self.reader.answer(question, entries))
         return format_tool_call("next")
 
