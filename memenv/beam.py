@@ -8,9 +8,7 @@ streamed: one batch (= one session) is held at a time, so memory stays flat up t
 
 Two memory modes (``memory_mode=``):
 
-* ``rewrite`` (MemDialog's protocol, :mod:`memenv.protocol`): after each session ``<memory>…</memory>``;
-  each question ``[<memory>…</memory>]<answer>…</answer>``.
-* ``tools`` (:mod:`memenv.memory_tools`): the memory is a store of entries under ``memory_budget`` tokens;
+* ``tools`` (the default; :mod:`memenv.memory_tools`): the memory is a store of entries under ``memory_budget`` tokens;
   each action is one tool call (``<mem_add>``, ``<mem_update id=N>``, ``<mem_delete id=N/>``,
   ``<mem_search>``), ``<next/>`` ends a session, ``<answer>`` answers the question shown. At most
   ``max_tool_calls`` calls per session or question (then the env moves on by itself).
@@ -44,7 +42,7 @@ from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.scoring import best_em_f1
-from tasks.beam import ABILITIES, BeamBatch, BeamConversation, SyntheticBeamChat, find_conversations
+from tasks.beam import ABILITIES, BatchStream, BeamBatch, BeamConversation, SyntheticBeamChat, find_conversations
 from tasks.conversations import ABSTENTION_ANSWER
 from tasks.types import Question
 
@@ -92,7 +90,7 @@ class MemDialogBeamEnv(MemEnvBase):
         questions_per_ability: synthetic: questions per ability (1..4).
         questions: questions per episode, stratified over abilities (``None``: all).
         abilities: keep only questions of these abilities (:data:`tasks.beam.ABILITIES`).
-        memory_mode: ``rewrite`` or ``tools``.
+        memory_mode: ``tools`` (default) or ``rewrite``.
         memory_budget: tokens of memory (rewrite: 256; tools: 32,768 by default).
         search_k: entries a ``<mem_search>`` returns.
         max_tool_calls: tools mode: calls per session or question before the env moves on.
@@ -114,7 +112,7 @@ class MemDialogBeamEnv(MemEnvBase):
         questions_per_ability: int = 2,
         questions: int | None = None,
         abilities: tuple[str, ...] | list[str] | None = None,
-        memory_mode: str = "rewrite",
+        memory_mode: str = "tools",
         memory_budget: int | None = None,
         search_k: int = 8,
         max_tool_calls: int = 256,
@@ -137,7 +135,8 @@ class MemDialogBeamEnv(MemEnvBase):
                          memory_budget=None if memory_mode == "tools" else budget,
                          invalid_penalty=invalid_penalty, render_mode=render_mode)
         if memory_mode == "tools" and not self.mode.uses_memory:
-            raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}")
+            raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}; "
+                             "use memory_mode='rewrite' with other context modes")
         for name, value, low in (("questions", questions, 1), ("search_k", search_k, 1),
                                  ("max_tool_calls", max_tool_calls, 1), ("max_turns", max_turns, 1),
                                  ("memory_budget", budget, 1)):
@@ -284,7 +283,7 @@ class MemDialogBeamEnv(MemEnvBase):
             self.source = SyntheticBeamChat(int(self.np_random.integers(2**31)), self.chat_tokens, self.questions_per_ability)
             self._n_sessions = self.source.n_batches
         self.questions = self._select_questions(list(self.source.questions))
-        self._batches = self.source.iter_batches()
+        self._batches = BatchStream(self.source)
         self._batch = next(self._batches)
         self._session, self._question, self._calls, self._phase = 0, 0, 0, "read"
         self._result, self._retrieved = "", []

@@ -47,6 +47,7 @@ __all__ = [
     "BeamBatch",
     "BeamConversation",
     "BeamMessage",
+    "BatchStream",
     "SyntheticBeamChat",
     "find_conversations",
     "iter_chat_batches",
@@ -340,8 +341,32 @@ class BeamConversation:
             raise DataFormatError(f"{questions_file}: no probing questions")
         return cls(path, questions, n_batches, n_messages, n_tokens, path.name)
 
-    def iter_batches(self) -> Iterator[BeamBatch]:
-        return iter_chat_batches(self.path / CHAT_FILE)
+    def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
+        """The batches from position ``start`` on (earlier ones are parsed and dropped: the file is streamed)."""
+        return (b for b in iter_chat_batches(self.path / CHAT_FILE) if b.position >= start)
+
+
+class BatchStream:
+    """An iterator over a chat's batches that survives pickling (vector envs copy envs mid-episode): it keeps
+    the source and the next position; after unpickling it re-opens the source there."""
+
+    def __init__(self, source: "BeamConversation | SyntheticBeamChat", start: int = 0) -> None:
+        self.source = source
+        self.next_position = start
+        self._iterator: Iterator[BeamBatch] | None = None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> BeamBatch:
+        if self._iterator is None:
+            self._iterator = self.source.iter_batches(self.next_position)
+        batch = next(self._iterator)
+        self.next_position = batch.position + 1
+        return batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "next_position": self.next_position, "_iterator": None}
 
 
 def find_conversations(data_path: str | os.PathLike) -> list[Path]:
@@ -615,8 +640,8 @@ class SyntheticBeamChat:
                 break
         return " ".join(out)
 
-    def iter_batches(self) -> Iterator[BeamBatch]:
-        for b in range(self.n_batches):
+    def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
+        for b in range(start, self.n_batches):
             yield self.render_batch(b)
 
 

@@ -228,7 +228,7 @@ def test_tool_call_limit_moves_on() -> None:
     assert "limit 2 reached" in info["invocation"]["tool_output"] and env._session == 1
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"memory_mode": "tools"}, {"context": "history"}])
+@pytest.mark.parametrize("kwargs", [{}, {"memory_mode": "rewrite"}, {"memory_mode": "rewrite", "context": "history"}])
 def test_check_env(kwargs) -> None:
     env = gym.make("MemDialog-BEAM-v0", chat_tokens=8_000, **kwargs)
     check_env(env.unwrapped)
@@ -251,12 +251,14 @@ def test_data_path_env_and_bad_kwargs(tmp_path: Path) -> None:
         MemDialogBeamEnv(memory_mode="vector")
     with pytest.raises(ValueError, match="conversation must be an int in 0..0"):
         MemDialogBeamEnv(data_path=root, conversation=3)
+    with pytest.raises(ValueError, match="memory_mode='tools' needs context='memory'"):
+        MemDialogBeamEnv(context="history")
     with pytest.raises(ValueError, match="abilities must be a non-empty subset"):
         MemDialogBeamEnv(abilities=["telepathy"])
 
 
 def test_strategy_refinement_carries_across_episodes() -> None:
-    env = MemDialogBeamEnv(chat_tokens=8_000, questions=1, refine_strategy=True)
+    env = MemDialogBeamEnv(chat_tokens=8_000, questions=1, refine_strategy=True, memory_mode="rewrite")
     for episode in range(2):
         obs, info = env.reset(seed=episode)
         if episode == 1:
@@ -376,7 +378,7 @@ def test_streaming_holds_one_batch(tmp_path) -> None:
     """The env pulls batches from a generator: after reading k sessions, k+1 batches were parsed, not all."""
     chat = SyntheticBeamChat(5, 30_000, questions_per_ability=1)
     root = write_beam_directory(chat, tmp_path / "conv")
-    env = MemDialogBeamEnv(data_path=root)
+    env = MemDialogBeamEnv(data_path=root, memory_mode="rewrite")
     env.reset(seed=0)
     pulled = []
     inner = env._batches
@@ -384,3 +386,8 @@ def test_streaming_holds_one_batch(tmp_path) -> None:
     for _ in range(3):
         env.step("<memory>x</memory>")
     assert pulled == [1, 2, 3] and env.n_sessions == chat.n_batches > 4
+    env._batches = inner
+    import pickle
+    clone = pickle.loads(pickle.dumps(env))  # mid-episode: the copy re-opens chat.json where the env was
+    obs = [e.step("<memory>x</memory>")[0] for e in (env, clone)]
+    assert obs[0] == obs[1] and "[session 5/" in obs[1]

@@ -301,8 +301,8 @@ class OraclePolicy(_ToolPolicy):
 
 TOOL_STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
     "oracle": OraclePolicy,
-    "rag": RagPolicy,
     "relevance": RelevancePolicy,
+    "rag": RagPolicy,
     "recency": RecencyPolicy,
 }
 
