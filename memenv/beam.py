@@ -35,15 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from memenv.base import MemEnvBase, sanitize
+from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.beam_scoring import make_judge, score_beam_answer
 from memenv.context import TokenCounter
 from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.scoring import best_em_f1
-from tasks.beam import ABILITIES, BatchStream, BeamBatch, BeamConversation, SyntheticBeamChat, find_conversations
-from tasks.conversations import ABSTENTION_ANSWER
+from memenv.memdialog import _load_locomo
+from tasks.beam import (ABILITIES, BatchStream, BeamBatch, BeamConversation, ConversationSource, SyntheticBeamChat,
+                        find_conversations)
+from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation
+from tasks.locomo import CATEGORY_TYPES
 from tasks.types import Question
 
 __all__ = ["MemDialogBeamEnv"]
@@ -84,7 +87,11 @@ class MemDialogBeamEnv(MemEnvBase):
     """BEAM long-conversation memory with a rewrite or a tool-based memory (see the module docstring).
 
     Args:
-        data_path: a BEAM conversation directory or a folder of them (default: synthetic chats).
+        data_path: a BEAM conversation directory or a folder of them (default: synthetic chats); with
+            ``dataset="locomo"`` the LoCoMo JSON file.
+        dataset: ``beam`` (synthetic, or BEAM's layout with ``data_path``), ``memdialog`` (MemDialog-v0's
+            synthetic conversations: ``sessions`` sessions) or ``locomo`` (the LoCoMo file): the tools mode and
+            its strategies then run over those conversations (their question types stand for the abilities).
         conversation: with ``data_path``: a fixed conversation index (default: drawn at each reset).
         chat_tokens: synthetic: the chat's length in whitespace tokens (4,000 to 10,000,000 and more).
         questions_per_ability: synthetic: questions per ability (1..4).
@@ -107,6 +114,8 @@ class MemDialogBeamEnv(MemEnvBase):
         self,
         data_path: str | os.PathLike | None = None,
         *,
+        dataset: str = "beam",
+        sessions: int = 8,
         conversation: int | None = None,
         chat_tokens: int = 128_000,
         questions_per_ability: int = 2,
@@ -143,10 +152,13 @@ class MemDialogBeamEnv(MemEnvBase):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"{name} must be an int >= {low}" + (" or None" if name in ("questions", "max_turns") else "")
                                  + f", got {value!r}")
+        if dataset not in ("beam", "memdialog", "locomo"):
+            raise ValueError(f"dataset must be 'beam', 'memdialog' or 'locomo', got {dataset!r}")
         if abilities is not None:
-            unknown = [a for a in abilities if a not in ABILITIES]
+            known = ABILITIES if dataset == "beam" else QUESTION_TYPES + tuple(CATEGORY_TYPES.values())
+            unknown = [a for a in abilities if a not in known]
             if unknown or not abilities:
-                raise ValueError(f"abilities must be a non-empty subset of {', '.join(ABILITIES)}; got {abilities!r}")
+                raise ValueError(f"abilities must be a non-empty subset of {', '.join(known)}; got {abilities!r}")
         if not isinstance(strategy, str):
             raise ValueError(f"strategy must be a string, got {type(strategy).__name__}")
         self.memory_mode = memory_mode
@@ -164,7 +176,24 @@ class MemDialogBeamEnv(MemEnvBase):
         self._max_turns_arg = max_turns
         self.chat_tokens = chat_tokens
         self.questions_per_ability = questions_per_ability
-        if data_path is not None:
+        self.n_dialog_sessions = sessions
+        self.conversations: tuple = ()
+        if dataset == "locomo":
+            path = required_data_file(data_path, "MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
+                                      "../shared/data/locomo/locomo10.json", "LoCoMo")
+            self.conversations = _load_locomo(path, os.path.getmtime(path))
+            self.paths = []
+            if conversation is not None and not 0 <= conversation < len(self.conversations):
+                raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")
+            self.dataset = "locomo"
+        elif dataset == "memdialog":
+            if data_path is not None or conversation is not None:
+                raise ValueError("dataset='memdialog' generates its conversations: no data_path= or conversation=")
+            if not isinstance(sessions, int) or sessions < 2:
+                raise ValueError(f"sessions must be an int >= 2, got {sessions!r}")
+            self.paths = []
+            self.dataset = "memdialog"
+        elif data_path is not None:
             self.paths = [str(p) for p in find_conversations(data_path)]
             if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, int)
                                              or not 0 <= conversation < len(self.paths)):
@@ -272,16 +301,22 @@ class MemDialogBeamEnv(MemEnvBase):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        if self.dataset == "beam":
+        if self.dataset == "locomo":
+            index = self.conversation_index
+            if index is None:
+                index = int(self.np_random.integers(len(self.conversations)))
+            self.source = ConversationSource(self.conversations[index])
+        elif self.dataset == "memdialog":
+            self.source = ConversationSource(generate_conversation(self.np_random, self.n_dialog_sessions, 20))
+        elif self.dataset == "beam":
             index = self.conversation_index
             if index is None:
                 index = int(self.np_random.integers(len(self.paths)))
             path = self.paths[index]
             self.source = _open_conversation(path, os.path.getmtime(os.path.join(path, "chat.json")))
-            self._n_sessions = self.source.n_batches
         else:
             self.source = SyntheticBeamChat(int(self.np_random.integers(2**31)), self.chat_tokens, self.questions_per_ability)
-            self._n_sessions = self.source.n_batches
+        self._n_sessions = self.source.n_batches
         self.questions = self._select_questions(list(self.source.questions))
         self._batches = BatchStream(self.source)
         self._batch = next(self._batches)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.conversations import Conversation
 from tasks.types import DataFormatError, Question
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "BeamConversation",
     "BeamMessage",
     "BatchStream",
+    "ConversationSource",
     "SyntheticBeamChat",
     "find_conversations",
     "iter_chat_batches",
@@ -81,10 +83,11 @@ class BeamMessage:
     content: str
     time_anchor: str | None = None
     question_type: str | None = None
+    speaker: str | None = None  # a named speaker (LoCoMo/MemDialog conversations); BEAM's are the roles
 
     def render(self) -> str:
-        """``User (#id): content`` (the line the env shows)."""
-        return f"{self.role.capitalize()} (#{self.id}): {self.content}"
+        """``User (#id): content`` (the line the env shows; the speaker's name instead of the role if set)."""
+        return f"{self.speaker or self.role.capitalize()} (#{self.id}): {self.content}"
 
 
 @dataclass(frozen=True)
@@ -344,6 +347,35 @@ class BeamConversation:
     def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
         """The batches from position ``start`` on (earlier ones are parsed and dropped: the file is streamed)."""
         return (b for b in iter_chat_batches(self.path / CHAT_FILE) if b.position >= start)
+
+
+@dataclass
+class ConversationSource:
+    """A :class:`tasks.conversations.Conversation` (MemDialog's synthetic ones, LoCoMo) seen as a BEAM chat:
+    one batch per session, one message per dialogue turn (``id`` = its ``dia_id``, the speaker's name shown), the
+    questions with ``meta["ability"]`` = their type, ``rubric`` = the gold answer and ``evidence`` = the
+    ``supporting_ids``. So the tools mode and its strategies run on MemDialog and LoCoMo conversations too."""
+
+    conversation: Conversation
+    questions: list[Question] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.conversation.id
+        self.n_batches = len(self.conversation.sessions)
+        self.n_messages = self.conversation.n_turns
+        self.questions = [Question(q.id, q.question, q.answers, q.supporting_ids, q.hops, q.kind,
+                                   {**q.meta, "ability": q.kind, "rubric": [q.answers[0]],
+                                    "evidence": list(q.supporting_ids), "abstention": bool(q.meta.get("abstention"))})
+                          for q in self.conversation.questions]
+        first = self.conversation.speakers[0] if self.conversation.speakers else None
+        self._roles = {first: "user"}
+
+    def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
+        for position, session in enumerate(self.conversation.sessions[start:], start):
+            turns = tuple((BeamMessage(self._roles.get(t.speaker, "assistant"), t.dia_id or f"{position}:{k}", k,
+                                       t.text, session.date, speaker=t.speaker),)
+                          for k, t in enumerate(session.turns))
+            yield BeamBatch(position, session.index, session.date, turns)
 
 
 class BatchStream:

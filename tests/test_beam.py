@@ -391,3 +391,23 @@ def test_streaming_holds_one_batch(tmp_path) -> None:
     clone = pickle.loads(pickle.dumps(env))  # mid-episode: the copy re-opens chat.json where the env was
     obs = [e.step("<memory>x</memory>")[0] for e in (env, clone)]
     assert obs[0] == obs[1] and "[session 5/" in obs[1]
+
+
+@pytest.mark.parametrize("dataset", ["memdialog", "locomo"])
+def test_tools_mode_on_memdialog_and_locomo_conversations(dataset: str, locomo_path: str) -> None:
+    from agents.scripted import make_strategy
+    from agents.scripted.bench import run_episode
+
+    kwargs = {"data_path": locomo_path} if dataset == "locomo" else {"sessions": 4}
+    policy = make_strategy("oracle", "MemDialog-BEAM-v0")
+    env = gym.make("MemDialog-BEAM-v0", dataset=dataset, questions=4, **kwargs)
+    check_env(env.unwrapped)
+    summary, _ = run_episode(env, policy, 0)
+    conv = env.unwrapped.source.conversation
+    evidence = {e for q in env.unwrapped.questions for e in q.supporting_ids if conv.turn(e) is not None}
+    assert summary["invalid_actions"] == 0 and summary["questions_answered"] == 4
+    assert summary["store_entries"] == len(evidence)  # the oracle found every evidence turn by its dia_id
+    speakers = {s for s in conv.speakers}
+    assert all(text.split("] ", 1)[1].split(":", 1)[0] in speakers for text in env.unwrapped.store.entries.values())
+    with pytest.raises(ValueError, match="abilities must be a non-empty subset of single-hop"):
+        MemDialogBeamEnv(dataset="memdialog", abilities=["summarization"])

@@ -33,7 +33,7 @@ __all__ = ["TOOL_STRATEGIES", "ToolReader", "read_tool_observation"]
 _SESSION = re.compile(r"<information>\[session (\d+)/(\d+), ([^\]]*)\]", re.MULTILINE)
 _QUESTION = re.compile(r"<information>\[question (\d+)/(\d+)\][^\n]*\n(.*?)\nNow ", re.MULTILINE | re.DOTALL)
 _STORE = re.compile(r"\[store: (\d+) entries, (\d+)/(\d+|no limit) tokens\]")
-_MESSAGE = re.compile(r"^(User|Assistant) \(#([^)]*)\): ", re.MULTILINE)
+_MESSAGE = re.compile(r"^([^\n(]+?) \(#([^)]*)\): ", re.MULTILINE)
 _RESULT = re.compile(r"^\[result\] (.*?)\n</information>", re.MULTILINE | re.DOTALL)
 _ENTRY = re.compile(r"^\[(\d+)\] (.*)$", re.MULTILINE)
 _ADDED = re.compile(r"^added entry (\d+) \((\d+) tokens\)")
@@ -43,7 +43,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _GENERIC = frozenset("my i me you your name how many much can could tell told ever have has did does when "
                      "where why now recommend help summarize order complete steps different per week days take "
                      "long".split())
-_ROLE = re.compile(r"^(?:User|Assistant): ")
+_ROLE = re.compile(r"^[^:\n]{1,40}: ")
 _CUES = {"prefer": 2, "always": 2, "never": 2, "update": 2, "today": 1, "week": 1, "now": 1, "visited": 1,
          "started": 1, "finished": 1, "read": 1}
 
@@ -268,7 +268,7 @@ class RelevancePolicy(_ToolPolicy):
     def plan(self, view: ToolView) -> list:
         out = []
         for role, _, text in view.messages:
-            if role != "User":
+            if role == "Assistant":  # BEAM's assistant; in LoCoMo/MemDialog both speakers are people
                 continue
             for sentence in _SENTENCE.split(text):
                 score = statement_score(sentence)
