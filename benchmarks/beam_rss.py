@@ -18,26 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def _rss_mb() -> float:
-    """Current resident set size in MB (Linux /proc; falls back to the peak elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * resource.getpagesize() / 2**20
-    except OSError:  # pragma: no cover - non-Linux
-        return _peak_rss_mb()
-
-
-def _peak_rss_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+from memread_rss import _peak_rss_mb, _rss_mb  # the same RSS probes as the MemRead benchmark (benchmarks/ is on sys.path)
 
 
 def child(chat_tokens: int, strategy: str, seed: int, source: str) -> dict:

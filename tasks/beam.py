@@ -513,6 +513,7 @@ class SyntheticBeamChat:
         if not isinstance(self.questions_per_ability, int) or not 1 <= self.questions_per_ability <= 4:
             raise ValueError(f"questions_per_ability must be an int in 1..4, got {self.questions_per_ability!r}")
         self.n_batches = max(8, self.chat_tokens // self.batch_tokens)
+        self._batch_budget = self.chat_tokens // self.n_batches  # <= batch_tokens: short chats get shorter batches
         self.id = f"synthetic-{self.seed}-{self.chat_tokens}"
         self._plan()
 
@@ -628,7 +629,8 @@ class SyntheticBeamChat:
     # ------------------------------------------------------------------ rendering
     @property
     def n_tokens(self) -> int:
-        return self.n_batches * self.batch_tokens
+        """The planned length (rendered batches overshoot it by at most one message each)."""
+        return self.n_batches * self._batch_budget
 
     def render_batch(self, b: int) -> BeamBatch:
         """Batch ``b`` (0-based), rendered from its own seed: the same text every time."""
@@ -636,7 +638,7 @@ class SyntheticBeamChat:
             raise IndexError(f"batch must be in 0..{self.n_batches - 1}, got {b}")
         rng = np.random.default_rng([self.seed, 1, b])
         date = self.date(b)
-        turns, next_id, budget = [], b * 1000, self.batch_tokens
+        turns, next_id, budget = [], b * 1000, self._batch_budget
 
         def message(role: str, text: str) -> BeamMessage:
             nonlocal next_id, budget
