@@ -53,6 +53,18 @@ def child(chat_tokens: int, strategy: str, seed: int, source: str) -> dict:
             "store_tokens": summary["store_tokens"]}
 
 
+def _host() -> str:
+    """CPU capability (torch's, when installed), cores and Python; the env does no tensor work (no dtype)."""
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except ImportError:  # pragma: no cover - torch is optional here
+        capability = "unknown (no torch)"
+    return (f"CPU capability {capability}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+            "single-threaded env (no tensors, no dtype)")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[128_000, 1_000_000, 10_000_000])
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"MemDialog-BEAM-v0 (memory_mode=tools), strategy {args.strategy}, source {args.source}, seed {args.seed}, "
           "keep_snapshots=False, one process per length")
+    print(f"host: {_host()}")
     print(f"{'chat tokens':>12} {'batches':>8} {'steps':>7} {'steps/s':>8} {'seconds':>8} {'peak RSS MB':>12} "
           f"{'RSS growth MB':>14} {'store tokens':>13} {'score':>6}")
     for r in rows:

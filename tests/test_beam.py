@@ -257,14 +257,15 @@ def test_data_path_env_and_bad_kwargs(tmp_path: Path) -> None:
         MemDialogBeamEnv(abilities=["telepathy"])
 
 
-def test_strategy_refinement_carries_across_episodes() -> None:
-    env = MemDialogBeamEnv(chat_tokens=8_000, questions=1, refine_strategy=True, memory_mode="rewrite")
+@pytest.mark.parametrize("mode, read", [("rewrite", "<memory>nothing</memory>"), ("tools", "<next/>")])
+def test_strategy_refinement_carries_across_episodes(mode: str, read: str) -> None:
+    env = MemDialogBeamEnv(chat_tokens=8_000, questions=1, refine_strategy=True, memory_mode=mode)
     for episode in range(2):
         obs, info = env.reset(seed=episode)
         if episode == 1:
             assert "keep every date" in obs and info["strategy"] == "keep every date"
         while env.reading:
-            env.step("<memory>nothing</memory>")
+            env.step(read)
         obs, r, te, _, _ = env.step("<answer>no idea</answer>")
         assert not te and "[feedback]" in obs and "Scores per ability" in obs
         _, _, _, _, bad = env.step("<memory>x</memory>")
