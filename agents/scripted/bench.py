@@ -286,7 +286,7 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
             ax.minorticks_off()
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(strategies), frameon=False)
-    fig.suptitle(f"memenv bench: F1 and peak context vs {key}")
+    fig.suptitle(f"memenv bench: {_main_metric(table)} and peak context vs {key}")
     fig.tight_layout(rect=(0, 0.06 if len(envs) > 1 else 0.09, 1, 1))
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
