@@ -25,6 +25,8 @@ ENVIRONMENTS: dict[str, tuple[str, dict]] = {
     # Long conversations (LoCoMo/BEAM style): sessions read one by one, then questions from memory.
     "MemDialog-v0": ("memenv.memdialog:MemDialogEnv", {}),
     "MemDialog-LoCoMo-v0": ("memenv.memdialog:MemDialogEnv", {"dataset": "locomo", "questions": 10}),
+    # BEAM (SelfMem): 128K-10M-token chats streamed batch by batch; synthetic, or data_path= BEAM's layout.
+    "MemDialog-BEAM-v0": ("memenv.beam:MemDialogBeamEnv", {}),
 }
 
 

@@ -9,5 +9,6 @@
 
 from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, ScriptedPolicy, make_strategy
 from agents.scripted import reading_strategies  # noqa: F401 - registers the MemRead and MemDialog families
+from agents.scripted import tool_strategies  # noqa: F401 - registers the MemDialog-BEAM (memory tools) family
 
 __all__ = ["STRATEGIES", "STRATEGY_FAMILIES", "ScriptedPolicy", "make_strategy"]

@@ -29,12 +29,14 @@ from tqdm.auto import tqdm
 
 import memenv  # noqa: F401 - registers the environments
 from agents.files import write_atomic
-from agents.scripted.qa_strategies import STRATEGIES, make_strategy
+from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, make_strategy
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
 from memenv.cli import CommandError, HelpFormatter, non_negative_int, positive_int, user_input
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
+# every scripted strategy name of any env family (MemQA's first; MemDialog-BEAM adds tool strategies such as rag)
+ALL_STRATEGY_NAMES = tuple(dict.fromkeys(name for family in STRATEGY_FAMILIES.values() for name in family))
 SWEEP_ENVS = ("MemQA-v0",)  # the base specs of ``--sweep`` when --envs is not given
 SUMMARY_COLUMNS = ["env", "strategy", "episodes", "f1", "em", "peak_context_tokens", "total_context_tokens",
                    "invocations", "invalid_rate", "steps_per_s"]
@@ -103,8 +105,8 @@ def strategy_name(name: str) -> str:
     """argparse type of ``--strategies``: a scripted strategy or ``openai:MODEL@URL``."""
     if is_served(name):
         ServedSpec.parse(name)
-    elif name not in STRATEGIES:
-        raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)} "
+    elif name not in ALL_STRATEGY_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(ALL_STRATEGY_NAMES)} "
                                          f"or openai:MODEL@URL")
     return name
 
@@ -128,7 +130,7 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     for spec in specs:
         for name in strategies:
             policy = resolve_strategy(name, spec.env_id)
-            kwargs = {"context": policy.context, **spec.kwargs}
+            kwargs = {"context": policy.context, **getattr(policy, "env_kwargs", {}), **spec.kwargs}
             env = gym.make(spec.env_id, **kwargs)
             steps, start = 0, time.perf_counter()
             cell = []
@@ -146,6 +148,7 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
                     "peak_context_tokens": episode["peak_context_tokens"],
                     "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
                     "invalid_actions": episode["invalid_actions"], "answered": episode["answered"], **extra,
+                    **_ability_scores(episode),
                 })
                 if not concurrent:
                     bar.update(1)
@@ -159,11 +162,21 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
                 "invalid_rate": frame.invalid_actions.sum() / max(1, frame.invocations.sum()),
                 "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
                 **{k: frame[k].mean() for k in frame.columns if k.startswith("server_")},  # tokens per episode
+                **{c: frame[c].mean() for c in frame.columns if c.startswith("score")},
             })
             rows.extend(cell)
     bar.close()
-    extra_columns = list(dict.fromkeys(k for row in summary for k in row if k not in SUMMARY_COLUMNS))
+    scores = sorted({c for row in summary for c in row if c.startswith("score")}, key=lambda c: (c != "score", c))
+    extra_columns = [k for k in dict.fromkeys(k for row in summary for k in row)
+                     if k not in SUMMARY_COLUMNS and k not in scores] + scores
     return pd.DataFrame(summary, columns=SUMMARY_COLUMNS + extra_columns), pd.DataFrame(rows)
+
+
+def _ability_scores(episode: dict[str, Any]) -> dict[str, float]:
+    """MemDialog-BEAM: the episode's score and its score per ability (extra ``score``/``score:<ability>`` columns)."""
+    if "score_by_ability" not in episode:
+        return {}
+    return {"score": episode["score"], **{f"score:{a}": v for a, v in episode["score_by_ability"].items()}}
 
 
 def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
@@ -259,11 +272,16 @@ def format_sweep(table: pd.DataFrame, key: str) -> str:
     for env, part in table.groupby("env", sort=False):
         order = list(dict.fromkeys(part.strategy))
         values = list(dict.fromkeys(part[key]))
-        for metric, fmt in (("f1", "{:.3f}"), ("peak_context_tokens", "{:.0f}")):
+        for metric, fmt in ((_main_metric(part), "{:.3f}"), ("peak_context_tokens", "{:.0f}")):
             pivot = part.pivot(index=key, columns="strategy", values=metric).reindex(index=values)[order]
             text = pivot.to_string(float_format=lambda v, f=fmt: f.format(v))
             blocks.append(f"{env}: {metric} vs {key}\n{text}")
     return "\n\n".join(blocks)
+
+
+def _main_metric(table: pd.DataFrame) -> str:
+    """``score`` (MemDialog-BEAM) where every row has one, else ``f1``."""
+    return "score" if "score" in table and table["score"].notna().all() else "f1"
 
 
 def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
@@ -287,9 +305,9 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
             line = part[part.strategy == name]
             xs = [positions[v] for v in line[key]]
             style = dict(color=colors[name], marker=markers[i % len(markers)], label=name, alpha=0.9)
-            row[0].plot(xs, line.f1, **style)
+            row[0].plot(xs, line[_main_metric(part)], **style)
             row[1].plot(xs, line.peak_context_tokens, **style)
-        row[0].set_ylabel("F1")
+        row[0].set_ylabel(_main_metric(part))
         row[0].set_ylim(-0.05, 1.08)
         row[1].set_ylabel("peak context tokens (mean per episode)")
         for ax in row:
@@ -303,7 +321,7 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
             ax.minorticks_off()
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(strategies), frameon=False)
-    fig.suptitle(f"memenv bench: F1 and peak context vs {key}")
+    fig.suptitle(f"memenv bench: {_main_metric(table)} and peak context vs {key}")
     fig.tight_layout(rect=(0, 0.06 if len(envs) > 1 else 0.09, 1, 1))
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -314,6 +332,7 @@ def format_table(summary: pd.DataFrame) -> str:
     digits = {"f1": 3, "em": 3, "peak_context_tokens": 0, "total_context_tokens": 0, "invocations": 1,
               "invalid_rate": 3, "steps_per_s": 0, "server_prompt_tokens": 0, "server_completion_tokens": 0}
     shown = summary.copy()
+    digits.update({c: 3 for c in shown.columns if c.startswith("score")})
     for column, n in digits.items():
         if column in shown:
             shown[column] = shown[column].map(lambda v, n=n: f"{v:.{n}f}")
@@ -379,7 +398,7 @@ def register_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
                                    formatter_class=HelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
-                        help=f"memory strategies to run: {' '.join(STRATEGIES)}, or openai:MODEL@URL "
+                        help=f"memory strategies to run: {' '.join(ALL_STRATEGY_NAMES)}, or openai:MODEL@URL "
                              "(an OpenAI-compatible completions server)")
     parser.add_argument("--envs", nargs="+", default=None, metavar="SPEC",
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "

@@ -429,7 +429,13 @@ STRATEGY_FAMILIES: dict[str, dict[str, Callable[[], ScriptedPolicy]]] = {"MemQA"
 
 
 def env_family(env_id: str) -> str:
-    return env_id.split(":")[-1].split("-", 1)[0]
+    """The strategy family of ``env_id``: the longest registered family it starts with ("MemDialog-BEAM-v0" ->
+    "MemDialog-BEAM"), else the id up to its first "-"."""
+    name = env_id.split(":")[-1]
+    for family in sorted(STRATEGY_FAMILIES, key=len, reverse=True):
+        if name.startswith(family + "-"):
+            return family
+    return name.split("-", 1)[0]
 
 
 def make_strategy(name: str, env_id: str = "MemQA-v0", **kwargs: Any) -> ScriptedPolicy:

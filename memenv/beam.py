@@ -1,0 +1,515 @@
+"""MemDialog-BEAM: BEAM-style conversations (128K to 10M tokens) read batch by batch, then probing questions.
+
+Task sources: a seeded synthetic chat per episode (default; :class:`tasks.beam.SyntheticBeamChat`, about
+``chat_tokens`` whitespace tokens) or BEAM's layout (``data_path=`` a conversation directory or a folder of
+them; one per episode, drawn with ``np_random`` unless ``conversation=`` fixes it). Either way the chat is
+streamed: one batch (= one session) is held at a time, so memory stays flat up to 10M tokens (with
+``keep_snapshots=False``; see ``benchmarks/beam_rss.py``).
+
+Two memory modes (``memory_mode=``):
+
+* ``tools`` (the default; :mod:`memenv.memory_tools`): the memory is a store of entries under ``memory_budget`` tokens;
+  each action is one tool call (``<mem_add>``, ``<mem_update id=N>``, ``<mem_delete id=N/>``,
+  ``<mem_search>``), ``<next/>`` ends a session, ``<answer>`` answers the question shown. At most
+  ``max_tool_calls`` calls per session or question (then the env moves on by itself).
+
+Scoring (:mod:`memenv.beam_scoring`): per question an approximation of BEAM's score without a judge (LoCoMo's
+abstention rule, rubric-nugget token-F1 recall, (tau_b+1)/2 for event ordering), or BEAM's rubric judging with
+``judge="openai:MODEL@URL"``. Reward at the last answer: the mean score. ``info["summary"]`` adds ``score``,
+``score_by_ability``, ``per_question`` (question, ability, answer, score, method, per-item scores and, in tools
+mode, ``used_entries``: the ids the searches for that question returned) and SQuAD ``f1``/``em`` against the
+reference.
+
+Feedback and strategy refinement (``refine_strategy=True``, the SelfMem loop): after the last answer the env
+shows the per-ability and per-question scores and the current *memory-strategy text* and asks for
+``<strategy>…</strategy>``; the new text is kept on the env across resets and shown in the next episode's
+task block. ``info["summary"]["strategy_history"]`` lists every (episode, strategy, score).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from memenv.base import MemEnvBase, required_data_file, sanitize
+from memenv.beam_scoring import make_judge, score_beam_answer
+from memenv.context import TokenCounter
+from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
+from memenv.memread import blank_action
+from memenv.protocol import parse_action
+from memenv.scoring import best_em_f1
+from memenv.memdialog import _load_locomo
+from tasks.beam import (ABILITIES, BatchStream, BeamBatch, BeamConversation, ConversationSource, SyntheticBeamChat,
+                        find_conversations)
+from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation
+from tasks.locomo import CATEGORY_TYPES
+from tasks.types import Question
+
+__all__ = ["MemDialogBeamEnv"]
+
+MEMORY_MODES = ("rewrite", "tools")
+DEFAULT_BUDGET = {"rewrite": 256, "tools": 32_768}
+
+INSTRUCTIONS = {
+    "rewrite": (
+        "You are reading a long chat between a user and an assistant, one session at a time; you will not see a "
+        "session again. After each session rewrite your memory inside <memory>...</memory> (at most {budget}). "
+        "After the last session you will be asked {n} question(s) as the assistant, one at a time; answer each "
+        "with <memory>...</memory><answer>...</answer>. If the chat does not contain the answer, say \"{abstain}\"."
+    ),
+    "tools": (
+        "You are reading a long chat between a user and an assistant, one session at a time; you will not see a "
+        "session again. Your memory is a store of entries (at most {budget}). Act with one tool call per turn: "
+        "<mem_add>text</mem_add>, <mem_update id=N>text</mem_update>, <mem_delete id=N/>, "
+        "<mem_search>query</mem_search>; <next/> shows the next session. After the last session you will be "
+        "asked {n} question(s) as the assistant, one at a time: search your store, then <answer>...</answer>. "
+        "If the chat does not contain the answer, say \"{abstain}\"."
+    ),
+    "none": (
+        "You are reading a long chat between a user and an assistant, one session at a time. Reply with an empty "
+        "action to read the next session. After the last session you will be asked {n} question(s) as the "
+        "assistant, one at a time; answer each with <answer>...</answer>. If the chat does not contain the "
+        "answer, say \"{abstain}\"."
+    ),
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _open_conversation(path: str, mtime: float) -> BeamConversation:
+    return BeamConversation.open(path)
+
+
+class MemDialogBeamEnv(MemEnvBase):
+    """BEAM long-conversation memory with a rewrite or a tool-based memory (see the module docstring).
+
+    Args:
+        data_path: a BEAM conversation directory or a folder of them (default: synthetic chats); with
+            ``dataset="locomo"`` the LoCoMo JSON file.
+        dataset: ``beam`` (synthetic, or BEAM's layout with ``data_path``), ``memdialog`` (MemDialog-v0's
+            synthetic conversations: ``sessions`` sessions) or ``locomo`` (the LoCoMo file): the tools mode and
+            its strategies then run over those conversations (their question types stand for the abilities).
+        conversation: with ``data_path``: a fixed conversation index (default: drawn at each reset).
+        chat_tokens: synthetic: the chat's length in whitespace tokens (4,000 to 10,000,000 and more).
+        questions_per_ability: synthetic: questions per ability (1..4).
+        questions: questions per episode, stratified over abilities (``None``: all).
+        abilities: keep only questions of these abilities (:data:`tasks.beam.ABILITIES`).
+        memory_mode: ``tools`` (default) or ``rewrite``.
+        memory_budget: tokens of memory (rewrite: 256; tools: 32,768 by default).
+        search_k: entries a ``<mem_search>`` returns.
+        max_tool_calls: tools mode: calls per session or question before the env moves on.
+        show_store: tools mode: list every entry in the observation (default: only the store's size).
+        judge: ``"openai:MODEL@URL"`` for BEAM's rubric judging (default: judge-free approximation).
+        refine_strategy: ask for a memory-strategy rewrite at the end of each episode (kept across resets).
+        strategy: the initial memory-strategy text.
+        max_turns: turn limit (default from the sessions, questions and ``max_tool_calls``).
+        keep_snapshots, context, context_budget, token_counter, invalid_penalty, render_mode: see
+            :class:`MemEnvBase`.
+    """
+
+    def __init__(
+        self,
+        data_path: str | os.PathLike | None = None,
+        *,
+        dataset: str = "beam",
+        sessions: int = 8,
+        conversation: int | None = None,
+        chat_tokens: int = 128_000,
+        questions_per_ability: int = 2,
+        questions: int | None = None,
+        abilities: tuple[str, ...] | list[str] | None = None,
+        memory_mode: str = "tools",
+        memory_budget: int | None = None,
+        search_k: int = 8,
+        max_tool_calls: int = 256,
+        show_store: bool = False,
+        judge: str | None = None,
+        refine_strategy: bool = False,
+        strategy: str = "",
+        max_turns: int | None = None,
+        context: str = "memory",
+        context_budget: int | None = None,
+        token_counter: TokenCounter | None = None,
+        invalid_penalty: float = 0.0,
+        keep_snapshots: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        if memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
+        budget = DEFAULT_BUDGET[memory_mode] if memory_budget is None else memory_budget
+        super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
+                         memory_budget=None if memory_mode == "tools" else budget,
+                         invalid_penalty=invalid_penalty, render_mode=render_mode)
+        if memory_mode == "tools" and not self.mode.uses_memory:
+            raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}; "
+                             "use memory_mode='rewrite' with other context modes")
+        for name, value, low in (("questions", questions, 1), ("search_k", search_k, 1),
+                                 ("max_tool_calls", max_tool_calls, 1), ("max_turns", max_turns, 1),
+                                 ("memory_budget", budget, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"{name} must be an int >= {low}" + (" or None" if name in ("questions", "max_turns") else "")
+                                 + f", got {value!r}")
+        if dataset not in ("beam", "memdialog", "locomo"):
+            raise ValueError(f"dataset must be 'beam', 'memdialog' or 'locomo', got {dataset!r}")
+        if abilities is not None:
+            known = ABILITIES if dataset == "beam" else QUESTION_TYPES + tuple(CATEGORY_TYPES.values())
+            unknown = [a for a in abilities if a not in known]
+            if unknown or not abilities:
+                raise ValueError(f"abilities must be a non-empty subset of {', '.join(known)}; got {abilities!r}")
+        if not isinstance(strategy, str):
+            raise ValueError(f"strategy must be a string, got {type(strategy).__name__}")
+        self.memory_mode = memory_mode
+        self.store_budget = budget
+        self.search_k = search_k
+        self.max_tool_calls = max_tool_calls
+        self.show_store = bool(show_store)
+        self.judge = make_judge(judge)
+        self.refine_strategy = bool(refine_strategy)
+        self.strategy_text = strategy
+        self.strategy_history: list[dict[str, Any]] = []
+        self.n_questions = questions
+        self.abilities = None if abilities is None else tuple(abilities)
+        self.keep_snapshots = bool(keep_snapshots)
+        self._max_turns_arg = max_turns
+        self.chat_tokens = chat_tokens
+        self.questions_per_ability = questions_per_ability
+        self.n_dialog_sessions = sessions
+        self.conversations: tuple = ()
+        if dataset == "locomo":
+            path = required_data_file(data_path, "MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
+                                      "../shared/data/locomo/locomo10.json", "LoCoMo")
+            self.conversations = _load_locomo(path, os.path.getmtime(path))
+            self.paths = []
+            if conversation is not None and not 0 <= conversation < len(self.conversations):
+                raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")
+            self.dataset = "locomo"
+        elif dataset == "memdialog":
+            if data_path is not None or conversation is not None:
+                raise ValueError("dataset='memdialog' generates its conversations: no data_path= or conversation=")
+            if not isinstance(sessions, int) or sessions < 2:
+                raise ValueError(f"sessions must be an int >= 2, got {sessions!r}")
+            self.paths = []
+            self.dataset = "memdialog"
+        elif data_path is not None:
+            self.paths = [str(p) for p in find_conversations(data_path)]
+            if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, int)
+                                             or not 0 <= conversation < len(self.paths)):
+                raise ValueError(f"conversation must be an int in 0..{len(self.paths) - 1}, got {conversation!r}")
+            self.dataset = "beam"
+        else:
+            if conversation is not None:
+                raise ValueError("conversation= selects a BEAM conversation directory; it needs data_path=")
+            SyntheticBeamChat(0, chat_tokens, questions_per_ability)  # validates the synthetic arguments
+            self.paths = []
+            self.dataset = "synthetic"
+        self.conversation_index = conversation
+        self.source: BeamConversation | SyntheticBeamChat | None = None
+        self.questions: list[Question] = []
+        self.store = MemoryStore(budget, token_counter)
+        self.max_turns = 0
+        self._batches: Iterator[BeamBatch] = iter(())
+        self._batch: BeamBatch | None = None
+        self._session = 0
+        self._n_sessions = 0
+        self._question = 0
+        self._phase = "done"
+        self._calls = 0
+        self._result = ""
+        self._retrieved: list[int] = []
+        self._task_text = ""
+        self._answers: list[str] = []
+        self._results: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ text
+    def _task_block(self) -> str:
+        return self._task_text
+
+    @property
+    def n_sessions(self) -> int:
+        return self._n_sessions
+
+    @property
+    def reading(self) -> bool:
+        return self._phase == "read"
+
+    def _tools_allowed(self) -> tuple[str, ...]:
+        edits = ("mem_add", "mem_update", "mem_delete", "mem_search")
+        return {"read": edits + ("next",), "question": edits + ("answer",), "strategy": ("strategy",)}[self._phase]
+
+    def session_text(self, batch: BeamBatch) -> str:
+        lines = [sanitize(m.render()) for m in batch.messages]
+        return "\n".join(lines) if lines else "(no messages in this session)"
+
+    def _information_block(self, notice: str | None = None) -> str:
+        tail = f"\n[{notice}]" if notice else ""
+        tools = self.memory_mode == "tools" and self.mode.uses_memory
+        result = f"\n[result] {self._result}" if tools and self._result else ""
+        left = f" [tool calls left: {self.max_tool_calls - self._calls}]" if tools else ""
+        if self._phase == "read":
+            head = f"[session {self._session + 1}/{self._n_sessions}, {sanitize(self._batch.time_anchor)}]{left}"
+            return f"<information>{head}{tail}\n{self.session_text(self._batch)}{result}\n</information>"
+        if self._phase == "question":
+            question = sanitize(self.questions[self._question].question)
+            how = ("search your store with <mem_search>...</mem_search>, then answer with <answer>...</answer>" if tools
+                   else "answer with <memory>...</memory><answer>...</answer>" if self.mode.uses_memory
+                   else "answer with <answer>...</answer>")
+            return (f"<information>[question {self._question + 1}/{len(self.questions)}]{left}{tail}\n{question}\n"
+                    f"Now {how}.{result}\n</information>")
+        if self._phase == "strategy":
+            return f"<information>[feedback]{tail}\n{self._feedback()}\n</information>"
+        return "<information>[episode finished]\n</information>"
+
+    def _feedback(self) -> str:
+        summary = self._scores_by_ability()
+        lines = ["Scores per ability: " + ", ".join(f"{a} {s:.2f}" for a, s in summary.items())]
+        for r in self._results:
+            lines.append(f"- ({r['ability']}) {r['question']} -> score {r['score']:.2f}; your answer: {r['answer'][:120]}")
+        lines.append("Current memory strategy: " + (self.strategy_text or "(none)"))
+        lines.append("Rewrite your memory strategy for the next episode with <strategy>...</strategy>.")
+        return sanitize("\n".join(lines))
+
+    def _scores_by_ability(self) -> dict[str, float]:
+        by: dict[str, list[float]] = {}
+        for r in self._results:
+            by.setdefault(r["ability"], []).append(r["score"])
+        return {a: float(np.mean(v)) for a, v in sorted(by.items())}
+
+    def _sync_memory(self) -> None:
+        if self.memory_mode == "tools":
+            self._memory = self.store.summary() + ("\n" + sanitize(self.store.render()) if self.show_store else "")
+
+    # ------------------------------------------------------------------ questions
+    def _select_questions(self, questions: list[Question]) -> list[Question]:
+        pool = [q for q in questions if self.abilities is None or q.kind in self.abilities]
+        if self.n_questions is None or self.n_questions >= len(pool):
+            return pool
+        by: dict[str, list[Question]] = {}
+        for q in pool:
+            by.setdefault(q.kind, []).append(q)
+        queues = [[v[int(i)] for i in self.np_random.permutation(len(v))] for _, v in sorted(by.items())]
+        chosen: list[Question] = []
+        while len(chosen) < self.n_questions:  # round robin over abilities: every ability before any twice
+            for queue in queues:
+                if queue and len(chosen) < self.n_questions:
+                    chosen.append(queue.pop(0))
+        order = {id(q): i for i, q in enumerate(pool)}
+        return sorted(chosen, key=lambda q: order[id(q)])
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if self.dataset == "locomo":
+            index = self.conversation_index
+            if index is None:
+                index = int(self.np_random.integers(len(self.conversations)))
+            self.source = ConversationSource(self.conversations[index])
+        elif self.dataset == "memdialog":
+            self.source = ConversationSource(generate_conversation(self.np_random, self.n_dialog_sessions, 20))
+        elif self.dataset == "beam":
+            index = self.conversation_index
+            if index is None:
+                index = int(self.np_random.integers(len(self.paths)))
+            path = self.paths[index]
+            self.source = _open_conversation(path, os.path.getmtime(os.path.join(path, "chat.json")))
+        else:
+            self.source = SyntheticBeamChat(int(self.np_random.integers(2**31)), self.chat_tokens, self.questions_per_ability)
+        self._n_sessions = self.source.n_batches
+        self.questions = self._select_questions(list(self.source.questions))
+        self._batches = BatchStream(self.source)
+        self._batch = next(self._batches)
+        self._session, self._question, self._calls, self._phase = 0, 0, 0, "read"
+        self._result, self._retrieved = "", []
+        self._answers = [""] * len(self.questions)
+        self._results = []
+        self.store = MemoryStore(self.store_budget, self.token_counter)
+        per_phase = self.max_tool_calls + 1 if self.memory_mode == "tools" else 2
+        self.max_turns = self._max_turns_arg or per_phase * (self._n_sessions + len(self.questions) + 1)
+        budget = f"{self.store_budget} tokens"
+        kind = self.memory_mode if self.mode.uses_memory else "none"
+        lines = [INSTRUCTIONS[kind].format(budget=budget, n=len(self.questions), abstain=ABSTENTION_ANSWER)]
+        if self.strategy_text:
+            lines.append("Your memory strategy (refined from earlier episodes): " + sanitize(self.strategy_text))
+        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._start_episode("")
+        self._sync_memory()
+        self._information = self._information_block()
+        self._transcript = [self._information]
+        self._render_obs()
+        info = {
+            "episode_id": self._episode_id, "conversation_id": self.source.id,
+            "questions": [q.question for q in self.questions], "question_ids": [q.id for q in self.questions],
+            "question_types": [q.kind for q in self.questions], "sessions": self._n_sessions,
+            "max_turns": self.max_turns, "context_tokens": self._obs_tokens, "memory_mode": self.memory_mode,
+            "strategy": self.strategy_text,
+        }
+        return self._obs, info
+
+    def _next_session(self) -> None:
+        self._session += 1
+        self._calls = 0
+        self._result = ""
+        if self._session < self._n_sessions:
+            self._batch = next(self._batches)
+        else:
+            self._batch, self._batches = None, iter(())
+            self._phase = "question" if self.questions else "done"
+
+    def _record_answer(self, answer: str) -> None:
+        j = self._question
+        q = self.questions[j]
+        self._answers[j] = answer
+        scored = score_beam_answer(answer, q, self.judge)
+        em, f1 = best_em_f1(answer, q.answers)
+        self._results.append({
+            "id": q.id, "ability": q.kind, "question": q.question, "answer": answer, "reference": q.answers[0],
+            "score": scored["score"], "method": scored["method"], "items": scored["items"], "f1": f1, "em": em,
+            "used_entries": list(dict.fromkeys(self._retrieved)),
+        })
+        self._question += 1
+        self._calls, self._result, self._retrieved = 0, "", []
+        if self._question >= len(self.questions):
+            self._phase = "strategy" if self.refine_strategy else "done"
+
+    def _tool_step(self, action: Any) -> tuple[bool, str | None, str | None, str | None, str, dict]:
+        """One tool call; returns (valid, error, tool, tool_input, tool_output, extra)."""
+        call = parse_tool_call(action, self._tools_allowed())
+        extra: dict[str, Any] = {}
+        if not call.valid:
+            return False, call.error, None, None, "", extra
+        tool, argument = call.name, call.argument
+        tool_input = argument if call.entry_id is None else f"id={call.entry_id} {argument}".strip()
+        try:
+            if tool == "mem_add":
+                entry_id = self.store.add(sanitize(argument))
+                output = f"added entry {entry_id} ({self.store._tokens[entry_id]} tokens)"
+                extra["entry_id"] = entry_id
+            elif tool == "mem_update":
+                self.store.update(call.entry_id, sanitize(argument))
+                output = f"updated entry {call.entry_id}"
+                extra["entry_id"] = call.entry_id
+            elif tool == "mem_delete":
+                self.store.delete(call.entry_id)
+                output = f"deleted entry {call.entry_id}"
+                extra["entry_id"] = call.entry_id
+            elif tool == "mem_search":
+                ids = self.store.search(argument, self.search_k)
+                if self._phase == "question":
+                    self._retrieved.extend(ids)
+                output = sanitize(self.store.render(ids)) if ids else "no matching entry"
+                extra["retrieved"] = ids
+            elif tool == "next":
+                self._next_session()
+                return True, None, tool, "", "next session" if self.reading else "chat finished; questions follow", extra
+            elif tool == "answer":
+                j = self._question
+                self._record_answer(argument)
+                extra["question_index"] = j
+                extra["answer_score"] = self._results[-1]["score"]
+                return True, None, tool, argument, f"answer {j + 1}/{len(self.questions)} recorded", extra
+            else:  # strategy
+                self._set_strategy(argument)
+                return True, None, tool, argument, "strategy saved for the next episode", extra
+        except StoreError as err:
+            return False, f"<{tool}>: {err}", None, None, "", extra
+        self._calls += 1
+        self._result = output
+        if self._calls >= self.max_tool_calls:  # the per-phase cap: move on by ourselves
+            output += f" (tool-call limit {self.max_tool_calls} reached: moving on)"
+            if self._phase == "read":
+                self._next_session()
+            elif self._phase == "question":
+                self._record_answer("")
+        return True, None, tool, tool_input, output, extra
+
+    def _set_strategy(self, text: str) -> None:
+        self.strategy_text = sanitize(text)
+        self.strategy_history.append({"episode_id": self._episode_id, "strategy": self.strategy_text,
+                                      "score": float(np.mean([r["score"] for r in self._results])) if self._results else 0.0})
+        self._phase = "done"
+
+    def _rewrite_step(self, action: Any) -> tuple[bool, str | None, str | None, str | None, str, dict]:
+        extra: dict[str, Any] = {}
+        if self._phase == "strategy":
+            call = parse_tool_call(action, ("strategy",))
+            if not call.valid:
+                return False, call.error, None, None, "", extra
+            self._set_strategy(call.argument)
+            return True, None, "strategy", call.argument, "strategy saved for the next episode", extra
+        if not self.mode.uses_memory and blank_action(action) and self.reading:
+            self._next_session()
+            return True, None, None, None, "next session", extra
+        parsed = parse_action(action, require_memory=False, tools=("answer",), allow_memory_only=True)
+        error = parsed.error
+        if error is None and self.reading and parsed.tool == "answer":
+            error = "the questions come after the last session: rewrite your memory with <memory>...</memory>"
+        elif error is None and not self.reading and parsed.tool != "answer":
+            error = "answer the question with <answer>...</answer>"
+        if error is not None:
+            return False, error, None, None, "", extra
+        if parsed.memory is not None and self.mode.uses_memory:
+            extra["memory_truncated_tokens"] = self._set_memory(parsed.memory)
+        if parsed.tool == "answer":
+            j = self._question
+            self._record_answer(parsed.argument)
+            extra["question_index"] = j
+            extra["answer_score"] = self._results[-1]["score"]
+            return True, None, "answer", parsed.argument, f"answer {j + 1}/{len(self.questions)} recorded", extra
+        self._next_session()
+        return True, None, None, None, "next session" if self.reading else "chat finished; questions follow", extra
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        memory_before = self._begin_step()
+        phase, index = self._phase, (self._session if self._phase == "read" else self._question)
+        step = self._tool_step if self.memory_mode == "tools" else self._rewrite_step
+        valid, error, tool, tool_input, tool_output, extra = step(action)
+        reward, notice = 0.0, None
+        if not valid:
+            reward = -self.invalid_penalty
+            notice = sanitize(f"invalid action, state unchanged: {error}")
+            tool_output = notice
+        answered_all = phase == "question" and self._phase in ("strategy", "done")
+        if answered_all:
+            reward += float(np.mean([r["score"] for r in self._results])) if self._results else 0.0
+        terminated = self._phase == "done"
+        truncated = not terminated and self._turn >= self.max_turns
+        self._sync_memory()
+        information = self._information_block(notice)
+        snapshot = self._record(
+            action=action, memory_before=memory_before, tool=tool, tool_input=tool_input, tool_output=tool_output,
+            valid=valid, error=error, reward=reward, phase=phase, index=index, store_entries=len(self.store),
+            store_tokens=self.store.used, **extra,
+        )
+        if not self.keep_snapshots:
+            self._snapshots.clear()
+        self._advance(information, action if isinstance(action, str) else repr(action))
+        info: dict[str, Any] = {"invocation": snapshot}
+        if terminated or truncated:
+            self._done = True
+            info["summary"] = self._episode_summary(terminated)
+        return self._obs, reward, terminated, truncated, info
+
+    def _episode_summary(self, answered: bool) -> dict[str, Any]:
+        scores = {r["id"]: r for r in self._results}
+        rows = [scores.get(q.id, {"score": 0.0, "f1": 0.0, "em": 0.0}) for q in self.questions]
+        counts: dict[str, int] = {}
+        for q in self.questions:
+            counts[q.kind] = counts.get(q.kind, 0) + 1
+        by_ability: dict[str, list[float]] = {}
+        for q, r in zip(self.questions, rows):
+            by_ability.setdefault(q.kind, []).append(r["score"])
+        return self._episode_info(
+            [r["em"] for r in rows], [r["f1"] for r in rows], list(self._answers), answered,
+            score=float(np.mean([r["score"] for r in rows])) if rows else 0.0,
+            score_by_ability={a: float(np.mean(v)) for a, v in sorted(by_ability.items())},
+            count_by_ability=counts, per_question=list(self._results),
+            scoring="judge" if self.judge is not None else "approximate (judge-free; not the official BEAM score)",
+            question_types=[q.kind for q in self.questions], questions_answered=self._question,
+            conversation_id=self.source.id, sessions=self._n_sessions,
+            sessions_read=min(self._session, self._n_sessions), memory_mode=self.memory_mode,
+            store_entries=len(self.store), store_tokens=self.store.used,
+            strategy=self.strategy_text, strategy_history=list(self.strategy_history),
+        )
+

@@ -1,0 +1,223 @@
+"""BEAM answer scoring: a judge-free approximation, and BEAM's rubric judging through an OpenAI-compatible server.
+
+Judge-free (the default; **an approximation of BEAM's official score, not the official score**):
+
+* ``abstention``: LoCoMo's rule (:func:`tasks.conversations.is_abstention_answer`): 1.0 when the answer
+  contains "not mentioned" or "no information available" (after SQuAD normalisation), else 0.0;
+* ``event_ordering``: ``(tau_b + 1) / 2`` with Kendall's tau-b (:func:`scipy.stats.kendalltau`) between the
+  reference order and the order in which the answer mentions the items (:func:`event_order_score`);
+* every other ability: *rubric-nugget recall* (:func:`nugget_recall`): each rubric item, stripped of BEAM's
+  "LLM response should ...:" lead, is matched against the answer by SQuAD token F1 (the best F1 over the
+  answer's sentences, lines, the whole answer and its runs of as many tokens as the nugget), and the matches
+  are averaged.
+
+With a judge (``judge="openai:MODEL@URL"``, :class:`OpenAIJudge`): each rubric item is graded 0 / 0.5 / 1 by
+the model (BEAM's nugget judging; 0.5 stays 0.5) and the grades are averaged; event ordering keeps the tau
+score, as BEAM's official evaluation does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from scipy.stats import kendalltau
+
+from memenv.scoring import f1_score, normalize_answer
+from tasks.conversations import is_abstention_answer
+from tasks.types import Question
+
+__all__ = ["JudgeError", "OpenAIJudge", "event_order_score", "make_judge", "nugget_recall", "nugget_scores",
+           "rubric_nugget", "score_beam_answer"]
+
+_RUBRIC_LEAD = re.compile(r"^\s*(?:the\s+)?(?:llm\s+)?response\s+(?:should|must)\s+[a-z ]*?:\s*", re.IGNORECASE)
+_SEGMENT = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def rubric_nugget(item: str) -> str:
+    """A rubric item without BEAM's lead ("LLM response should state: 2 days" -> "2 days")."""
+    return _RUBRIC_LEAD.sub("", item).strip()
+
+
+def _segments(answer: str) -> list[str]:
+    parts = [p.strip() for p in _SEGMENT.split(answer) if p and p.strip()]
+    return parts + [answer]
+
+
+def _windows(answer: str, size: int) -> list[str]:
+    tokens = normalize_answer(answer).split()
+    if len(tokens) <= size:
+        return []
+    return [" ".join(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
+
+
+def nugget_scores(answer: str | None, rubric: Sequence[str]) -> list[float]:
+    """Per rubric item: the best token F1 between the item's nugget and a part of ``answer``: a sentence, a
+    line, the whole answer, or any run of as many tokens as the nugget has (so a nugget stated inside a longer
+    sentence is matched, as a judge would, rather than diluted by the sentence's other words)."""
+    segments = _segments(answer or "")
+    scores = []
+    for item in rubric:
+        nugget = rubric_nugget(item)
+        parts = segments + _windows(answer or "", max(1, len(normalize_answer(nugget).split())))
+        scores.append(max(f1_score(part, nugget) for part in parts))
+    return scores
+
+
+def nugget_recall(answer: str | None, rubric: Sequence[str]) -> float:
+    """Mean of :func:`nugget_scores` (0.0 for an empty rubric)."""
+    scores = nugget_scores(answer, rubric)
+    return float(sum(scores) / len(scores)) if scores else 0.0
+
+
+def _position(answer_norm: str, segments: list[str], item: str) -> float:
+    """Where ``item`` is mentioned in the answer: the character offset of its exact (normalised) mention, else
+    of the segment that matches it best (F1 >= 0.5), else infinity (not mentioned)."""
+    item_norm = normalize_answer(item)
+    at = answer_norm.find(item_norm) if item_norm else -1
+    if at >= 0:
+        return float(at)
+    best, where = 0.0, float("inf")
+    offset = 0
+    for seg in segments:
+        seg_norm = normalize_answer(seg)
+        f1 = f1_score(seg_norm, item_norm)
+        pos = answer_norm.find(seg_norm, offset)
+        if f1 >= 0.5 and f1 > best:
+            best, where = f1, float(pos if pos >= 0 else offset)
+        if pos >= 0:
+            offset = pos
+    return where
+
+
+def event_order_score(answer: str | None, order: Sequence[str]) -> float:
+    """``(tau_b + 1) / 2``: Kendall's tau-b between the reference ``order`` and the answer's order.
+
+    Items the answer does not mention share the last rank (ties, which tau-b accounts for); an answer that
+    mentions none of them (or a one-item reference) scores 0.0 unless it gets the single item, then 1.0.
+    """
+    answer = answer or ""
+    answer_norm = normalize_answer(answer)
+    segments = _segments(answer)[:-1] or [answer]
+    positions = [_position(answer_norm, segments, item) for item in order]
+    found = [p for p in positions if p != float("inf")]
+    if len(order) < 2:
+        return float(len(found) == len(order))
+    if len(found) < 2:
+        return 0.0
+    last = max(found) + 1.0
+    ranks = [p if p != float("inf") else last for p in positions]
+    tau = kendalltau(list(range(len(order))), ranks, variant="b").statistic
+    if tau != tau:  # NaN: every answer rank tied
+        return 0.0
+    return float((tau + 1.0) / 2.0)
+
+
+# ---------------------------------------------------------------------------------------------------- judge
+class JudgeError(RuntimeError):
+    """The judge server could not be reached or answered something unusable."""
+
+
+_SCORE = re.compile(r"\b(0\.5|0|1)(?:\.0+)?\b")
+JUDGE_PROMPT = (
+    "You are grading a chatbot's answer against one rubric item.\n"
+    "Question: {question}\nRubric item: {item}\nAnswer: {answer}\n"
+    "Reply with only a score: 1 if the answer fully satisfies the rubric item, 0.5 if it partially does, "
+    "0 if it does not."
+)
+
+
+@dataclass
+class OpenAIJudge:
+    """BEAM's rubric judging through ``{url}/chat/completions`` of an OpenAI-compatible server.
+
+    ``url`` is the API base (e.g. ``http://127.0.0.1:8000/v1``). Each request is retried ``retries`` times with
+    exponential backoff (``backoff`` seconds, doubled each time) on a connection error, a timeout or an HTTP
+    5xx/429; then :class:`JudgeError` names the URL.
+    """
+
+    model: str
+    url: str
+    timeout: float = 30.0
+    retries: int = 3
+    backoff: float = 0.5
+    api_key: str | None = None
+
+    def grade(self, question: str, item: str, answer: str) -> float:
+        """0, 0.5 or 1 for one rubric item."""
+        body = {"model": self.model, "temperature": 0.0, "max_tokens": 8,
+                "messages": [{"role": "user", "content": JUDGE_PROMPT.format(question=question, item=item, answer=answer)}]}
+        content = self._post(body)
+        match = _SCORE.search(content)
+        if match is None:
+            raise JudgeError(f"judge at {self.url} answered {content[:80]!r}: expected a score 0, 0.5 or 1")
+        return float(match.group(1))
+
+    def rubric_score(self, question: str, rubric: Sequence[str], answer: str) -> tuple[float, list[float]]:
+        grades = [self.grade(question, item, answer) for item in rubric]
+        return (float(sum(grades) / len(grades)) if grades else 0.0), grades
+
+    def _post(self, body: dict[str, Any]) -> str:
+        endpoint = self.url.rstrip("/") + "/chat/completions"
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode()
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    payload = json.loads(response.read().decode())
+                return str(payload["choices"][0]["message"]["content"])
+            except urllib.error.HTTPError as err:
+                last = err
+                if err.code < 500 and err.code != 429:
+                    raise JudgeError(f"judge at {endpoint} refused the request: HTTP {err.code} {err.reason}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+                last = err
+            except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
+                raise JudgeError(f"judge at {endpoint} sent an unexpected response ({err!r}); expected "
+                                 "an OpenAI chat/completions object") from None
+        raise JudgeError(f"judge at {endpoint} unreachable after {self.retries + 1} tries: {last}")
+
+
+def make_judge(spec: str | None) -> OpenAIJudge | None:
+    """``"openai:MODEL@URL"`` -> :class:`OpenAIJudge`; ``None`` -> no judge."""
+    if spec is None:
+        return None
+    if not isinstance(spec, str) or not spec.startswith("openai:") or "@" not in spec:
+        raise ValueError(f"judge must be 'openai:MODEL@URL' (e.g. openai:gpt-4o-mini@http://127.0.0.1:8000/v1) "
+                         f"or None, got {spec!r}")
+    model, _, url = spec[len("openai:"):].rpartition("@")
+    if not model or not url.startswith(("http://", "https://")):
+        raise ValueError(f"judge {spec!r}: expected openai:MODEL@http(s)://HOST[:PORT]/PATH")
+    return OpenAIJudge(model, url)
+
+
+# ---------------------------------------------------------------------------------------------------- one answer
+def score_beam_answer(answer: str | None, question: Question, judge: OpenAIJudge | None = None) -> dict[str, Any]:
+    """``{"score", "method", "items"}`` for one answer to a BEAM probing question (see the module docstring).
+
+    ``method`` says how the score was computed: ``abstention``, ``kendall_tau`` , ``nugget_f1`` (the
+    approximation) or ``judge``. ``items`` holds the per-rubric-item scores (empty for abstention and tau).
+    """
+    answer = answer or ""
+    ability = question.meta.get("ability", question.kind)
+    rubric = list(question.meta.get("rubric") or []) or [question.answers[0]]
+    if ability == "event_ordering" and question.meta.get("order"):
+        return {"score": event_order_score(answer, question.meta["order"]), "method": "kendall_tau", "items": []}
+    if judge is not None:
+        score, grades = judge.rubric_score(question.question, rubric, answer)
+        return {"score": score, "method": "judge", "items": grades}
+    if ability == "abstention" or question.meta.get("abstention"):
+        return {"score": float(is_abstention_answer(answer)), "method": "abstention", "items": []}
+    items = nugget_scores(answer, rubric)
+    return {"score": float(sum(items) / len(items)), "method": "nugget_f1", "items": items}
