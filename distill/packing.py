@@ -418,6 +418,65 @@ def unpack(values, batch, n_records: int) -> list[torch.Tensor]:
     return out
 
 
+# --------------------------------------------------------------------------------------------- input checks
+def model_limits(model) -> tuple[int, int | None]:
+    """``(vocabulary size, max positions or None)`` of a transformers causal LM."""
+    emb = model.get_input_embeddings()
+    vocab = int(getattr(emb, "num_embeddings", None) or emb.weight.shape[0])
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    return vocab, (int(max_pos) if max_pos else None)
+
+
+def check_records(records, model, tokenizer=None) -> None:
+    """Fail before any compute, naming the record, when ``records`` cannot be scored by ``model``: an empty
+    list, an empty prompt (its first sampled token has no predicting logit), ids outside ``[0, vocab)``, an
+    invocation longer than the model's max positions, or a tokenizer fingerprint that differs from
+    ``tokenizer``'s (or, without ``tokenizer``, from the other records'). Records without a fingerprint
+    (written before the field existed) are not fingerprint-checked."""
+    from agents.llm.records import tokenizer_fingerprint
+
+    if records is None or len(records) == 0:
+        raise ValueError("no records to score: the record list is empty")
+    vocab, max_pos = model_limits(model)
+    expected = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+    first_fp = None
+    for r in records:
+        if not r.prompt_ids:
+            raise ValueError(f"{r.describe()} has an empty prompt: its first sampled token cannot be scored")
+        ids = list(r.prompt_ids) + list(r.response_ids)
+        bad = [t for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"{r.describe()} has token id {bad[0]} outside the model's vocabulary [0, {vocab}) "
+                             f"({len(bad)} such ids): records from another tokenizer/model?")
+        if max_pos is not None and len(ids) > max_pos:
+            raise ValueError(f"{r.describe()} has {len(ids)} tokens, more than the model's max positions "
+                             f"({max_pos})")
+        fp = getattr(r, "tokenizer_fingerprint", "")
+        if not fp:
+            continue
+        if expected is not None and fp != expected:
+            raise ValueError(f"{r.describe()} was tokenised by tokenizer {fp}, but the model's tokenizer is "
+                             f"{expected}: the ids mean different tokens")
+        if first_fp is None:
+            first_fp = (fp, r)
+        elif fp != first_fp[0]:
+            raise ValueError(f"{r.describe()} was tokenised by tokenizer {fp}, but {first_fp[1].describe()} by "
+                             f"{first_fp[0]}: records from different tokenizers cannot be scored together")
+
+
+def check_sequences(sequences, records, model) -> None:
+    """Reconstructed sequences (the persistent control grows with the episode) must fit the model's positions."""
+    _, max_pos = model_limits(model)
+    if max_pos is None:
+        return
+    for s in sequences:
+        if s.position_ids and max(s.position_ids) >= max_pos:
+            r = records[s.segments[0].record]
+            raise ValueError(f"the sequence of episode (rollout_id={getattr(r, 'rollout_id', '')!r}, "
+                             f"episode_id={r.episode_id!r}) needs positions up to {max(s.position_ids)}, beyond "
+                             f"the model's max positions ({max_pos})")
+
+
 # --------------------------------------------------------------------------------------------- scoring records
 @torch.no_grad()
 def score_records(model, records, method: str = "padded", *, reconstruction: str = "aligned", tokenizer=None,
@@ -428,9 +487,9 @@ def score_records(model, records, method: str = "padded", *, reconstruction: str
     tokens run), ``slots`` (tokens run, padding included) and ``batches``."""
     from distill.reconstruct import reconstruct
 
-    if not records:
-        raise ValueError("score_records() got an empty record list")
+    check_records(records, model, tokenizer)
     sequences = reconstruct(records, reconstruction, tokenizer)
+    check_sequences(sequences, records, model)
     pack_kw.setdefault("pad_id", _pad_id(model))
     batches = pack(sequences, method, records=records, **pack_kw)
     temps = torch.tensor([float(r.temperature) or 1.0 for r in records])
