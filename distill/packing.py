@@ -14,9 +14,11 @@ when sampled, so every packing reproduces the records' log-probs: the RCE check,
   (a prefix with its branches) longer than ``row_len`` are split into several units, each with its own prefix
   copy, then placed first-fit-decreasing like padding-free.
 
-Sizes: ``row_len`` caps a row (default: the longest sequence, so no sequence is split and shorter ones fill
-the gaps), ``token_budget`` caps one forward pass (rows x row length), so all methods run forwards of the same
-size. A sequence longer than ``row_len`` gets a row of its own.
+Sizes: ``row_len`` caps a row (default: the longest sequence, or the longest shared-prefix unit, so nothing is
+split and shorter ones fill the gaps), ``token_budget`` caps one forward pass (rows x row length), so all
+methods run forwards of the same size. A sequence longer than ``row_len`` gets a row of its own. On CPU a dense
+mask costs O(row length^2) attention whatever it masks, so long rows pay for attention they do not use; the
+block-sparse CUDA backends do not.
 
 Masks: every batch carries an explicit ``[R, 1, L, L]`` bool mask (True = may attend), built from three
 per-token ids: ``unit_ids`` (a prefix with its branches, or one plain sequence), ``seq_ids`` (one branch or
@@ -116,6 +118,36 @@ def _share_key(seq: TokenSequence, records) -> tuple:
     return ("group", rollout, r.group) if r.group is not None else ("episode", rollout, episode)
 
 
+def _clusters(members: list[int], sequences, min_prefix: int) -> list[tuple[int, list[int]]]:
+    """Split one group into ``(prefix length, members)`` clusters that share a prefix.
+
+    Members are sorted by their ids, so sequences with long common prefixes are neighbours; a neighbour joins
+    the current cluster when that does not lower the tokens saved (``(k - 1) x prefix``). The shareable part of
+    a sequence stops before its earliest scored token and before its last token."""
+    def shareable(i: int) -> list[int]:
+        s = sequences[i]
+        return s.input_ids[:min([len(s) - 1] + [seg.start for seg in s.segments])]
+
+    out: list[tuple[int, list[int]]] = []
+    current: list[int] = []
+    p = 0
+    for i in sorted(members, key=lambda i: sequences[i].input_ids):
+        ids = shareable(i)
+        if not current:
+            current, p = [i], len(ids)
+            continue
+        q = _common_prefix(shareable(current[0])[:p], ids)
+        if q >= max(1, min_prefix) and len(current) * q >= (len(current) - 1) * p:
+            current.append(i)
+            p = q
+        else:
+            out.append((p, current))
+            current, p = [i], len(ids)
+    if current:
+        out.append((p, current))
+    return out
+
+
 def _units(sequences: Sequence[TokenSequence], method: str, row_len: int, records, min_prefix: int) -> list[_Unit]:
     if method != "shared_prefix":
         return [_Unit(0, [i], len(s)) for i, s in enumerate(sequences)]
@@ -124,28 +156,23 @@ def _units(sequences: Sequence[TokenSequence], method: str, row_len: int, record
         groups[_share_key(s, records)].append(i)
     units = []
     for members in groups.values():
-        seqs = [sequences[i] for i in members]
-        p = len(seqs[0])
-        for s in seqs[1:]:
-            p = _common_prefix(seqs[0].input_ids[:p], s.input_ids)
-        # never share a scored token (nor a whole sequence): the prefix ends before the earliest segment start
-        for s in seqs:
-            p = min([p, len(s) - 1] + [seg.start for seg in s.segments])
-        if len(members) < 2 or p < max(1, min_prefix):
-            units += [_Unit(0, [i], len(sequences[i])) for i in members]
-            continue
-        # split the branches (longest first) into units that fit in a row, each with its own prefix copy
-        current: list[int] = []
-        length = p
-        for i in sorted(members, key=lambda i: -len(sequences[i])):
-            branch = len(sequences[i]) - p
-            if current and length + branch > row_len:
-                units.append(_Unit(p, current, length))
-                current, length = [], p
-            current.append(i)
-            length += branch
-        units.append(_Unit(p, current, length))
-        units = [u if len(u.members) > 1 else _Unit(0, u.members, len(sequences[u.members[0]])) for u in units]
+        for p, cluster in _clusters(members, sequences, min_prefix):
+            if len(cluster) < 2:
+                units.append(_Unit(0, cluster, len(sequences[cluster[0]])))
+                continue
+            # split the branches (longest first) into units that fit in a row, each with its own prefix copy
+            split: list[_Unit] = []
+            current: list[int] = []
+            length = p
+            for i in sorted(cluster, key=lambda i: -len(sequences[i])):
+                branch = len(sequences[i]) - p
+                if current and length + branch > row_len:
+                    split.append(_Unit(p, current, length))
+                    current, length = [], p
+                current.append(i)
+                length += branch
+            split.append(_Unit(p, current, length))
+            units += [u if len(u.members) > 1 else _Unit(0, u.members, len(sequences[u.members[0]])) for u in split]
     return units
 
 
@@ -240,7 +267,8 @@ def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, t
         method: ``"padded"``, ``"padding_free"`` or ``"shared_prefix"``.
         token_budget: most tokens (rows x row length, padding included) in one batch; a batch always holds at
             least one row.
-        row_len: most tokens in a packed row (default: the longest sequence).
+        row_len: most tokens in a packed row (default: the longest sequence, or for shared-prefix packing the
+            longest prefix-with-branches unit, so that nothing is split).
         pad_id: id of padding tokens (never attended to by real tokens, never scored).
         records: the records the sequences' segments index; shared-prefix packing groups by their episode /
             GRPO group (without records, all sequences form one group).
@@ -252,9 +280,11 @@ def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, t
         raise ValueError("pack() got no sequences")
     if token_budget < 1 or (row_len is not None and row_len < 1):
         raise ValueError(f"token_budget and row_len must be >= 1, got {token_budget}, {row_len}")
-    longest = max(len(s) for s in sequences)
-    row_len = int(row_len or longest)
-    units = _units(sequences, method, row_len, records, min_prefix)
+    if row_len is None:  # rows as long as the longest unit: nothing is split
+        units = _units(sequences, method, 1 << 62, records, min_prefix)
+        row_len = max(u.length for u in units)
+    else:
+        units = _units(sequences, method, int(row_len), records, min_prefix)
     if method == "padded":
         row_units = [[u] for u in units]  # input order
     else:
