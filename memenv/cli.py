@@ -15,7 +15,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
-_FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli"}
+_FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli",
+                      "distill": "distill.cli:register_cli"}
 
 
 def parse_kwargs(items: list[str] | None) -> dict[str, Any]:

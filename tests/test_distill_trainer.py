@@ -184,3 +184,84 @@ def test_config_rejects_bad_options_and_a_missing_teacher(tmp_path):
     assert _cfg(tmp_path, reconstruction="persistent").minibatch_unit == "episode"
     with pytest.raises(ValueError, match="needs a teacher"):
         train_memopd(_cfg(tmp_path))
+
+
+# ---------------------------------------------------------------------- the CLI
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from agents.llm.models import save_pretrained
+    from llm_common import toy_tokenizer
+
+    root = tmp_path_factory.mktemp("ckpt")
+    tok = memqa_tokenizer()
+    save_pretrained(tiny_model(tok, seed=1), tok, root / "student")
+    save_pretrained(_teacher_model(tok), tok, root / "teacher")
+    other = toy_tokenizer()
+    save_pretrained(tiny_model(other, seed=3), other, root / "other")
+    return root
+
+
+def _cli(*argv):
+    from distill.cli import main
+
+    return main(["distill", *map(str, argv)])
+
+
+def test_cli_rejects_bad_arguments_with_one_clear_line(checkpoints, tmp_path, capsys):
+    out = tmp_path / "out"
+    base = ["--student", checkpoints / "student", "--out", out]
+    cases = [
+        ([*base], "needs --teacher PATH"),
+        ([*base, "--teacher", tmp_path / "missing"], f"--teacher {tmp_path / 'missing'}: no model checkpoint"),
+        (["--teacher", checkpoints / "teacher", "--student", tmp_path / "nope", "--out", out], "--student"),
+        ([*base, "--teacher", checkpoints / "teacher", "--loss", "jsd", "--beta", "2"], "beta must be in [0, 1]"),
+        ([*base, "--teacher", checkpoints / "teacher", "--set", "lamda=1"], "no field 'lamda'"),
+        ([*base, "--teacher", checkpoints / "teacher", "--algo", "grpo", "--group-size", "3",
+          "--episodes-per-update", "4"], "group_size"),
+        ([*base, "--teacher", checkpoints / "other", "--kw", "max_turns=2"], "teacher's tokenizer"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as err:
+            _cli(*argv)
+        message = str(err.value.code)
+        assert message.startswith("error: ") and expected in message and "\n" not in message, message
+    assert not out.exists()  # nothing half-written
+    with pytest.raises(SystemExit) as err:  # a choice: argparse names the option and the valid values
+        _cli(*base, "--teacher", checkpoints / "teacher", "--reconstruction", "flat")
+    assert err.value.code == 2 and "--reconstruction: invalid choice: 'flat'" in capsys.readouterr().err
+
+
+def test_cli_trains_and_diagnoses(checkpoints, tmp_path, capsys):
+    import json
+
+    from agents.llm.records import save_records
+
+    out = tmp_path / "run"
+    assert _cli("--teacher", checkpoints / "teacher", "--student", checkpoints / "student", "--out", out,
+                "--algo", "ppo", "--updates", 1, "--episodes-per-update", 2, "--num-envs", 2, "--max-new-tokens", 8,
+                "--eval-every", 0, "--kw", "objectives=1", "hops=2", "max_turns=2", "--packing", "padding_free",
+                "--loss", "forward_kl", "--lambda", 0.5, "--quiet", "--set", "num_minibatches=1") == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed.splitlines()[0])["update"] == 1 and "distill_loss" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert (config["loss"], config["packing"], config["distill_coef"], config["algo"]) == \
+        ("forward_kl", "padding_free", 0.5, "ppo")
+    assert (out / "metrics.csv").exists() and (out / "learning_curve.png").exists() and (out / "latest").exists()
+
+    tok = memqa_tokenizer()
+    from agents.llm.models import load_pretrained
+
+    student, _ = load_pretrained(checkpoints / "student")
+    save_records(tmp_path / "records.jsonl", _records(student, tok, n=2))
+    assert _cli("diagnose", "--records", tmp_path / "records.jsonl", "--model", checkpoints / "student",
+                "--csv", tmp_path / "table.csv", "--quiet") == 0
+    text = capsys.readouterr().out
+    assert all(m in text for m in ("aligned", "padding_free", "shared_prefix", "persistent"))
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    assert float(rows["aligned"]["max_abs_dlogp"]) < 1e-4 and float(rows["shared_prefix"]["max_abs_dlogp"]) < 1e-4
+    (tmp_path / "empty.jsonl").write_text("")
+    for argv, expected in [(["--records", tmp_path / "none.jsonl"], "no such file"),
+                           (["--records", tmp_path / "empty.jsonl"], "empty")]:
+        with pytest.raises(SystemExit) as err:
+            _cli("diagnose", *argv, "--model", checkpoints / "student")
+        assert str(err.value.code).startswith("error: --records") and expected in str(err.value.code)
