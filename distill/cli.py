@@ -140,7 +140,7 @@ def register_cli(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", help="teacher checkpoint folder (must share the student's tokenizer)")
     p.add_argument("--student", default=None, help="student checkpoint folder (default: a fresh tiny model)")
-    p.add_argument("--algo", choices=["ppo", "grpo"], default=None, help="RL objective (default grpo)")
+    p.add_argument("--algo", choices=["ppo", "grpo"], default=None, help="RL objective (default ppo)")
     p.add_argument("--env", default="MemQA-v0", help="environment id (default MemQA-v0)")
     p.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs (default objectives=1 hops=2)")
     p.add_argument("--out", default="runs/distill", help="output folder")
