@@ -13,7 +13,10 @@ RCE is checked in each: the student's recomputed log-probs vs the records' (max 
 fp32) and the teacher's log-probs vs its padded scoring. Times are process CPU seconds (``time.process_time``),
 which other load on a shared machine does not inflate (with several threads they sum over threads). ``padded`` rows hold one invocation each, in record
 order, as many rows as ``--token-budget`` allows; packed rows hold up to ``row_len`` tokens (x the longest
-invocation, several values measured), forwards of at most ``--token-budget`` tokens for every method.
+invocation, several values measured), forwards of at most ``--token-budget`` tokens for every method. Packed
+layouts run with two exact CPU attentions: ``sdpa`` with the explicit 4D mask (the reference; it pays O(row
+length^2) whatever the mask hides) and ``sdpa_blocks`` (each block of queries attends only its prefix and
+itself: ``distill.packing.attention_blocks``). The padded baseline uses sdpa with its mask.
 
     python benchmarks/teacher_packing.py [--threads 1] [--rounds 3]
 """
@@ -79,30 +82,32 @@ def main(argv=None) -> int:
           f"{args.group_size}), {n_tokens} tokens, {n_actions} action tokens, longest {longest}, "
           f"vocab {len(tok)}; setup {time.perf_counter() - t0:.1f}s")
 
-    layouts = {"padded": pack(sequences, "padded", token_budget=args.token_budget, pad_id=tok.pad_token_id)}
+    padded = pack(sequences, "padded", token_budget=args.token_budget, pad_id=tok.pad_token_id)
+    layouts = {"padded": (padded, "sdpa")}  # name -> (batches, attention backend)
     for k in [float(x) for x in args.row_lens.split(",")]:
         for method in ("padding_free", "shared_prefix"):
-            layouts[f"{method} row={k:g}x"] = pack(
-                sequences, method, token_budget=args.token_budget, row_len=int(k * longest),
-                pad_id=tok.pad_token_id, records=records)
+            batches = pack(sequences, method, token_budget=args.token_budget, row_len=int(k * longest),
+                           pad_id=tok.pad_token_id, records=records)
+            for backend in ("sdpa", "sdpa_blocks"):
+                layouts[f"{method} {k:g}x {backend}"] = (batches, backend)
 
-    def teacher_pass(batches):
+    def teacher_pass(batches, backend):
         with torch.no_grad():
-            return [chunked_logprobs(teacher, action_hidden(teacher, b), b.targets, temps[b.record_index])
+            return [chunked_logprobs(teacher, action_hidden(teacher, b, backend), b.targets, temps[b.record_index])
                     for b in batches]
 
-    def actor_pass(batches):
+    def actor_pass(batches, backend):
         out = []
         for b in batches:
-            lp = chunked_logprobs(student, action_hidden(student, b), b.targets, temps[b.record_index])
+            lp = chunked_logprobs(student, action_hidden(student, b, backend), b.targets, temps[b.record_index])
             (-lp.sum() / n_actions).backward()
             out.append(lp.detach())
         student.zero_grad(set_to_none=True)
         return out
 
-    def timed(fn, batches):
+    def timed(fn, batches, backend):
         start = time.process_time()  # CPU time of this process: fair on a shared machine with --threads 1
-        values = fn(batches)
+        values = fn(batches, backend)
         return time.process_time() - start, torch.cat(unpack(values, batches, len(records)))
 
     student.eval()  # dropout is 0 anyway; eval keeps the forward identical to sampling
@@ -110,9 +115,9 @@ def main(argv=None) -> int:
     rce = {}
     teacher_ref = None
     for round_ in range(args.rounds + 1):  # round 0 warms up (and checks RCE)
-        for name, batches in layouts.items():
-            t_teacher, lp_teacher = timed(teacher_pass, batches)
-            t_actor, lp_actor = timed(actor_pass, batches)
+        for name, (batches, backend) in layouts.items():
+            t_teacher, lp_teacher = timed(teacher_pass, batches, backend)
+            t_actor, lp_actor = timed(actor_pass, batches, backend)
             if round_ == 0:
                 if teacher_ref is None:
                     teacher_ref = lp_teacher
@@ -125,17 +130,18 @@ def main(argv=None) -> int:
           f"threads {torch.get_num_threads()}, torch {torch.__version__}; student d={args.hidden} x {args.layers} "
           f"layers, teacher d={2 * args.hidden}; median of {args.rounds} rounds")
     base = {k: statistics.median(times["padded"][k]) for k in ("teacher", "actor")}
-    header = (f"{'packing':<24}{'batches':>8}{'slots':>8}{'saved':>7}{'teacher tok/s':>15}{'x':>6}"
+    header = (f"{'packing, row length, attention':<34}{'batches':>8}{'slots':>8}{'saved':>7}{'teacher tok/s':>15}{'x':>6}"
               f"{'actor f+b cpu-s':>17}{'x':>6}{'RCE actor':>11}{'teacher':>10}")
     print(header)
     ok = True
-    for name, batches in layouts.items():
+    padded_slots = sum(b.n_slots for b in padded)
+    for name, (batches, _) in layouts.items():
         slots = sum(b.n_slots for b in batches)
         t_teacher = statistics.median(times[name]["teacher"])
         t_actor = statistics.median(times[name]["actor"])
         d_actor, d_teacher = rce[name]
         ok &= d_actor <= 1e-4 and d_teacher <= 1e-4
-        print(f"{name:<24}{len(batches):>8}{slots:>8}{1 - slots / sum(b.n_slots for b in layouts['padded']):>7.0%}"
+        print(f"{name:<34}{len(batches):>8}{slots:>8}{1 - slots / padded_slots:>7.0%}"
               f"{n_tokens / t_teacher:>15.0f}{base['teacher'] / t_teacher:>6.2f}{t_actor:>17.3f}"
               f"{base['actor'] / t_actor:>6.2f}{d_actor:>11.1e}{d_teacher:>10.1e}")
     print("RCE " + ("passes (<= 1e-4) for every packing" if ok else "FAILS for some packing"))

@@ -28,8 +28,11 @@ seq[j]`` or ``is_prefix[j]``). Padding tokens each form their own unit, so they 
 (``masking_utils._preprocess_mask_arguments``); a 2D mask or a KV cache would leak across packed sequences, so
 the model body is always called with the 4D mask and ``use_cache=False``.
 
-Attention backends (:func:`hidden_states`, ``backend="auto"``): on CPU always ``sdpa`` with the explicit mask
-(the reference). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
+Attention backends (:func:`hidden_states`, ``backend="auto"``): on CPU ``sdpa`` with the explicit mask (the
+reference). ``backend="sdpa_blocks"`` (CPU or GPU, exact, tested against the reference, gradients included)
+runs transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself)
+instead of over the whole row, so packed rows cost sum(n x (prefix + n)) attention, not row length^2: the
+fastest CPU choice for long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
 padding-free batches when ``flash_attn`` is installed, else ``flex_attention`` with a block mask built from the
 same ids (any packing), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
 on the CPU-only machines this was written on.
@@ -48,7 +51,8 @@ import torch
 from distill.reconstruct import TokenSequence, episode_key
 
 PACKINGS = ("padded", "padding_free", "shared_prefix")
-BACKENDS = ("auto", "sdpa", "flex_attention", "flash_attention_2")
+BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
+SDPA_BLOCKS = "sdpa_blocks"  # attention implementation registered by register_block_attention
 
 
 @dataclass
@@ -344,7 +348,7 @@ def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
 @contextlib.contextmanager
 def _attention_implementation(model, name: str):
     old = _attn_impl(model)
-    if name == old or (name == "sdpa" and not old.startswith(("flash", "flex"))):
+    if name == old or (name == "sdpa" and not old.startswith(("flash", "flex", SDPA_BLOCKS))):
         yield old  # sdpa-like (e.g. sdpa_float32) and eager implementations take the explicit mask
         return
     model.set_attn_implementation(name)
@@ -352,6 +356,79 @@ def _attention_implementation(model, name: str):
         yield name
     finally:
         model.set_attn_implementation(old)
+
+
+def attention_blocks(batch: PackedBatch) -> list[list[tuple[int, int, int, int]]]:
+    """Per row, the query blocks of ``batch`` that attend independently: ``(a, b, p0, p1)`` = queries
+    ``a..b-1`` attend keys ``p0..p1-1`` (their shared prefix; empty when ``p0 == p1``) and, causally, ``a..b-1``;
+    ``p0 == -1`` marks padding (output zero, never scored). Together the blocks tile each row."""
+    out = []
+    unit, seq, pref = batch.unit_ids.tolist(), batch.seq_ids.tolist(), batch.is_prefix.tolist()
+    for u_row, s_row, p_row in zip(unit, seq, pref):
+        blocks: list[tuple[int, int, int, int]] = []
+        prefix_of: dict[int, tuple[int, int]] = {}
+        a = 0
+        L = len(s_row)
+        while a < L:
+            b = a + 1
+            if u_row[a] < 0:  # padding: one block for the run
+                while b < L and u_row[b] < 0:
+                    b += 1
+                blocks.append((a, b, -1, -1))
+            else:
+                while b < L and s_row[b] == s_row[a]:
+                    b += 1
+                if p_row[a]:
+                    prefix_of[u_row[a]] = (a, b)
+                    blocks.append((a, b, a, a))
+                else:
+                    p0, p1 = prefix_of.get(u_row[a], (a, a))
+                    blocks.append((a, b, p0, p1))
+            a = b
+        out.append(blocks)
+    return out
+
+
+def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_blocks=None, **kwargs):
+    """Exact packed attention on CPU without the dense mask's O(L^2): each query block attends its prefix and,
+    causally, itself (:func:`attention_blocks`), through transformers' own sdpa per block."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if memenv_blocks is None:
+        raise RuntimeError("sdpa_blocks attention needs the batch's blocks: call distill.packing.hidden_states")
+    rows = []
+    for r, blocks in enumerate(memenv_blocks):
+        pieces = []
+        for a, b, p0, p1 in blocks:
+            if p0 < 0:
+                pieces.append(query.new_zeros(1, b - a, query.shape[1], value.shape[-1]))
+                continue
+            q = query[r:r + 1, :, a:b]
+            if p1 == p0:
+                out, _ = sdpa_attention_forward(module, q, key[r:r + 1, :, a:b], value[r:r + 1, :, a:b], None,
+                                                is_causal=True, **kwargs)
+            else:
+                k = torch.cat([key[r:r + 1, :, p0:p1], key[r:r + 1, :, a:b]], dim=2)
+                v = torch.cat([value[r:r + 1, :, p0:p1], value[r:r + 1, :, a:b]], dim=2)
+                n, p = b - a, p1 - p0
+                allowed = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
+                allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+                mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+                mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
+                out, _ = sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)
+            pieces.append(out)
+        rows.append(torch.cat(pieces, dim=1))
+    return torch.cat(rows, dim=0), None
+
+
+def register_block_attention() -> str:
+    """Register the ``sdpa_blocks`` attention implementation with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(SDPA_BLOCKS, _sdpa_blocks_attention)
+    AttentionMaskInterface.register(SDPA_BLOCKS, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return SDPA_BLOCKS
 
 
 def _flex_block_mask(batch: PackedBatch):  # pragma: no cover - CUDA only
@@ -387,9 +464,14 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     impl = select_backend(model, batch, backend)
     if impl == "flash_attention_2" and batch.method == "shared_prefix":
         raise ValueError("flash-attention varlen cannot express a shared prefix: use flex_attention or sdpa")
+    extra = {}
+    if impl == SDPA_BLOCKS:
+        register_block_attention()
+        extra["memenv_blocks"] = attention_blocks(batch)
     with _attention_implementation(model, impl) as active:
-        out = body(input_ids=batch.input_ids, attention_mask=_mask_for(model, batch, active),
-                   position_ids=batch.position_ids, use_cache=False)
+        mask = None if active == SDPA_BLOCKS else _mask_for(model, batch, active)
+        out = body(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
+                   use_cache=False, **extra)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 

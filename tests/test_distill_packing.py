@@ -14,8 +14,8 @@ from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.records import InvocationRecord, tokenizer_fingerprint  # noqa: E402
 from agents.llm.rollout import records_of, rollout  # noqa: E402
 from distill.diagnose import diagnose  # noqa: E402
-from distill.packing import (PACKINGS, action_logprobs, build_mask, check_records, pack, rce,  # noqa: E402
-                             score_records, unpack)
+from distill.packing import (PACKINGS, action_logprobs, attention_blocks, build_mask, check_records,  # noqa: E402
+                             pack, rce, score_records, unpack)
 from distill.reconstruct import (REPLY_TEMPLATE, Segment, TokenSequence, aligned, environment_reply,  # noqa: E402
                                  persistent, reconstruct)
 
@@ -45,6 +45,7 @@ def test_padded_rows_are_per_sequence_with_self_attending_padding():
     assert batch.cols.tolist() == [1, 2, 1, 0]
     assert batch.targets.tolist() == [3, 4, 5, 8]
     assert batch.n_tokens == 9 and batch.n_slots == 12
+    assert attention_blocks(batch) == [[(0, 4, 0, 0)], [(0, 3, 0, 0), (3, 4, -1, -1)], [(0, 2, 0, 0), (2, 4, -1, -1)]]
 
 
 def test_padding_free_first_fit_decreasing_block_diagonal_mask_and_reset_positions():
@@ -79,6 +80,8 @@ def test_shared_prefix_keeps_one_copy_and_positions_continue_after_it():
         [F, F, F, F, F, T, T]]
     # B's first sampled token is predicted by the last prefix column
     assert batch.cols.tolist() == [1, 2, 1, 5] and batch.targets.tolist() == [3, 4, 5, 8]
+    # the same visibility as query blocks (a, b, prefix start, prefix end) for the sdpa_blocks attention
+    assert attention_blocks(batch) == [[(0, 2, 0, 0), (2, 4, 0, 2), (4, 5, 0, 2), (5, 7, 5, 5)]]
     assert batch.n_tokens == 7
     # a row too short for the unit splits it: each part keeps its own prefix copy (a lone branch is unshared)
     batches = pack(_hand_sequences(), "shared_prefix", row_len=4, token_budget=4)
@@ -127,7 +130,8 @@ def _rollout_records():
 
 
 @pytest.mark.parametrize("method", PACKINGS)
-@pytest.mark.parametrize("sizes", [{}, {"row_len": 600, "token_budget": 1200}])
+@pytest.mark.parametrize("sizes", [{}, {"row_len": 600, "token_budget": 1200},
+                                   {"row_len": 600, "token_budget": 1200, "backend": "sdpa_blocks"}])
 def test_rce_every_packing_reproduces_the_sampled_logprobs(method, sizes):
     model, tok, records = _rollout_records()
     report = rce(model, records, method, **sizes)
@@ -155,17 +159,23 @@ def test_unpack_round_trips_to_each_record_and_batches_are_disjoint():
         unpack(torch.zeros(3), batches[0], len(records))
 
 
-def test_action_logprobs_gradients_flow_and_match_no_grad_scoring():
+def test_action_logprobs_gradients_flow_and_agree_across_attention_backends():
     model, tok, records = _rollout_records()
-    (batch,) = pack(aligned(records[:4]), "padding_free", records=records[:4])
-    temps = torch.tensor([r.temperature for r in records[:4]])[batch.record_index]
-    lp = action_logprobs(model, batch, temps)
-    lp.sum().backward()
-    grad = model.get_input_embeddings().weight.grad
-    assert grad is not None and grad.abs().sum() > 0
-    model.zero_grad(set_to_none=True)
-    ref = torch.cat([torch.tensor(records[i].response_logprobs) for i in range(4)])
-    assert (lp.detach() - ref).abs().max() <= 1e-4
+    records = [r for r in records if r.group == 0][:6]
+    (batch,) = pack(aligned(records), "shared_prefix", records=records)
+    assert batch.is_prefix.any()
+    temps = torch.tensor([r.temperature for r in records])[batch.record_index]
+    ref = torch.cat([torch.tensor(r.response_logprobs) for r in records])
+    grads = {}
+    for backend in ("sdpa", "sdpa_blocks"):
+        lp = action_logprobs(model, batch, temps, backend=backend)
+        lp.sum().backward()
+        grads[backend] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+        assert (lp.detach() - ref).abs().max() <= 1e-4, backend
+    assert grads["sdpa"].abs().sum() > 0
+    assert torch.allclose(grads["sdpa"], grads["sdpa_blocks"], atol=1e-5, rtol=1e-4)
+    assert model.config._attn_implementation == "sdpa"  # the backend switch is undone
 
 
 def test_persistent_keeps_sampled_ids_and_tokenises_only_env_replies():
