@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from agents.llm.cli import _parse_value
+from agents.llm.cli import apply_set
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
 RECONSTRUCTIONS = ("aligned", "persistent")
@@ -67,14 +66,7 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
-    known = {f.name for f in fields(MemOPDConfig)}
-    for item in args.set or []:
-        if "=" not in item:
-            raise _fail(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        if key not in known:
-            raise _fail(f"MemOPDConfig has no field {key!r}; fields: {', '.join(sorted(known))}")
-        values[key] = _parse_value(value)
+    apply_set(values, args.set, MemOPDConfig)
     try:
         return MemOPDConfig(**values)
     except (TypeError, ValueError) as exc:
