@@ -1,4 +1,41 @@
-"""Memory-aligned on-policy distillation (MemOPD) and memory-credit methods.
+"""Memory-aligned on-policy distillation (MemOPD) and memory credit (MemPO, HiMPO); see docs/distill.md.
 
-Filled in by the distillation issue; imports may only go down the layers: distill -> agents -> memenv -> tasks.
+- :mod:`distill.reconstruct`: token sequences of invocation records, *aligned* (as sampled) or *persistent*
+  (the episode flattened into one transcript: the misaligned control).
+- :mod:`distill.packing`: padded, padding-free and shared-prefix packing with explicit 4D masks; action
+  log-probs in chunks; unpack; the RCE check.
+- :mod:`distill.diagnose`: the runtime RCE table (``memenv distill diagnose``).
+- :mod:`distill.teacher`: the frozen teacher, the vocabulary check, action hidden states on a layout.
+- :mod:`distill.losses`: reverse/forward KL, generalized JSD(beta), top-k, chunked + checkpointed head application.
+- :mod:`distill.credit`: MemPO / HiMPO memory advantages on memory tokens.
+- :mod:`distill.trainer`: :class:`MemOPDConfig` and :func:`train_memopd` (PPO/GRPO + lambda x distillation).
+- :mod:`distill.cli`: ``memenv distill``.
+
+Submodules are imported on first use (``import distill`` loads no torch). Imports only go down the layers:
+distill -> agents -> memenv -> tasks.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MemOPDConfig": "distill.trainer",
+    "train_memopd": "distill.trainer",
+    "Teacher": "distill.teacher",
+    "VocabularyMismatchError": "distill.teacher",
+    "DistillLossConfig": "distill.losses",
+    "CreditConfig": "distill.credit",
+    "reconstruct": "distill.reconstruct",
+    "pack": "distill.packing",
+    "diagnose": "distill.diagnose",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'distill' has no attribute {name!r}")

@@ -38,6 +38,20 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items into ``values`` (fields of the dataclass ``cls``); a bad item or an unknown
+    field raises :class:`memenv.cli.CommandError` naming it."""
+    known = {f.name for f in fields(cls)}
+    for item in items or []:
+        if "=" not in item:
+            raise CommandError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        if key not in known:
+            raise CommandError(f"{cls.__name__} has no field {key!r}; fields: {', '.join(sorted(known))}")
+        values[key] = _parse_value(value)
+    return values
+
+
 def build_config(args: argparse.Namespace):
     """The trainer config from parsed CLI arguments (a user's mistake raises :class:`memenv.cli.CommandError`)."""
     # The trainers import torch: loaded only when `memenv train` runs, not whenever the memenv CLI starts.
@@ -59,15 +73,8 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
-    known = {f.name for f in fields(cls)}
-    for item in args.set or []:
-        if "=" not in item:
-            raise CommandError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        if key not in known:
-            raise CommandError(f"{cls.__name__} has no field {key!r}; fields: {', '.join(sorted(known))}")
-        values[key] = _parse_value(value)
-    unknown = set(values) - known
+    apply_set(values, args.set, cls)
+    unknown = set(values) - {f.name for f in fields(cls)}
     for key in unknown:  # e.g. --steps with --algo ppo
         raise CommandError(f"--{key.replace('_', '-')} does not apply to --algo {args.algo}")
     with user_input(cls.__name__):

@@ -23,6 +23,18 @@ Loss per action token, averaged over all action tokens of the minibatch (token-m
 + kl_coef * KL_k3(pi || pi_ref)``, with ``r = exp(logp - logp_behaviour)``; ``logp_behaviour`` are the records'
 ``response_logprobs`` (same temperature; token-exact, so ``r == 1`` at the first minibatch) and
 ``KL_k3 = exp(ref - logp) - (ref - logp) - 1`` against a frozen copy of the starting model.
+With ``recompute_old_logprobs=True`` the old log-probs are instead recomputed with the training forward before
+the first minibatch (needed wherever the training forward differs from sampling: another precision, a packing,
+a reconstruction of the context).
+
+Extension points (what ``distill.trainer`` plugs in instead of copying this loop):
+
+- ``actor_forward(module, records, temperature=, entropy=) -> ActorOutput``: how a list of records goes through
+  the actor(-critic); default :func:`collate_forward` (one invocation per right-padded row).
+- ``extra_loss``: a :class:`LossHook`, called on every minibatch with its records and the
+  :class:`ActorOutput` of the same forward; its term is added to the PPO/GRPO loss before ``backward``. An
+  ``on_update(episodes, records, module)`` method, when the hook has one, runs once per update after the
+  advantages are set and before the epochs (it may add to ``token_advantages``: memory credit).
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -80,12 +92,16 @@ class PPOConfig(RunConfig):
     norm_adv: bool = True  # PPO: whiten token advantages over the rank's batch
     grpo_std_norm: bool = True
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
+    recompute_old_logprobs: bool = False  # old log-probs from the training forward, not the records' behaviour ones
+    minibatch_unit: str = "invocation"  # "invocation" | "episode" (whole episodes: a persistent reconstruction)
     eval_every: int = 10
     save_every: int = 20
 
     def __post_init__(self) -> None:
         if self.algo not in ("ppo", "grpo"):
             raise ValueError(f"algo must be 'ppo' or 'grpo', got {self.algo!r}")
+        if self.minibatch_unit not in ("invocation", "episode"):
+            raise ValueError(f"minibatch_unit must be 'invocation' or 'episode', got {self.minibatch_unit!r}")
         if self.algo == "grpo" and (self.group_size < 2 or self.episodes_per_update % self.group_size):
             raise ValueError("GRPO needs group_size >= 2 dividing episodes_per_update")
         if self.num_minibatches > self.episodes_per_update:
@@ -208,6 +224,46 @@ def clip_gradients(policy_params, value_params, max_norm: float) -> tuple[float,
     return policy_norm, value_norm
 
 
+# ---------------------------------------------------------------------- forward and loss hooks
+@dataclass
+class ActorOutput:
+    """What one actor forward gives for a list of records, per action token (``action_mask == 1``) in record
+    order, then token order (the order of the flattened per-token record fields)."""
+
+    logp: torch.Tensor  # [N] log_softmax(logits / T)[token], fp32
+    entropy: torch.Tensor | None = None  # [N]
+    values: torch.Tensor | None = None  # [N] (PPO's value head)
+    hidden: torch.Tensor | None = None  # [N, d] the states that predict the action tokens (with grad in training)
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden -> logits (the LM head)
+    batch: Any = None  # whatever the forward built (a training.Batch, packed batches, ...)
+
+
+ActorForward = Callable[..., ActorOutput]  # (module, records, *, temperature, entropy) -> ActorOutput
+
+
+class LossHook(Protocol):
+    """An extra loss term on the PPO/GRPO minibatch; returns ``(term, metrics)``, the term already weighted."""
+
+    def __call__(self, records: Sequence[InvocationRecord], actor: ActorOutput) -> tuple[torch.Tensor, dict[str, float]]:
+        ...
+
+
+def _unwrap(module):
+    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+def collate_forward(pad_id: int, device) -> ActorForward:
+    """The default actor forward: one invocation per right-padded row (:func:`agents.llm.training.collate`)."""
+
+    def forward(module, records, *, temperature: float = 1.0, entropy: bool = False) -> ActorOutput:
+        b = _batch(records, pad_id, device)
+        logp, ent, values, hidden = module(**b.inputs(), temperature=temperature, entropy=entropy,
+                                           return_hidden=True)
+        return ActorOutput(logp, ent, values, hidden, _unwrap(module).lm.get_output_embeddings(), b)
+
+    return forward
+
+
 # ---------------------------------------------------------------------- trainer
 def _flat(records: Sequence[InvocationRecord], name: str) -> torch.Tensor:
     return torch.tensor([v for r in records for v, m in zip(getattr(r, name), r.action_mask) if m],
@@ -220,19 +276,32 @@ def _batch(records, pad_id, device):
                    device=device)
 
 
+def _units(records: Sequence[InvocationRecord], unit: str) -> list[list[int]]:
+    """Record indices grouped into minibatch units: one invocation each, or whole episodes (consecutive records
+    with the same ``(rollout_id, episode_id)``, as ``records_of`` lists them)."""
+    if unit == "invocation":
+        return [[i] for i in range(len(records))]
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault((getattr(r, "rollout_id", ""), r.episode_id), []).append(i)
+    return list(groups.values())
+
+
 @torch.no_grad()
-def _score(module, records, pad_id, device, temperature, chunk: int = 16, values: bool = True):
+def _score(module, records, forward: ActorForward, temperature, chunk: int = 16, values: bool = True,
+           unit: str = "invocation"):
     """Per-record lists of log-probs and values at action tokens (no grad)."""
-    logps, vals = [], []
+    logps, vals = [None] * len(records), [None] * len(records)
     module.eval()
-    for i in range(0, len(records), chunk):
-        part = records[i:i + chunk]
-        b = _batch(part, pad_id, device)
-        logp, _, v = module(**b.inputs(), temperature=temperature)
-        for j in range(len(part)):
-            sel = b.seq_index == j
-            logps.append(logp[sel].tolist())
-            vals.append(v[sel].tolist() if (values and v is not None) else None)
+    units = _units(records, unit)
+    for i in range(0, len(units), chunk):
+        idx = [k for u in units[i:i + chunk] for k in u]
+        out = forward(module, [records[k] for k in idx], temperature=temperature, entropy=False)
+        counts = [sum(records[k].action_mask) for k in idx]
+        for k, lp, v in zip(idx, out.logp.split(counts),
+                            out.values.split(counts) if (values and out.values is not None) else [None] * len(idx)):
+            logps[k] = lp.tolist()
+            vals[k] = v.tolist() if v is not None else None
     module.train()
     return logps, vals
 
@@ -247,11 +316,14 @@ def task_seeds(cfg: PPOConfig, update: int, rank: int) -> tuple[list[int], list[
     return rng.integers(0, 10**6, size=cfg.episodes_per_update).tolist(), [None] * cfg.episodes_per_update
 
 
-def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[str, Any]:
+def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_loss: LossHook | None = None,
+             actor_forward: ActorForward | None = None, title: str | None = None) -> dict[str, Any]:
     """PPO or GRPO (``cfg.algo``); returns the last metrics row. Runs unchanged under torchrun.
 
     ``model``/``tokenizer``: an in-memory start (else ``cfg.model`` or a fresh tiny model); ``env_fn``: a
-    callable making one env (else ``gym.make(cfg.env_id, **cfg.env_kwargs)``)."""
+    callable making one env (else ``gym.make(cfg.env_id, **cfg.env_kwargs)``). ``extra_loss`` /
+    ``actor_forward``: see the module doc (a hook's ``plot_keys`` attribute adds columns to the PNG);
+    ``title``: of the learning curve."""
     from tqdm.auto import tqdm
 
 
@@ -303,6 +375,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
     log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
     log.truncate("update", start)
     pad = tok.pad_token_id
+    forward = actor_forward or collate_forward(pad, dist.device)
+    on_update = getattr(extra_loss, "on_update", None)
     temperature = policy.temperature if policy.temperature > 0 else 1.0
     mb_rng = np.random.default_rng([cfg.seed, dist.rank, start, 23])
     bar = tqdm(total=cfg.updates, initial=start, desc=cfg.algo, unit="update",
@@ -319,26 +393,36 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
         episodes = rollout(policy, envs, seeds, groups=group_ids, gamma=cfg.gamma)
         records = records_of(episodes)
         rollout_s = t0()
+        unit = cfg.minibatch_unit
+        old_logps = None
+        if cfg.uses_value or cfg.recompute_old_logprobs:
+            old_logps, old_values = _score(model, records, forward, temperature, values=cfg.uses_value,
+                                           unit=unit)
         if cfg.uses_value:
-            _, old_values = _score(model, records, pad, dist.device, temperature)
             k0 = 0
             for ep in episodes:
                 episode_gae(ep.records, old_values[k0:k0 + len(ep.records)], cfg.gamma, cfg.lam)
                 k0 += len(ep.records)
         else:
             grpo_assign(episodes, cfg.grpo_std_norm)
-        ref_logps = _score(ref, records, pad, dist.device, temperature, values=False)[0] if ref is not None else None
+        if not cfg.recompute_old_logprobs:
+            old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
+        ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] if ref is not None else None
+        hook_stats = on_update(episodes, records, model) if on_update is not None else {}
         adv_all = _flat(records, "token_advantages")
         adv_mean, adv_std = float(adv_all.mean()), float(adv_all.std()) if len(adv_all) > 1 else 1.0
         stats: dict[str, list[float]] = {}
         stop_early = False
+        units = _units(records, unit)
         for epoch in range(cfg.epochs):
-            order = mb_rng.permutation(len(records))
-            for part in np.array_split(order, cfg.num_minibatches):
+            order = mb_rng.permutation(len(units))
+            for unit_part in np.array_split(order, cfg.num_minibatches):
+                part = [i for u in unit_part for i in units[u]]
+                if not part:
+                    continue
                 mb = [records[i] for i in part]
-                b = _batch(mb, pad, dist.device)
-                logp, ent, values = train_model(**b.inputs(), temperature=temperature,
-                                                entropy=True)
+                actor_out = forward(train_model, mb, temperature=temperature, entropy=True)
+                logp, ent, values = actor_out.logp, actor_out.entropy, actor_out.values
                 adv = _flat(mb, "token_advantages").to(dist.device)
                 if cfg.uses_value and cfg.norm_adv:
                     adv = (adv - adv_mean) / (adv_std + 1e-8)
@@ -350,8 +434,13 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
                 if ref_logps is not None:
                     kw["ref_logp"] = torch.tensor([v for i in part for v in ref_logps[i]], device=dist.device)
                     kw["kl_coef"] = cfg.kl_coef
-                losses = ppo_loss(logp, _flat(mb, "response_logprobs").to(dist.device), adv, clip=cfg.clip,
-                                  entropy=ent, ent_coef=cfg.ent_coef, **kw)
+                old_logp = torch.tensor([v for i in part for v in old_logps[i]], device=dist.device)
+                losses = ppo_loss(logp, old_logp, adv, clip=cfg.clip, entropy=ent, ent_coef=cfg.ent_coef, **kw)
+                if extra_loss is not None:
+                    term, extra_stats = extra_loss(mb, actor_out)
+                    losses["loss"] = losses["loss"] + term
+                    for k, v in extra_stats.items():
+                        stats.setdefault(k, []).append(float(v))
                 optimizer.zero_grad(set_to_none=True)
                 losses["loss"].backward()
                 grad_norm, value_grad_norm = clip_gradients(lm_params, head, cfg.grad_clip)
@@ -377,7 +466,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
             "memory_tokens": sum(sum(r.memory_mask) for r in records) / max(1, len(records)),
             "adv_mean": adv_mean, "rollout_s": rollout_s, "update_s": t0() - rollout_s,
             "sampled_tokens_per_s": sampled / max(1e-9, rollout_s),
-            **{k: float(np.mean(v)) for k, v in stats.items()},
+            **{k: float(np.mean(v)) for k, v in stats.items()}, **hook_stats,
         }))
         row["early_stop"] = int(stop_early)
         done = update + 1 == cfg.updates or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
@@ -387,8 +476,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None) -> dict[st
             row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
         log.append(row)
         last = row
-        log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy"],
-                 f"{cfg.algo.upper()} {cfg.env_id} {cfg.env_kwargs}")
+        log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy",
+                            *getattr(extra_loss, "plot_keys", ())],
+                 title or f"{cfg.algo.upper()} {cfg.env_id} {cfg.env_kwargs}")
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:
@@ -426,4 +516,4 @@ def param_checksum(module: torch.nn.Module) -> str:
 
 
 __all__ = ["PPOConfig", "train_rl", "gae", "episode_gae", "group_advantages", "grpo_assign", "ppo_loss",
-           "param_checksum", "task_seeds"]
+           "param_checksum", "task_seeds", "ActorOutput", "ActorForward", "LossHook", "collate_forward"]

@@ -13,6 +13,7 @@ matching ids, otherwise from the character offsets of the decoded ids (decoding,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -45,6 +46,10 @@ class InvocationRecord:
     seed: int | None = None  # the task seed the episode was reset with
     group: int | None = None  # GRPO group id (episodes sharing a task seed)
     snapshot: dict[str, Any] = field(default_factory=dict)  # info["invocation"] of the env
+    # Pooling across updates (records written before these fields existed load with the defaults):
+    rollout_id: str = ""  # unique per rollout call: (rollout_id, episode_id, turn) is unique across updates
+    gold: list[list[str]] | None = None  # the episode's gold answers: per objective, its accepted answers
+    tokenizer_fingerprint: str = ""  # tokenizer_fingerprint() of the tokenizer that made the ids
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -56,6 +61,15 @@ class InvocationRecord:
     @property
     def key(self) -> tuple[str, int]:
         return (self.episode_id, self.turn)
+
+    @property
+    def uid(self) -> tuple[str, str, int]:
+        """``(rollout_id, episode_id, turn)``: unique across rollout calls (updates)."""
+        return (self.rollout_id, self.episode_id, self.turn)
+
+    def describe(self) -> str:
+        """How errors name this record."""
+        return f"record (episode_id={self.episode_id!r}, turn={self.turn}, rollout_id={self.rollout_id!r})"
 
     @property
     def input_ids(self) -> list[int]:
@@ -80,6 +94,22 @@ class InvocationRecord:
     def from_dict(cls, data: dict[str, Any]) -> "InvocationRecord":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A stable hash (16 hex digits) of ``tokenizer``'s vocabulary: every token string with its id, added tokens
+    included. Equal fingerprints mean the same ids denote the same tokens (the teacher/student vocabulary check).
+    Cached on the tokenizer object."""
+    cached = getattr(tokenizer, "_memenv_fingerprint", None)
+    if cached is not None:
+        return cached
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+    try:
+        tokenizer._memenv_fingerprint = digest
+    except AttributeError:
+        pass
+    return digest
 
 
 def _tag_ids(tokenizer, tag: str) -> int | None:

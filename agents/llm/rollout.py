@@ -16,12 +16,13 @@ each sub-env contributes its first episode of the round; after a sub-env's episo
 from __future__ import annotations
 
 import itertools
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from agents.llm.records import InvocationRecord, memory_mask
+from agents.llm.records import InvocationRecord, memory_mask, tokenizer_fingerprint
 from memenv.vector import sub_env_info
 
 
@@ -47,8 +48,13 @@ class Episode:
         return len(self.records)
 
 
-def _finish(records: list[InvocationRecord], gamma: float, terminated: bool) -> None:
+def _finish(records: list[InvocationRecord], gamma: float, terminated: bool, summary: dict | None = None) -> None:
     total = float(sum(r.reward for r in records))
+    gold = (summary or {}).get("gold")
+    if gold is not None:  # per objective, its accepted answers (a bare string counts as one answer)
+        gold = [[str(g)] if isinstance(g, str) else [str(a) for a in g] for g in gold]
+        for r in records:
+            r.gold = gold
     running = 0.0
     for r in reversed(records):
         running = r.reward + gamma * running
@@ -65,8 +71,9 @@ class _Slot:
     ``env_episode_id`` is the env's id (the join key with its snapshots); ``episode_id`` is unique within the
     rollout: episodes of the same task seed (GRPO groups) get the env's id with a suffix ``-1``, ``-2``, ..."""
 
-    def __init__(self, seed: int | None, group: int | None, env_episode_id: str, seen: dict[str, int]) -> None:
-        self.seed, self.group, self.env_episode_id = seed, group, env_episode_id
+    def __init__(self, seed: int | None, group: int | None, env_episode_id: str, seen: dict[str, int],
+                 rollout_id: str = "") -> None:
+        self.seed, self.group, self.env_episode_id, self.rollout_id = seed, group, env_episode_id, rollout_id
         repeat = seen.get(env_episode_id, 0)
         seen[env_episode_id] = repeat + 1
         self.episode_id = env_episode_id if repeat == 0 else f"{env_episode_id}-{repeat}"
@@ -84,7 +91,7 @@ def _make_record(gen, snapshot: dict[str, Any], reward: float, tokenizer, slot: 
         response_logprobs=list(gen.response_logprobs), action_mask=[1] * len(gen.response_ids),
         memory_mask=memory_mask(gen.response_ids, tokenizer), reward=float(reward),
         temperature=gen.temperature, finish_reason=gen.finish_reason, seed=slot.seed, group=slot.group,
-        snapshot=snapshot,
+        snapshot=snapshot, rollout_id=slot.rollout_id, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
     )
 
 
@@ -94,20 +101,24 @@ def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
 
 
 def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
-            gamma: float = 1.0, progress: bool = False) -> list[Episode]:
+            gamma: float = 1.0, progress: bool = False, rollout_id: str | None = None) -> list[Episode]:
     """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.policy.LLMPolicy`) and return
     them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
     ``groups[i]`` tags episode i (GRPO groups); ``gamma`` discounts ``return_to_go`` over invocations.
+    Every record gets ``rollout_id`` (default: a fresh uuid4 hex, so records pooled across calls stay unique by
+    ``(rollout_id, episode_id, turn)``), the episode's gold answers (from ``info["summary"]["gold"]`` where the
+    env reports them) and the policy tokenizer's fingerprint.
     """
     groups = list(groups) if groups is not None else [None] * len(seeds)
     if len(groups) != len(seeds):
         raise ValueError("groups must have one entry per seed")
+    rollout_id = uuid.uuid4().hex if rollout_id is None else str(rollout_id)
     import gymnasium as gym
 
     if isinstance(envs, gym.vector.VectorEnv):
-        return _rollout_vector(policy, envs, list(seeds), groups, gamma, progress)
-    return _rollout_list(policy, list(envs), list(seeds), groups, gamma, progress)
+        return _rollout_vector(policy, envs, list(seeds), groups, gamma, progress, rollout_id)
+    return _rollout_list(policy, list(envs), list(seeds), groups, gamma, progress, rollout_id)
 
 
 def _progress(total: int, enabled: bool):
@@ -116,7 +127,8 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="rollout", unit="ep", disable=not enabled, leave=False)
 
 
-def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: bool) -> list[Episode]:
+def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: bool,
+                  rollout_id: str) -> list[Episode]:
     if not envs:
         raise ValueError("rollout needs at least one env")
     queue = iter(enumerate(zip(seeds, groups)))
@@ -136,7 +148,7 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
         index, (seed, group) = nxt
         obs, info = envs[e].reset(seed=seed)
         episode_id = str(info.get("episode_id") or f"ep{seed}-{next(counter)}")
-        slots[e], observations[e], order[e] = _Slot(seed, group, episode_id, seen), obs, index
+        slots[e], observations[e], order[e] = _Slot(seed, group, episode_id, seen, rollout_id), obs, index
         return True
 
     for e in range(len(envs)):
@@ -154,8 +166,8 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
             slot.records.append(_make_record(gen, snapshot, reward, policy.tokenizer, slot))
             observations[e] = obs
             if terminated or truncated:
-                _finish(slot.records, gamma, bool(terminated))
                 episode_info = {k: v for k, v in (info.get("summary") or {}).items() if k != "snapshots"}
+                _finish(slot.records, gamma, bool(terminated), episode_info)
                 results[order[e]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
                 bar.update(1)
                 start(e)
@@ -163,7 +175,8 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
     return [r for r in results if r is not None]
 
 
-def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progress: bool) -> list[Episode]:
+def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progress: bool,
+                    rollout_id: str) -> list[Episode]:
     n = venv.num_envs
     results: dict[int, Episode] = {}
     bar = _progress(len(seeds), progress)
@@ -179,7 +192,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
         for k in range(n):
             if k < len(chunk):
                 eid = sub_env_info(info, k).get("episode_id") or f"ep{seeds[chunk[k]]}-{next(counter)}"
-                slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid), seen))
+                slots.append(_Slot(seeds[chunk[k]], groups[chunk[k]], str(eid), seen, rollout_id))
             else:
                 slots.append(None)
         observations = list(obs)
@@ -201,11 +214,11 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
                     (slot.env_episode_id, slot.turn), observations[k], gen.text, rewards[k])
                 slot.records.append(_make_record(gen, snapshot, float(rewards[k]), policy.tokenizer, slot))
                 if terms[k] or truncs[k]:
-                    _finish(slot.records, gamma, bool(terms[k]))
                     episode_info = env_info.get("summary")
                     if episode_info is None and "final_info" in info:  # SAME_STEP autoreset
                         episode_info = sub_env_info(info["final_info"], k).get("summary")
                     episode_info = {k2: v for k2, v in (episode_info or {}).items() if k2 != "snapshots"}
+                    _finish(slot.records, gamma, bool(terms[k]), episode_info)
                     results[chunk[k]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
                     bar.update(1)
                     slots[k] = None

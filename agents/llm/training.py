@@ -155,7 +155,9 @@ class ActorCritic(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids, rows, cols, targets, temperature: float = 1.0,
-                entropy: bool = False):
+                entropy: bool = False, return_hidden: bool = False):
+        """``(logp, entropy, values)``, plus the ``[N, d]`` states that predict the action tokens when
+        ``return_hidden`` (for extra loss terms on the same forward, e.g. distillation)."""
         base = self.lm.base_model
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state
@@ -168,7 +170,7 @@ class ActorCritic(nn.Module):
         if self.value_head is not None:
             hv = h.detach() if self.detach_value else h
             values = self.value_head(hv.to(self.value_head.weight.dtype))[:, 0]
-        return logp, ent, values
+        return (logp, ent, values, h) if return_hidden else (logp, ent, values)
 
 
 @dataclass

@@ -1,0 +1,198 @@
+"""``memenv distill``: MemOPD (PPO/GRPO + on-policy distillation from a teacher), and ``memenv distill diagnose``.
+
+    memenv distill --teacher runs/sft/checkpoint-0002000 --out runs/memopd --updates 50      # tiny student
+    memenv distill --teacher T --student S --algo ppo --loss jsd --beta 0.5 --lambda 0.5 --out runs/memopd
+    memenv distill --teacher T --student S --reconstruction persistent --out runs/control   # matched control
+    memenv distill --teacher T --student S --credit himpo --out runs/himpo
+    memenv distill --teacher T --out runs/memopd --resume                                   # continue
+    memenv distill diagnose --records records.jsonl --model S                               # RCE table
+
+Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``), with the tokenizer of the env's oracle
+text: a teacher trained by ``memenv train`` from scratch shares it. Every field of
+:class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can be set with ``--set KEY=VALUE``. Writes
+``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic checkpoints ``OUT/checkpoint-N``
+(``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or the vocabulary check is
+bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.llm.cli import apply_set
+from memenv.cli import CommandError, parse_kwargs
+
+LOSSES = ("reverse_kl", "forward_kl", "jsd")
+RECONSTRUCTIONS = ("aligned", "persistent")
+PACKINGS = ("padded", "padding_free", "shared_prefix")
+CREDITS = ("none", "mempo", "himpo")
+# options copied as they are into the MemOPDConfig field of the same name (when given)
+_FIELDS = ("algo", "lr", "updates", "episodes_per_update", "group_size", "kl_coef", "temperature", "eval_every",
+           "eval_episodes", "save_every", "num_envs", "max_new_tokens", "max_seconds", "threads", "distill_coef",
+           "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "packing", "token_budget", "credit",
+           "credit_coef")
+
+
+def _fail(message: str) -> CommandError:
+    """A user's mistake: ``memenv`` prints ``memenv distill: error: MESSAGE`` and exits 2."""
+    return CommandError(message)
+
+
+def _checkpoint(path: str, option: str) -> str:
+    if not (Path(path) / "config.json").exists():
+        raise _fail(f"{option} {path}: no model checkpoint there (config.json missing)")
+    return path
+
+
+def build_config(args: argparse.Namespace):
+    """The :class:`distill.trainer.MemOPDConfig` of parsed ``memenv distill`` arguments (a :class:`CommandError`
+    naming the bad argument otherwise)."""
+    from distill.trainer import MemOPDConfig
+
+    if not args.teacher:
+        raise _fail("memenv distill needs --teacher PATH (a local checkpoint that shares the student's tokenizer)")
+    values: dict[str, Any] = {"env_id": args.env, "out_dir": args.out, "seed": args.seed, "resume": args.resume,
+                              "progress": not args.quiet, "teacher": _checkpoint(args.teacher, "--teacher"),
+                              "recompute_old_logprobs": args.recompute_old_logprobs}
+    if args.student and args.student != "tiny":
+        values["model"] = _checkpoint(args.student, "--student")
+    if args.kw is not None:
+        values["env_kwargs"] = parse_kwargs(args.kw)
+    for name in _FIELDS:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    apply_set(values, args.set, MemOPDConfig)
+    try:
+        return MemOPDConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    from distill.teacher import VocabularyMismatchError
+    from distill.trainer import train_memopd
+
+    try:
+        last = train_memopd(cfg)
+    except VocabularyMismatchError as exc:
+        raise _fail(str(exc)) from None
+    shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
+    print(json.dumps(shown))
+    print(f"wrote {cfg.out_dir}/metrics.csv, {cfg.out_dir}/learning_curve.png and checkpoints in {cfg.out_dir}")
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    records_path = Path(args.records)
+    if not records_path.is_file():
+        raise _fail(f"--records {args.records}: no such file (JSON lines of invocation records)")
+    _checkpoint(args.model, "--model")
+    if not 0 < args.clip < 1:
+        raise _fail(f"--clip must be in (0, 1), got {args.clip}")
+    if args.token_budget < 1:
+        raise _fail(f"--token-budget must be >= 1, got {args.token_budget}")
+    from agents.llm.models import load_pretrained
+    from agents.llm.records import load_records
+    from distill.diagnose import diagnose
+    from distill.packing import check_records
+
+    try:
+        records = load_records(records_path)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise _fail(f"--records {args.records}: not invocation records ({exc})") from None
+    model, tokenizer = load_pretrained(args.model)
+    try:
+        check_records(records, model, tokenizer)
+        table = diagnose(records, model, tokenizer, clip=args.clip, methods=args.methods, progress=not args.quiet,
+                         token_budget=args.token_budget)
+    except ValueError as exc:
+        raise _fail(f"--records {args.records}: {exc}") from None
+    print(f"{len(records)} records, {int(table['action_tokens'].iloc[0])} action tokens; model {args.model}; "
+          f"clip {args.clip}")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.csv:
+        from agents.files import write_atomic
+
+        write_atomic(Path(args.csv), lambda tmp: table.to_csv(tmp, index=False))
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Adds ``memenv distill`` and ``memenv distill diagnose`` (entry point group ``memenv.commands``)."""
+    from distill.diagnose import DIAGNOSE_METHODS
+
+    p = subparsers.add_parser("distill", help="MemOPD: PPO/GRPO + on-policy distillation from a teacher",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", help="teacher checkpoint folder (must share the student's tokenizer)")
+    p.add_argument("--student", default=None, help="student checkpoint folder (default: a fresh tiny model)")
+    p.add_argument("--algo", choices=["ppo", "grpo"], default=None, help="RL objective (default ppo)")
+    p.add_argument("--env", default="MemQA-v0", help="environment id (default MemQA-v0)")
+    p.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs (default objectives=1 hops=2)")
+    p.add_argument("--out", default="runs/distill", help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/latest")
+    g = p.add_argument_group("distillation")
+    g.add_argument("--lambda", dest="distill_coef", type=float, help="weight of the distillation loss (default 1)")
+    g.add_argument("--loss", choices=LOSSES, help="divergence (default reverse_kl: KL(student || teacher))")
+    g.add_argument("--beta", type=float, help="JSD(beta) teacher weight in [0, 1] (default 0.5)")
+    g.add_argument("--top-k", dest="top_k", type=int, help="keep only the teacher's top-k tokens (default: exact)")
+    g.add_argument("--top-k-mode", dest="top_k_mode", choices=["tail", "renorm"],
+                   help="close the top-k support with a tail bucket (default) or renormalise on it")
+    g.add_argument("--chunk", type=int, help="action positions per LM-head application (default 1024)")
+    g.add_argument("--reconstruction", choices=RECONSTRUCTIONS,
+                   help="aligned (as sampled, default) or persistent (flattened transcript: the control)")
+    g.add_argument("--packing", choices=PACKINGS, help="default shared_prefix")
+    g.add_argument("--token-budget", dest="token_budget", type=int, help="tokens per packed forward (default 4096)")
+    g.add_argument("--credit", choices=CREDITS, help="memory credit on memory tokens (default none)")
+    g.add_argument("--credit-coef", dest="credit_coef", type=float, help="weight of the memory advantage")
+    g.add_argument("--recompute-old-logprobs", dest="recompute_old_logprobs", action="store_true",
+                   help="PPO ratio against log-probs recomputed by the training forward (not the sampled ones)")
+    r = p.add_argument_group("reinforcement learning")
+    r.add_argument("--updates", type=int)
+    r.add_argument("--episodes-per-update", dest="episodes_per_update", type=int)
+    r.add_argument("--group-size", dest="group_size", type=int, help="GRPO: episodes per task seed")
+    r.add_argument("--lr", type=float)
+    r.add_argument("--kl-coef", dest="kl_coef", type=float, help="KL to the starting student")
+    r.add_argument("--temperature", type=float, help="sampling temperature")
+    r.add_argument("--eval-every", dest="eval_every", type=int)
+    r.add_argument("--eval-episodes", dest="eval_episodes", type=int)
+    r.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N updates")
+    r.add_argument("--num-envs", dest="num_envs", type=int)
+    r.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    r.add_argument("--max-seconds", dest="max_seconds", type=float, help="time budget (evaluations excluded)")
+    r.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="any other MemOPDConfig field")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
+
+    sub = p.add_subparsers(dest="distill_command", metavar="{diagnose}")
+    d = sub.add_parser("diagnose", help="log-prob reconstruction error of each packing and the persistent control",
+                       description="For aligned, each packing and the persistent control: max and p99 |d log-prob| "
+                                   "of the sampled tokens against the records, top-1 flips at action positions, and "
+                                   "the share of action tokens whose PPO ratio would leave the clip range.")
+    d.add_argument("--records", required=True, help="JSON lines of invocation records (agents.llm.records)")
+    d.add_argument("--model", required=True, help="checkpoint folder (the policy that sampled the records)")
+    d.add_argument("--methods", nargs="+", choices=DIAGNOSE_METHODS, default=list(DIAGNOSE_METHODS))
+    d.add_argument("--clip", type=float, default=0.2, help="PPO clip range (default 0.2)")
+    d.add_argument("--token-budget", dest="token_budget", type=int, default=4096)
+    d.add_argument("--csv", help="also write the table here")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_diagnose)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``memenv distill ARGS`` (``argv`` = ARGS): a user's mistake prints one line and returns 2."""
+    from memenv import cli
+
+    return cli.main(["distill", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

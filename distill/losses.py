@@ -1,0 +1,209 @@
+"""Distillation losses between the student's and the teacher's full-vocabulary distributions at action positions.
+
+Every loss here takes log-probabilities over the whole vocabulary at the same positions (``[N, V]``, one row per
+sampled action token) and returns one value per position; the trainer averages them over action tokens.
+
+- ``reverse_kl`` (default): ``KL(student || teacher) = sum_v p_s (log p_s - log p_t)``: mode seeking, the usual
+  choice for on-policy distillation (the student is penalised for mass where the teacher has none).
+- ``forward_kl``: ``KL(teacher || student) = sum_v p_t (log p_t - log p_s)``: mean seeking (as SFT on teacher
+  soft labels).
+- ``jsd``: the generalized Jensen-Shannon divergence of GKD (Agarwal et al., 2024) with the convention of TRL's
+  ``GKDTrainer``: ``M = beta * p_t + (1 - beta) * p_s`` and
+  ``JSD(beta) = beta * KL(teacher || M) + (1 - beta) * KL(student || M)``. ``beta = 0.5`` is the symmetric
+  JSD; as ``beta -> 0`` it behaves as ``beta * KL(teacher || student)`` and as ``beta -> 1`` as
+  ``(1 - beta) * KL(student || teacher)``, so the end points ``beta = 0`` and ``beta = 1`` are defined (as in
+  GKD/TRL) as the forward and the reverse KL themselves.
+
+Top-k approximation (``top_k=k``): only the teacher's ``k`` most likely tokens at each position are kept, which
+is what a cached or remote teacher can afford to send. Two ways to close the distribution (``top_k_mode``):
+
+- ``"tail"`` (default): ``k + 1`` outcomes, the teacher's top-k tokens plus one *tail bucket* holding the rest of
+  the mass (``1 - sum_topk p``) for each distribution. Both distributions stay normalised and exact on the
+  support, and nothing is thrown away; with ``k = V`` the tail is empty and the loss equals the exact one.
+- ``"renorm"``: both distributions are restricted to the teacher's top-k tokens and renormalised there. Tokens
+  outside the support get no signal (the student may keep mass there unpenalised); with ``k = V`` it is exact.
+
+:func:`chunked_distill_loss` applies the language-model head to hidden states in position chunks and checkpoints
+each chunk, so neither the forward nor the backward ever holds more than ``chunk x V`` logits of the student (and
+of the teacher) at once: memory stays ``O(chunk x vocab)`` instead of ``O(N x vocab)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+LOSS_KINDS = ("reverse_kl", "forward_kl", "jsd")
+TOP_K_MODES = ("tail", "renorm")
+
+
+@dataclass(frozen=True)
+class DistillLossConfig:
+    """What the distillation term is: the divergence, its JSD weight, the top-k approximation, the temperature
+    both distributions are taken at, and the chunk size (positions per lm-head application)."""
+
+    kind: str = "reverse_kl"
+    beta: float = 0.5  # JSD(beta): weight of the teacher in the mixture (GKD / TRL convention)
+    top_k: int | None = None  # None: the exact full-vocabulary loss
+    top_k_mode: str = "tail"
+    temperature: float = 1.0
+    chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"distillation loss kind must be one of {', '.join(LOSS_KINDS)}; got {self.kind!r}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"JSD beta must be in [0, 1], got {self.beta}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be a positive number of tokens (or None for the exact loss), got {self.top_k}")
+        if self.top_k_mode not in TOP_K_MODES:
+            raise ValueError(f"top_k_mode must be one of {', '.join(TOP_K_MODES)}; got {self.top_k_mode!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"distillation temperature must be > 0, got {self.temperature}")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 position, got {self.chunk}")
+
+
+# ---------------------------------------------------------------------- divergences on [N, V] log-probs
+def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``KL(p || q)`` per row from log-probabilities; terms with ``p = 0`` count 0 (also where ``q = 0``)."""
+    p = logp.exp()
+    diff = torch.where(p > 0, logp - logq, torch.zeros_like(logp))
+    return (p * diff).sum(-1)
+
+
+def reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """``KL(student || teacher)`` per position."""
+    return _kl(student_logp, teacher_logp)
+
+
+def forward_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """``KL(teacher || student)`` per position."""
+    return _kl(teacher_logp, student_logp)
+
+
+def generalized_jsd(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """GKD's ``JSD(beta)`` per position (see the module doc for the convention and the end points)."""
+    if beta == 0.0:
+        return forward_kl(student_logp, teacher_logp)
+    if beta == 1.0:
+        return reverse_kl(student_logp, teacher_logp)
+    mixture = torch.logaddexp(teacher_logp + math.log(beta), student_logp + math.log1p(-beta))
+    return beta * _kl(teacher_logp, mixture) + (1.0 - beta) * _kl(student_logp, mixture)
+
+
+def divergence(student_logp: torch.Tensor, teacher_logp: torch.Tensor, kind: str = "reverse_kl",
+               beta: float = 0.5) -> torch.Tensor:
+    """The divergence ``kind`` (one of :data:`LOSS_KINDS`) per position."""
+    if kind == "reverse_kl":
+        return reverse_kl(student_logp, teacher_logp)
+    if kind == "forward_kl":
+        return forward_kl(student_logp, teacher_logp)
+    if kind == "jsd":
+        return generalized_jsd(student_logp, teacher_logp, beta)
+    raise ValueError(f"distillation loss kind must be one of {', '.join(LOSS_KINDS)}; got {kind!r}")
+
+
+def _tail_logmass(top_logp: torch.Tensor) -> torch.Tensor:
+    """``log(1 - sum_topk p)`` ``[N, 1]``, floored at the smallest normal float: an (almost) empty tail stays
+    finite, so it contributes ``~0`` to the loss and no NaN to the gradient."""
+    lse = top_logp.logsumexp(-1, keepdim=True).clamp(max=0.0)
+    return torch.log((-torch.expm1(lse)).clamp(min=torch.finfo(top_logp.dtype).tiny))
+
+
+def top_k_distributions(student_logp: torch.Tensor, teacher_logp: torch.Tensor, k: int,
+                        mode: str = "tail") -> tuple[torch.Tensor, torch.Tensor]:
+    """Both distributions on the teacher's top-k support: ``[N, k + 1]`` with the tail bucket last (``"tail"``)
+    or ``[N, k]`` renormalised (``"renorm"``). ``k`` larger than the vocabulary means the whole vocabulary."""
+    k = min(int(k), teacher_logp.shape[-1])
+    teacher_top, index = teacher_logp.topk(k, dim=-1)
+    student_top = student_logp.gather(-1, index)
+    if mode == "renorm":
+        return (student_top - student_top.logsumexp(-1, keepdim=True),
+                teacher_top - teacher_top.logsumexp(-1, keepdim=True))
+    if mode != "tail":
+        raise ValueError(f"top_k_mode must be one of {', '.join(TOP_K_MODES)}; got {mode!r}")
+    return (torch.cat([student_top, _tail_logmass(student_top)], -1),
+            torch.cat([teacher_top, _tail_logmass(teacher_top)], -1))
+
+
+def distill_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, cfg: DistillLossConfig) -> torch.Tensor:
+    """Per-position loss of ``cfg`` from full-vocabulary log-probs (top-k applied here when configured)."""
+    if cfg.top_k is not None:
+        student_logp, teacher_logp = top_k_distributions(student_logp, teacher_logp, cfg.top_k, cfg.top_k_mode)
+    return divergence(student_logp, teacher_logp, cfg.kind, cfg.beta)
+
+
+# ---------------------------------------------------------------------- chunked application of the lm heads
+def head_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(head(hidden) / temperature)`` in fp32."""
+    return torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+
+
+def chunked_distill_loss(student_head: Callable[[torch.Tensor], torch.Tensor], student_hidden: torch.Tensor,
+                         teacher_head: Callable[[torch.Tensor], torch.Tensor], teacher_hidden: torch.Tensor,
+                         cfg: DistillLossConfig) -> torch.Tensor:
+    """Per-position distillation loss ``[N]`` from hidden states ``[N, d_s]`` (student, with grad) and
+    ``[N, d_t]`` (teacher, no grad), applying both heads ``cfg.chunk`` positions at a time.
+
+    Each chunk is checkpointed: its logits are recomputed in the backward pass instead of kept, so peak memory
+    is ``O(chunk x V)`` in both passes. The teacher's side is computed under ``no_grad``."""
+    if student_hidden.shape[0] != teacher_hidden.shape[0]:
+        raise ValueError(f"student and teacher hidden states cover different positions: "
+                         f"{student_hidden.shape[0]} vs {teacher_hidden.shape[0]}")
+
+    def one_chunk(h_s: torch.Tensor, h_t: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logp = head_logprobs(teacher_head, h_t, cfg.temperature)
+        student_logp = head_logprobs(student_head, h_s, cfg.temperature)
+        if student_logp.shape[-1] != teacher_logp.shape[-1]:
+            raise ValueError(f"student and teacher heads give different vocabularies: {student_logp.shape[-1]} "
+                             f"vs {teacher_logp.shape[-1]} logits")
+        return distill_loss(student_logp, teacher_logp, cfg)
+
+    parts = []
+    for i in range(0, student_hidden.shape[0], cfg.chunk):
+        h_s, h_t = student_hidden[i:i + cfg.chunk], teacher_hidden[i:i + cfg.chunk]
+        if torch.is_grad_enabled() and h_s.requires_grad:
+            parts.append(checkpoint(one_chunk, h_s, h_t, use_reentrant=False))
+        else:
+            parts.append(one_chunk(h_s, h_t))
+    return torch.cat(parts) if parts else student_hidden.new_zeros(0, dtype=torch.float32)
+
+
+def chunked_action_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                            targets: torch.Tensor, temperature: float = 1.0, chunk: int = 1024,
+                            entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` ``[N]`` (and entropies ``[N]`` when asked) from hidden states ``[N, d]``, the head
+    applied ``chunk`` positions at a time and checkpointed (memory ``O(chunk x V)``); the PPO side of the same
+    student forward whose hidden states feed :func:`chunked_distill_loss`."""
+
+    def one_chunk(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = head_logprobs(head, h, temperature)
+        logp = logp_all.gather(-1, t[:, None])[:, 0]
+        ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else logp.new_zeros(logp.shape)
+        return logp, ent
+
+    logps, ents = [], []
+    for i in range(0, hidden.shape[0], chunk):
+        h, t = hidden[i:i + chunk], targets[i:i + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            logp, ent = checkpoint(one_chunk, h, t, use_reentrant=False)
+        else:
+            logp, ent = one_chunk(h, t)
+        logps.append(logp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if entropy else None)
+
+
+__all__ = ["DistillLossConfig", "LOSS_KINDS", "TOP_K_MODES", "reverse_kl", "forward_kl", "generalized_jsd",
+           "divergence", "top_k_distributions", "distill_loss", "head_logprobs", "chunked_distill_loss",
+           "chunked_action_logprobs"]

@@ -1,0 +1,636 @@
+"""Pack reconstructed token sequences into batches, score the sampled tokens, and unpack per record.
+
+Three packings of :class:`distill.reconstruct.TokenSequence` (each scored token keeps exactly the context it had
+when sampled, so every packing reproduces the records' log-probs: the RCE check, :func:`rce`):
+
+- ``"padded"``: one sequence per row, right-padded to the longest row of its batch; rows taken in the order
+  given (what a per-invocation trainer does).
+- ``"padding_free"``: several sequences per row, placed first-fit-decreasing into rows of ``row_len`` tokens,
+  positions reset per sequence, block-diagonal causal mask.
+- ``"shared_prefix"``: the sequences of one episode (same ``(rollout_id, episode_id)``) or one GRPO group (same
+  ``(rollout_id, group)``) keep one copy of their longest common prefix; each branch sees that prefix and
+  itself, its positions continuing after it. The prefix never covers a scored token (it stops at the earliest
+  segment start), so the logit predicting a branch's first sampled token may sit in the shared prefix. Units
+  (a prefix with its branches) longer than ``row_len`` are split into several units, each with its own prefix
+  copy, then placed first-fit-decreasing like padding-free.
+
+Sizes: ``row_len`` caps a row (default: the longest sequence, or the longest shared-prefix unit, so nothing is
+split and shorter ones fill the gaps), ``token_budget`` caps one forward pass (rows x row length), so all
+methods run forwards of the same size. A sequence longer than ``row_len`` gets a row of its own. On CPU a dense
+mask costs O(row length^2) attention whatever it masks, so long rows pay for attention they do not use; the
+block-sparse CUDA backends do not.
+
+Masks: every batch carries an explicit ``[R, 1, L, L]`` bool mask (True = may attend), built from three
+per-token ids: ``unit_ids`` (a prefix with its branches, or one plain sequence), ``seq_ids`` (one branch or
+sequence) and ``is_prefix``; token i may attend j iff ``j <= i`` and ``unit[i] == unit[j]`` and (``seq[i] ==
+seq[j]`` or ``is_prefix[j]``). Padding tokens each form their own unit, so they attend only to themselves
+(a fully masked query row would give NaN in sdpa). transformers (5.x) passes a 4D mask through unchanged
+(``masking_utils._preprocess_mask_arguments``); a 2D mask or a KV cache would leak across packed sequences, so
+the model body is always called with the 4D mask and ``use_cache=False``.
+
+Attention backends (:func:`hidden_states`, ``backend="auto"``): on CPU ``sdpa`` with the explicit mask (the
+reference). ``backend="sdpa_blocks"`` (CPU or GPU, exact, tested against the reference, gradients included)
+runs transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself)
+instead of over the whole row, so packed rows cost sum(n x (prefix + n)) attention, not row length^2: the
+fastest CPU choice for long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
+padding-free batches when ``flash_attn`` is installed, else ``flex_attention`` with a block mask built from the
+same ids (any packing), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
+on the CPU-only machines this was written on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections import defaultdict
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import torch
+
+from distill.reconstruct import TokenSequence, episode_key
+
+PACKINGS = ("padded", "padding_free", "shared_prefix")
+BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
+SDPA_BLOCKS = "sdpa_blocks"  # attention implementation registered by register_block_attention
+
+
+@dataclass
+class PackedBatch:
+    """One forward pass worth of packed sequences and where their sampled tokens sit.
+
+    ``rows/cols/targets/record_index/token_index`` list the scored (action) tokens in record order, then token
+    order; ``cols`` is the column of the logit that predicts the token (``start + t - 1`` of its sequence)."""
+
+    input_ids: torch.Tensor  # [R, L] long
+    position_ids: torch.Tensor  # [R, L] long
+    attention_mask: torch.Tensor  # [R, 1, L, L] bool, True = may attend
+    rows: torch.Tensor  # [N] long
+    cols: torch.Tensor  # [N] long
+    targets: torch.Tensor  # [N] long: the sampled ids
+    record_index: torch.Tensor  # [N] long
+    token_index: torch.Tensor  # [N] long
+    unit_ids: torch.Tensor  # [R, L] long (see the module doc; -1 - column for padding)
+    seq_ids: torch.Tensor  # [R, L] long
+    is_prefix: torch.Tensor  # [R, L] bool
+    method: str = "padded"
+    n_tokens: int = 0  # real (non-padding) tokens
+
+    def to(self, device) -> "PackedBatch":
+        return PackedBatch(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                              for f in fields(self) for v in [getattr(self, f.name)]})
+
+    @property
+    def n_slots(self) -> int:
+        """Tokens run through the model, padding included."""
+        return int(self.input_ids.numel())
+
+
+@dataclass
+class _Unit:
+    """Sequences laid out together: an optional shared prefix, then one branch per sequence."""
+
+    prefix: int  # shared prefix length (0: none)
+    members: list[int]  # indices into the sequences
+    length: int
+
+
+# --------------------------------------------------------------------------------------------- masks
+def build_mask(unit_ids: torch.Tensor, seq_ids: torch.Tensor, is_prefix: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, L, L]`` bool mask from the per-token ids (the rule of the module doc)."""
+    L = unit_ids.shape[-1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=unit_ids.device).tril()
+    same_unit = unit_ids[:, :, None] == unit_ids[:, None, :]
+    visible = (seq_ids[:, :, None] == seq_ids[:, None, :]) | is_prefix[:, None, :]
+    return (causal & same_unit & visible)[:, None]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# --------------------------------------------------------------------------------------------- layout
+def _share_key(seq: TokenSequence, records) -> tuple:
+    r = records[seq.segments[0].record] if (records is not None and seq.segments) else None
+    if r is None:
+        return ("all",)
+    rollout, episode = episode_key(r)
+    return ("group", rollout, r.group) if r.group is not None else ("episode", rollout, episode)
+
+
+def _clusters(members: list[int], sequences, min_prefix: int) -> list[tuple[int, list[int]]]:
+    """Split one group into ``(prefix length, members)`` clusters that share a prefix.
+
+    Members are sorted by their ids, so sequences with long common prefixes are neighbours; a neighbour joins
+    the current cluster when that does not lower the tokens saved (``(k - 1) x prefix``). The shareable part of
+    a sequence stops before its earliest scored token and before its last token."""
+    def shareable(i: int) -> list[int]:
+        s = sequences[i]
+        return s.input_ids[:min([len(s) - 1] + [seg.start for seg in s.segments])]
+
+    out: list[tuple[int, list[int]]] = []
+    current: list[int] = []
+    p = 0
+    for i in sorted(members, key=lambda i: sequences[i].input_ids):
+        ids = shareable(i)
+        if not current:
+            current, p = [i], len(ids)
+            continue
+        q = _common_prefix(shareable(current[0])[:p], ids)
+        if q >= max(1, min_prefix) and len(current) * q >= (len(current) - 1) * p:
+            current.append(i)
+            p = q
+        else:
+            out.append((p, current))
+            current, p = [i], len(ids)
+    if current:
+        out.append((p, current))
+    return out
+
+
+def _units(sequences: Sequence[TokenSequence], method: str, row_len: int, records, min_prefix: int) -> list[_Unit]:
+    if method != "shared_prefix":
+        return [_Unit(0, [i], len(s)) for i, s in enumerate(sequences)]
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, s in enumerate(sequences):
+        groups[_share_key(s, records)].append(i)
+    units = []
+    for members in groups.values():
+        for p, cluster in _clusters(members, sequences, min_prefix):
+            if len(cluster) < 2:
+                units.append(_Unit(0, cluster, len(sequences[cluster[0]])))
+                continue
+            # split the branches (longest first) into units that fit in a row, each with its own prefix copy
+            split: list[_Unit] = []
+            current: list[int] = []
+            length = p
+            for i in sorted(cluster, key=lambda i: -len(sequences[i])):
+                branch = len(sequences[i]) - p
+                if current and length + branch > row_len:
+                    split.append(_Unit(p, current, length))
+                    current, length = [], p
+                current.append(i)
+                length += branch
+            split.append(_Unit(p, current, length))
+            units += [u if len(u.members) > 1 else _Unit(0, u.members, len(sequences[u.members[0]])) for u in split]
+    return units
+
+
+def _first_fit_decreasing(units: list[_Unit], row_len: int) -> list[list[_Unit]]:
+    rows: list[list[_Unit]] = []
+    free: list[int] = []
+    for u in sorted(units, key=lambda u: -u.length):
+        for k, room in enumerate(free):
+            if u.length <= room:
+                rows[k].append(u)
+                free[k] -= u.length
+                break
+        else:
+            rows.append([u])
+            free.append(max(0, row_len - u.length))
+    return rows
+
+
+def _layout_row(units: list[_Unit], sequences, next_unit: int, next_seq: int):
+    """Token lists of one row and, per (sequence index, original column), the row column."""
+    ids, pos, unit_ids, seq_ids, is_prefix = [], [], [], [], []
+    where: dict[int, tuple[int, int]] = {}  # sequence -> (row offset of its prefix, row offset of its branch)
+    for u in units:
+        p = u.prefix
+        first = sequences[u.members[0]]
+        if p:
+            ids += first.input_ids[:p]
+            pos += first.position_ids[:p]
+            unit_ids += [next_unit] * p
+            seq_ids += [next_seq] * p
+            is_prefix += [True] * p
+            next_seq += 1
+        prefix_at = len(ids) - p
+        for i in u.members:
+            s = sequences[i]
+            where[i] = (prefix_at, len(ids))
+            n = len(s) - p
+            ids += s.input_ids[p:]
+            pos += s.position_ids[p:]
+            unit_ids += [next_unit] * n
+            seq_ids += [next_seq] * n
+            is_prefix += [False] * n
+            next_seq += 1
+        next_unit += 1
+    return (ids, pos, unit_ids, seq_ids, is_prefix), where, next_unit, next_seq
+
+
+def _make_batch(rows, wheres, unit_members, sequences, method, pad_id) -> PackedBatch:
+    L = max(len(r[0]) for r in rows)
+    R = len(rows)
+    input_ids = torch.full((R, L), int(pad_id), dtype=torch.long)
+    position_ids = torch.zeros((R, L), dtype=torch.long)
+    pad_unit = -1 - torch.arange(L, dtype=torch.long)
+    unit_ids = pad_unit.repeat(R, 1)
+    seq_ids = pad_unit.repeat(R, 1)
+    is_prefix = torch.zeros((R, L), dtype=torch.bool)
+    n_tokens = 0
+    for k, (ids, pos, units, seqs, pref) in enumerate(rows):
+        n = len(ids)
+        n_tokens += n
+        input_ids[k, :n] = torch.tensor(ids, dtype=torch.long)
+        position_ids[k, :n] = torch.tensor(pos, dtype=torch.long)
+        unit_ids[k, :n] = torch.tensor(units, dtype=torch.long)
+        seq_ids[k, :n] = torch.tensor(seqs, dtype=torch.long)
+        is_prefix[k, :n] = torch.tensor(pref, dtype=torch.bool)
+    scored = []  # (record, t, row, col, target)
+    for k, where in enumerate(wheres):
+        for i, (prefix_at, branch_at) in where.items():
+            s = sequences[i]
+            p = unit_members[k][i]
+            for seg in s.segments:
+                for t in range(seg.length):
+                    j = seg.start + t - 1  # original column of the predicting logit
+                    col = prefix_at + j if j < p else branch_at + (j - p)
+                    scored.append((seg.record, t, k, col, s.input_ids[seg.start + t]))
+    scored.sort()
+    cols = list(zip(*scored)) if scored else [[]] * 5
+    as_long = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
+    return PackedBatch(
+        input_ids=input_ids, position_ids=position_ids, attention_mask=build_mask(unit_ids, seq_ids, is_prefix),
+        rows=as_long(cols[2]), cols=as_long(cols[3]), targets=as_long(cols[4]), record_index=as_long(cols[0]),
+        token_index=as_long(cols[1]), unit_ids=unit_ids, seq_ids=seq_ids, is_prefix=is_prefix, method=method,
+        n_tokens=n_tokens,
+    )
+
+
+def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, token_budget: int = 4096,
+         row_len: int | None = None, pad_id: int = 0, records=None, min_prefix: int = 1) -> list[PackedBatch]:
+    """Pack ``sequences`` into batches (see the module doc).
+
+    Args:
+        method: ``"padded"``, ``"padding_free"`` or ``"shared_prefix"``.
+        token_budget: most tokens (rows x row length, padding included) in one batch; a batch always holds at
+            least one row.
+        row_len: most tokens in a packed row (default: the longest sequence, or for shared-prefix packing the
+            longest prefix-with-branches unit, so that nothing is split).
+        pad_id: id of padding tokens (never attended to by real tokens, never scored).
+        records: the records the sequences' segments index; shared-prefix packing groups by their episode /
+            GRPO group (without records, all sequences form one group).
+        min_prefix: shortest common prefix worth sharing.
+    """
+    if method not in PACKINGS:
+        raise ValueError(f"packing method must be one of {PACKINGS}, got {method!r}")
+    if not sequences:
+        raise ValueError("pack() got no sequences")
+    if token_budget < 1 or (row_len is not None and row_len < 1):
+        raise ValueError(f"token_budget and row_len must be >= 1, got {token_budget}, {row_len}")
+    if row_len is None:  # rows as long as the longest unit: nothing is split
+        units = _units(sequences, method, 1 << 62, records, min_prefix)
+        row_len = max(u.length for u in units)
+    else:
+        units = _units(sequences, method, int(row_len), records, min_prefix)
+    if method == "padded":
+        row_units = [[u] for u in units]  # input order
+    else:
+        row_units = _first_fit_decreasing(units, row_len)
+    batches, pending, widest = [], [], 0
+    next_unit = next_seq = 0
+
+    def flush() -> None:
+        rows, wheres, prefixes = zip(*pending)
+        batches.append(_make_batch(list(rows), list(wheres), list(prefixes), sequences, method, pad_id))
+        pending.clear()
+
+    for units_of_row in row_units:
+        row, where, next_unit, next_seq = _layout_row(units_of_row, sequences, next_unit, next_seq)
+        width = len(row[0])
+        if pending and (len(pending) + 1) * max(widest, width) > token_budget:
+            flush()
+            widest = 0
+        prefixes = {i: u.prefix for u in units_of_row for i in u.members}
+        pending.append((row, where, prefixes))
+        widest = max(widest, width)
+    flush()
+    return batches
+
+
+# --------------------------------------------------------------------------------------------- model calls
+def model_body(model):
+    """The transformer body (returns hidden states) of a transformers causal LM."""
+    body = getattr(model, "model", None)
+    if body is None:
+        body = getattr(model, "base_model", None)
+    if body is None or body is model:
+        raise TypeError(f"{type(model).__name__} has no .model / .base_model body: not a transformers causal LM?")
+    return body
+
+
+def _attn_impl(model) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
+    """The attention implementation :func:`hidden_states` will use for ``batch`` (see the module doc)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return "sdpa"
+    if batch.method != "shared_prefix" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
+        return "flex_attention"
+    return "sdpa"
+
+
+@contextlib.contextmanager
+def _attention_implementation(model, name: str):
+    old = _attn_impl(model)
+    if name == old or (name == "sdpa" and not old.startswith(("flash", "flex", SDPA_BLOCKS))):
+        yield old  # sdpa-like (e.g. sdpa_float32) and eager implementations take the explicit mask
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield name
+    finally:
+        model.set_attn_implementation(old)
+
+
+def attention_blocks(batch: PackedBatch) -> list[list[tuple[int, int, int, int]]]:
+    """Per row, the query blocks of ``batch`` that attend independently: ``(a, b, p0, p1)`` = queries
+    ``a..b-1`` attend keys ``p0..p1-1`` (their shared prefix; empty when ``p0 == p1``) and, causally, ``a..b-1``;
+    ``p0 == -1`` marks padding (output zero, never scored). Together the blocks tile each row."""
+    out = []
+    unit, seq, pref = batch.unit_ids.tolist(), batch.seq_ids.tolist(), batch.is_prefix.tolist()
+    for u_row, s_row, p_row in zip(unit, seq, pref):
+        blocks: list[tuple[int, int, int, int]] = []
+        prefix_of: dict[int, tuple[int, int]] = {}
+        a = 0
+        L = len(s_row)
+        while a < L:
+            b = a + 1
+            if u_row[a] < 0:  # padding: one block for the run
+                while b < L and u_row[b] < 0:
+                    b += 1
+                blocks.append((a, b, -1, -1))
+            else:
+                while b < L and s_row[b] == s_row[a]:
+                    b += 1
+                if p_row[a]:
+                    prefix_of[u_row[a]] = (a, b)
+                    blocks.append((a, b, a, a))
+                else:
+                    p0, p1 = prefix_of.get(u_row[a], (a, a))
+                    blocks.append((a, b, p0, p1))
+            a = b
+        out.append(blocks)
+    return out
+
+
+def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_blocks=None, **kwargs):
+    """Exact packed attention on CPU without the dense mask's O(L^2): each query block attends its prefix and,
+    causally, itself (:func:`attention_blocks`), through transformers' own sdpa per block."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if memenv_blocks is None:
+        raise RuntimeError("sdpa_blocks attention needs the batch's blocks: call distill.packing.hidden_states")
+    rows = []
+    for r, blocks in enumerate(memenv_blocks):
+        pieces = []
+        for a, b, p0, p1 in blocks:
+            if p0 < 0:
+                pieces.append(query.new_zeros(1, b - a, query.shape[1], value.shape[-1]))
+                continue
+            q = query[r:r + 1, :, a:b]
+            if p1 == p0:
+                out, _ = sdpa_attention_forward(module, q, key[r:r + 1, :, a:b], value[r:r + 1, :, a:b], None,
+                                                is_causal=True, **kwargs)
+            else:
+                k = torch.cat([key[r:r + 1, :, p0:p1], key[r:r + 1, :, a:b]], dim=2)
+                v = torch.cat([value[r:r + 1, :, p0:p1], value[r:r + 1, :, a:b]], dim=2)
+                n, p = b - a, p1 - p0
+                allowed = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
+                allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+                mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+                mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
+                out, _ = sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)
+            pieces.append(out)
+        rows.append(torch.cat(pieces, dim=1))
+    return torch.cat(rows, dim=0), None
+
+
+def register_block_attention() -> str:
+    """Register the ``sdpa_blocks`` attention implementation with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(SDPA_BLOCKS, _sdpa_blocks_attention)
+    AttentionMaskInterface.register(SDPA_BLOCKS, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return SDPA_BLOCKS
+
+
+def _flex_block_mask(batch: PackedBatch):  # pragma: no cover - CUDA only
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    unit, seq, pref = batch.unit_ids, batch.seq_ids, batch.is_prefix
+
+    def mask_mod(b, h, q, kv):
+        return (kv <= q) & (unit[b, q] == unit[b, kv]) & ((seq[b, q] == seq[b, kv]) | pref[b, kv])
+
+    R, L = batch.input_ids.shape
+    return create_block_mask(mask_mod, B=R, H=None, Q_LEN=L, KV_LEN=L, device=batch.input_ids.device)
+
+
+def _mask_for(model, batch: PackedBatch, impl: str):
+    if impl == "flash_attention_2":  # pragma: no cover - CUDA only: varlen boundaries from position resets
+        return None
+    if impl == "flex_attention":  # pragma: no cover - CUDA only
+        return _flex_block_mask(batch)
+    # An additive float mask, made once per forward: eager attention adds it to the scores, and PyTorch's CPU
+    # sdpa kernel would otherwise convert a bool mask to this in every layer (measured: 7% of a teacher pass).
+    mask = batch.attention_mask
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Tensor:
+    """Last hidden states ``[R, L, d]`` of ``model``'s body for ``batch``: explicit mask and positions, no cache."""
+    body = model_body(model)
+    device = next(model.parameters()).device
+    if batch.input_ids.device != device:
+        batch = batch.to(device)
+    impl = select_backend(model, batch, backend)
+    if impl == "flash_attention_2" and batch.method == "shared_prefix":
+        raise ValueError("flash-attention varlen cannot express a shared prefix: use flex_attention or sdpa")
+    extra = {}
+    if impl == SDPA_BLOCKS:
+        register_block_attention()
+        extra["memenv_blocks"] = attention_blocks(batch)
+    with _attention_implementation(model, impl) as active:
+        mask = None if active == SDPA_BLOCKS else _mask_for(model, batch, active)
+        out = body(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
+                   use_cache=False, **extra)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def action_hidden(model, batch: PackedBatch, backend: str = "auto") -> torch.Tensor:
+    """``[N, d]`` hidden states of the logits that predict the sampled tokens (``hidden[rows, cols]``)."""
+    h = hidden_states(model, batch, backend)
+    return h[batch.rows.to(h.device), batch.cols.to(h.device)]
+
+
+def chunked_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperature=1.0, chunk: int = 1024,
+                     return_argmax: bool = False):
+    """``log_softmax(lm_head(hidden) / T)[targets]`` in fp32, ``chunk`` positions at a time (O(chunk x vocab)).
+    ``temperature``: a float or an ``[N]`` tensor. With ``return_argmax`` also the argmax ids."""
+    head = model.get_output_embeddings()
+    targets = targets.to(hidden.device)
+    temp = temperature if not isinstance(temperature, torch.Tensor) else temperature.to(hidden.device).float()
+    out, best = [], []
+    for a in range(0, hidden.shape[0], max(1, int(chunk))):
+        logits = head(hidden[a:a + chunk]).float()
+        t = temp[a:a + chunk, None] if isinstance(temp, torch.Tensor) else temp
+        logp = torch.log_softmax(logits / t, dim=-1)
+        out.append(logp.gather(-1, targets[a:a + chunk, None])[:, 0])
+        if return_argmax:
+            best.append(logits.argmax(-1))
+    lp = torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    if return_argmax:
+        return lp, (torch.cat(best) if best else torch.zeros(0, dtype=torch.long, device=hidden.device))
+    return lp
+
+
+def action_logprobs(model, batch: PackedBatch, temperature=1.0, chunk: int = 1024, backend: str = "auto",
+                    return_argmax: bool = False):
+    """``[N]`` log-probs of the sampled tokens of ``batch`` (fp32; see :func:`chunked_logprobs`)."""
+    return chunked_logprobs(model, action_hidden(model, batch, backend), batch.targets, temperature, chunk,
+                            return_argmax)
+
+
+def unpack(values, batch, n_records: int) -> list[torch.Tensor]:
+    """Per-record tensors (one entry per response token) from ``[N, ...]`` values of ``batch``; ``batch`` may
+    be a list of batches with ``values`` a list of their tensors (or one tensor, their concatenation)."""
+    batches = batch if isinstance(batch, (list, tuple)) else [batch]
+    if isinstance(values, (list, tuple)):
+        values = torch.cat(list(values)) if values else torch.zeros(0)
+    record_index = torch.cat([b.record_index for b in batches]).to(values.device)
+    token_index = torch.cat([b.token_index for b in batches]).to(values.device)
+    if record_index.numel() != values.shape[0]:
+        raise ValueError(f"unpack: {values.shape[0]} values for {record_index.numel()} scored tokens")
+    if record_index.numel() and int(record_index.max()) >= n_records:
+        raise ValueError(f"unpack: a batch scores record {int(record_index.max())} but n_records={n_records}")
+    counts = torch.bincount(record_index, minlength=n_records).tolist()
+    out = [values.new_zeros((c, *values.shape[1:])) for c in counts]
+    for i, c in enumerate(counts):
+        if c:
+            sel = record_index == i
+            out[i][token_index[sel]] = values[sel]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- input checks
+def model_limits(model) -> tuple[int, int | None]:
+    """``(vocabulary size, max positions or None)`` of a transformers causal LM."""
+    emb = model.get_input_embeddings()
+    vocab = int(getattr(emb, "num_embeddings", None) or emb.weight.shape[0])
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    return vocab, (int(max_pos) if max_pos else None)
+
+
+def check_records(records, model, tokenizer=None) -> None:
+    """Fail before any compute, naming the record, when ``records`` cannot be scored by ``model``: an empty
+    list, an empty prompt (its first sampled token has no predicting logit), ids outside ``[0, vocab)``, an
+    invocation longer than the model's max positions, or a tokenizer fingerprint that differs from
+    ``tokenizer``'s (or, without ``tokenizer``, from the other records'). Records without a fingerprint
+    (written before the field existed) are not fingerprint-checked."""
+    from agents.llm.records import tokenizer_fingerprint
+
+    if records is None or len(records) == 0:
+        raise ValueError("no records to score: the record list is empty")
+    vocab, max_pos = model_limits(model)
+    expected = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+    first_fp = None
+    for r in records:
+        if not r.prompt_ids:
+            raise ValueError(f"{r.describe()} has an empty prompt: its first sampled token cannot be scored")
+        ids = list(r.prompt_ids) + list(r.response_ids)
+        bad = [t for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"{r.describe()} has token id {bad[0]} outside the model's vocabulary [0, {vocab}) "
+                             f"({len(bad)} such ids): records from another tokenizer/model?")
+        if max_pos is not None and len(ids) > max_pos:
+            raise ValueError(f"{r.describe()} has {len(ids)} tokens, more than the model's max positions "
+                             f"({max_pos})")
+        fp = getattr(r, "tokenizer_fingerprint", "")
+        if not fp:
+            continue
+        if expected is not None and fp != expected:
+            raise ValueError(f"{r.describe()} was tokenised by tokenizer {fp}, but the model's tokenizer is "
+                             f"{expected}: the ids mean different tokens")
+        if first_fp is None:
+            first_fp = (fp, r)
+        elif fp != first_fp[0]:
+            raise ValueError(f"{r.describe()} was tokenised by tokenizer {fp}, but {first_fp[1].describe()} by "
+                             f"{first_fp[0]}: records from different tokenizers cannot be scored together")
+
+
+def check_sequences(sequences, records, model) -> None:
+    """Reconstructed sequences (the persistent control grows with the episode) must fit the model's positions."""
+    _, max_pos = model_limits(model)
+    if max_pos is None:
+        return
+    for s in sequences:
+        if s.position_ids and max(s.position_ids) >= max_pos:
+            r = records[s.segments[0].record]
+            raise ValueError(f"the sequence of episode (rollout_id={getattr(r, 'rollout_id', '')!r}, "
+                             f"episode_id={r.episode_id!r}) needs positions up to {max(s.position_ids)}, beyond "
+                             f"the model's max positions ({max_pos})")
+
+
+# --------------------------------------------------------------------------------------------- scoring records
+@torch.no_grad()
+def score_records(model, records, method: str = "padded", *, reconstruction: str = "aligned", tokenizer=None,
+                  chunk: int = 1024, backend: str = "auto", **pack_kw) -> dict:
+    """Score every sampled token of ``records`` under one reconstruction and packing (eval mode, no grad).
+
+    Returns ``logprobs`` and ``argmax`` (per-record tensors, at each record's temperature), ``tokens`` (real
+    tokens run), ``slots`` (tokens run, padding included) and ``batches``."""
+    from distill.reconstruct import reconstruct
+
+    check_records(records, model, tokenizer)
+    sequences = reconstruct(records, reconstruction, tokenizer)
+    check_sequences(sequences, records, model)
+    pack_kw.setdefault("pad_id", _pad_id(model))
+    batches = pack(sequences, method, records=records, **pack_kw)
+    temps = torch.tensor([float(r.temperature) or 1.0 for r in records])
+    was_training = model.training
+    model.eval()
+    try:
+        lps, best = [], []
+        for b in batches:
+            lp, am = action_logprobs(model, b, temps[b.record_index], chunk, backend, return_argmax=True)
+            lps.append(lp.cpu())
+            best.append(am.cpu())
+    finally:
+        model.train(was_training)
+    return {"logprobs": unpack(lps, batches, len(records)), "argmax": unpack(best, batches, len(records)),
+            "tokens": sum(b.n_tokens for b in batches), "slots": sum(b.n_slots for b in batches),
+            "batches": batches}
+
+
+def _pad_id(model) -> int:
+    pad = getattr(model.config, "pad_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def rce(model, records, method: str = "shared_prefix", **pack_kw) -> dict:
+    """The RCE check: log-probs of the sampled tokens recomputed under ``method`` (aligned reconstruction) vs
+    the records' ``response_logprobs``: ``max_abs`` and ``p99_abs`` of |delta|, ``tokens``, ``slots``."""
+    scored = score_records(model, records, method, **pack_kw)
+    ref = torch.cat([torch.tensor(r.response_logprobs, dtype=torch.float32) for r in records])
+    delta = (torch.cat(scored["logprobs"]) - ref).abs()
+    return {"method": method, "max_abs": float(delta.max()) if delta.numel() else 0.0,
+            "p99_abs": float(torch.quantile(delta.double(), 0.99)) if delta.numel() else 0.0,
+            "tokens": scored["tokens"], "slots": scored["slots"], "scored": int(delta.numel())}

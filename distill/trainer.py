@@ -1,0 +1,198 @@
+"""The MemOPD trainer: PPO or GRPO on the environment reward + ``distill_coef`` x an on-policy distillation loss
+against a frozen teacher at the student's sampled action positions, optionally with memory credit.
+
+It is :func:`agents.llm.ppo.train_rl` with two plug-ins, not a copy of its loop:
+
+- the **actor forward** (:class:`PackedActorForward`): each minibatch's records are reconstructed
+  (``reconstruction="aligned"``: each invocation as sampled; ``"persistent"``: the episode flattened into one
+  transcript, the paper's matched control) and packed (``packing="padded" | "padding_free" | "shared_prefix"``,
+  :mod:`distill.packing`); one student body forward gives the hidden states at the action positions, from which
+  the PPO side (log-probs, entropies, values) and the distillation side are both computed, the LM head applied in
+  checkpointed chunks (memory ``O(chunk x vocab)``);
+- the **loss hook** (:class:`MemOPDHook`): once per update it scores the update's records with the teacher on
+  the *same* reconstruction and packing (keeping only the ``[N, d]`` hidden states at the action positions) and
+  applies memory credit to the advantages; on every minibatch it adds
+  ``distill_coef * mean_over_action_tokens(D(student || teacher))`` (:mod:`distill.losses`).
+
+``reconstruction`` therefore switches the actor's recomputation (its PPO ratio) and the teacher's scoring
+together. With ``persistent``, minibatches hold whole episodes. The PPO ratio's old log-probs are the records'
+behaviour log-probs unless ``recompute_old_logprobs=True`` (then the training forward recomputes them before the
+first minibatch: needed where training differs from sampling in precision, or to take the persistent control's
+mismatch out of the ratio).
+
+One process only (no torchrun): the packed forward calls the model body directly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from agents.llm.models import load_tokenizer
+from agents.llm.ppo import ActorOutput, PPOConfig, train_rl
+from agents.llm.records import InvocationRecord
+from agents.llm.training import Dist, latest_checkpoint, load_or_build_model
+from distill.credit import CreditConfig, apply_memory_credit
+from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss
+from distill.teacher import ScoringLayout, Teacher, records_action_hidden
+
+
+@dataclass
+class MemOPDConfig(PPOConfig):
+    """:class:`agents.llm.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory credit."""
+
+    out_dir: str = "runs/distill"
+    teacher: str | None = None  # local checkpoint of the teacher (same tokenizer as the student)
+    distill_coef: float = 1.0  # lambda: total loss = PPO/GRPO loss + lambda * distillation loss
+    loss: str = "reverse_kl"  # reverse_kl | forward_kl | jsd
+    beta: float = 0.5  # JSD(beta)
+    top_k: int | None = None  # teacher top-k approximation (None: exact full vocabulary)
+    top_k_mode: str = "tail"  # tail | renorm
+    distill_temperature: float = 1.0  # both distributions at this temperature
+    chunk: int = 1024  # action positions per LM-head application
+    reconstruction: str = "aligned"  # aligned | persistent (actor recomputation and teacher scoring)
+    packing: str = "shared_prefix"  # padded | padding_free | shared_prefix
+    token_budget: int = 4096  # tokens per packed forward (rows x row length)
+    credit: str = "none"  # none | mempo | himpo
+    credit_coef: float = 1.0
+    credit_gate_temperature: float = 1.0  # HiMPO's soft gate
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.distill_coef < 0:
+            raise ValueError(f"distill_coef (lambda) must be >= 0, got {self.distill_coef}")
+        self.loss_config()  # each raises a ValueError naming the bad option
+        self.layout()
+        self.credit_config()
+        if self.reconstruction == "persistent":
+            self.minibatch_unit = "episode"  # a persistent sequence holds the whole episode
+
+    def loss_config(self) -> DistillLossConfig:
+        return DistillLossConfig(kind=self.loss, beta=self.beta, top_k=self.top_k, top_k_mode=self.top_k_mode,
+                                 temperature=self.distill_temperature, chunk=self.chunk)
+
+    def layout(self) -> ScoringLayout:
+        return ScoringLayout(self.reconstruction, self.packing, self.token_budget)
+
+    def credit_config(self) -> CreditConfig:
+        return CreditConfig(kind=self.credit, coef=self.credit_coef, gate_temperature=self.credit_gate_temperature)
+
+
+def _actor(module):
+    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+class PackedActorForward:
+    """The actor forward of :func:`agents.llm.ppo.train_rl` on a reconstruction + packing (see the module doc)."""
+
+    def __init__(self, layout: ScoringLayout, tokenizer, chunk: int = 1024) -> None:
+        self.layout, self.tokenizer, self.chunk = layout, tokenizer, chunk
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def __call__(self, module, records: Sequence[InvocationRecord], *, temperature: float = 1.0,
+                 entropy: bool = False) -> ActorOutput:
+        ac = _actor(module)
+        hidden, targets = records_action_hidden(ac.lm, records, self.layout, self.tokenizer, self.pad_id)
+        head = ac.lm.get_output_embeddings()
+        logp, ent = chunked_action_logprobs(head, hidden, targets, temperature, self.chunk, entropy)
+        values = None
+        if ac.value_head is not None:
+            hv = hidden.detach() if ac.detach_value else hidden
+            values = ac.value_head(hv.to(ac.value_head.weight.dtype))[:, 0]
+        return ActorOutput(logp, ent, values, hidden, head)
+
+
+class MemOPDHook:
+    """The distillation term (and memory credit) as a :class:`agents.llm.ppo.LossHook`."""
+
+    plot_keys = ("distill_loss",)
+
+    def __init__(self, teacher: Teacher, layout: ScoringLayout, loss: DistillLossConfig, coef: float,
+                 credit: CreditConfig | None = None, tokenizer=None) -> None:
+        self.teacher, self.layout, self.loss, self.coef = teacher, layout, loss, coef
+        self.credit = credit or CreditConfig()
+        self.tokenizer = tokenizer if tokenizer is not None else teacher.tokenizer
+        self._hidden: dict[int, torch.Tensor] = {}
+
+    def on_update(self, episodes, records: Sequence[InvocationRecord], module) -> dict[str, float]:
+        """Memory credit on the fresh advantages; teacher hidden states of every action token of the update."""
+        stats = apply_memory_credit(records, _actor(module), self.tokenizer, self.credit)
+        t0 = time.perf_counter()
+        hidden = self.teacher.action_hidden(records, self.layout)
+        counts = [sum(r.action_mask) for r in records]
+        self._hidden = {id(r): h for r, h in zip(records, hidden.split(counts))}
+        stats["teacher_s"] = time.perf_counter() - t0
+        return stats
+
+    def __call__(self, records: Sequence[InvocationRecord], actor: ActorOutput) -> tuple[torch.Tensor, dict[str, float]]:
+        try:
+            teacher_hidden = torch.cat([self._hidden[id(r)] for r in records])
+        except KeyError:
+            raise RuntimeError("MemOPDHook was called on records it has not scored: on_update runs first") from None
+        vocab = self.teacher.vocab_size
+        student_head = (lambda h: actor.head(h)[..., :vocab])  # noqa: E731 (over the vocabulary both heads share)
+        per_token = chunked_distill_loss(student_head, actor.hidden, self.teacher.head,
+                                         teacher_hidden.to(actor.hidden.device), self.loss)
+        loss = per_token.mean() if per_token.numel() else actor.hidden.sum() * 0.0
+        return self.coef * loss, {"distill_loss": float(loss.detach())}
+
+
+@torch.no_grad()
+def distillation_loss(student, teacher: Teacher, records: Sequence[InvocationRecord], layout: ScoringLayout,
+                      loss: DistillLossConfig, tokenizer=None) -> float:
+    """Mean per-action-token distillation loss of ``student`` (a causal LM) against ``teacher`` on ``records``."""
+    tok = tokenizer if tokenizer is not None else teacher.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    was_training = student.training
+    student.eval()
+    hidden, _ = records_action_hidden(student, records, layout, tok, pad)
+    student.train(was_training)
+    vocab = teacher.vocab_size
+    per_token = chunked_distill_loss(lambda h: student.get_output_embeddings()(h)[..., :vocab], hidden,
+                                     teacher.head, teacher.action_hidden(records, layout).to(hidden.device), loss)
+    return float(per_token.mean())
+
+
+def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None, teacher_tokenizer=None,
+                 env_fn=None) -> dict[str, Any]:
+    """MemOPD (see the module doc); returns the last metrics row (``distill_loss``, ``teacher_s``, the credit
+    metrics and every PPO/GRPO column of ``metrics.csv``).
+
+    ``model``/``tokenizer``: an in-memory student (else ``cfg.model`` or a fresh tiny model, as ``memenv train``);
+    ``teacher``: an in-memory teacher LM (else loaded from ``cfg.teacher``), with ``teacher_tokenizer`` (default
+    the student's); ``env_fn``: a callable making one env. ``cfg.resume`` continues from ``cfg.out_dir/latest``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError("train_memopd runs in one process; use memenv train under torchrun for DDP PPO/GRPO")
+    if teacher is None and not cfg.teacher:
+        raise ValueError("MemOPD needs a teacher: set MemOPDConfig.teacher to a local checkpoint (--teacher PATH)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    resume_from = latest_checkpoint(Path(cfg.out_dir)) if cfg.resume else None
+    if model is None:
+        if resume_from is not None:
+            tokenizer = load_tokenizer(resume_from)  # train_rl loads the weights from the checkpoint
+        else:
+            model, tokenizer = load_or_build_model(cfg, Dist())
+    elif tokenizer is None:
+        raise ValueError("an in-memory student model needs its tokenizer")
+    device = next(model.parameters()).device if model is not None else Dist().device
+    if teacher is None:
+        scorer = Teacher.from_pretrained(cfg.teacher, student_tokenizer=tokenizer, student_model=model, device=device,
+                                         temperature=cfg.distill_temperature, chunk=cfg.chunk)
+    else:
+        scorer = Teacher(teacher.to(device), teacher_tokenizer or tokenizer, student_tokenizer=tokenizer,
+                         student_model=model, temperature=cfg.distill_temperature, chunk=cfg.chunk)
+    layout = cfg.layout()
+    hook = MemOPDHook(scorer, layout, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)
+    title = (f"MemOPD {cfg.algo.upper()} ({cfg.reconstruction}, {cfg.packing}, {cfg.loss}, lambda={cfg.distill_coef}"
+             f"{', credit=' + cfg.credit if cfg.credit != 'none' else ''}) {cfg.env_id}")
+    return train_rl(cfg, model=model, tokenizer=tokenizer, env_fn=env_fn, extra_loss=hook,
+                    actor_forward=PackedActorForward(layout, tokenizer, cfg.chunk), title=title)
+
+
+__all__ = ["MemOPDConfig", "train_memopd", "MemOPDHook", "PackedActorForward", "distillation_loss"]

@@ -1,0 +1,196 @@
+"""Distillation losses against their direct formulas; chunking; JSD(beta) limits; top-k; the vocabulary check."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
+
+from distill.losses import (  # noqa: E402
+    DistillLossConfig,
+    chunked_action_logprobs,
+    chunked_distill_loss,
+    distill_loss,
+    divergence,
+    forward_kl,
+    generalized_jsd,
+    reverse_kl,
+    top_k_distributions,
+)
+
+D = torch.distributions
+
+
+def _logits(seed, n=5, v=11, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, v, generator=g, dtype=torch.float64) * scale
+
+
+def _pair(seed=0, **kw):
+    s, t = _logits(seed, **kw), _logits(seed + 100, **kw)
+    return torch.log_softmax(s, -1), torch.log_softmax(t, -1)
+
+
+def test_kls_equal_torch_distributions():
+    s, t = _pair()
+    P, Q = D.Categorical(logits=s), D.Categorical(logits=t)
+    assert torch.allclose(reverse_kl(s, t), D.kl_divergence(P, Q), atol=1e-12)
+    assert torch.allclose(forward_kl(s, t), D.kl_divergence(Q, P), atol=1e-12)
+    assert not torch.allclose(reverse_kl(s, t), forward_kl(s, t))  # the two directions differ here
+
+
+def test_jsd_equals_explicit_sum():
+    s, t = _pair(1)
+    ps, pt = s.exp(), t.exp()
+    for beta in (0.1, 0.5, 0.9):
+        m = beta * pt + (1 - beta) * ps
+        expected = (beta * (pt * (pt / m).log()).sum(-1) + (1 - beta) * (ps * (ps / m).log()).sum(-1))
+        assert torch.allclose(generalized_jsd(s, t, beta), expected, atol=1e-12)
+    # beta = 0.5: the symmetric JSD, bounded by log 2
+    j = generalized_jsd(s, t, 0.5)
+    assert torch.allclose(j, generalized_jsd(t, s, 0.5), atol=1e-12) and bool((j <= math.log(2)).all())
+
+
+def test_jsd_limits():
+    s, t = _pair(2)
+    # the end points are the KLs themselves (GKD / TRL convention)
+    assert torch.allclose(generalized_jsd(s, t, 0.0), forward_kl(s, t))
+    assert torch.allclose(generalized_jsd(s, t, 1.0), reverse_kl(s, t))
+    # and near them JSD(beta) / beta -> KL(teacher || student), JSD(beta) / (1 - beta) -> KL(student || teacher)
+    eps = 1e-9  # (the convergence is slow where one distribution is much smaller than eps times the other)
+    assert torch.allclose(generalized_jsd(s, t, eps) / eps, forward_kl(s, t), rtol=1e-3)
+    assert torch.allclose(generalized_jsd(s, t, 1 - eps) / eps, reverse_kl(s, t), rtol=1e-3)
+    assert torch.allclose(generalized_jsd(s, s, 0.3), torch.zeros(s.shape[0], dtype=s.dtype), atol=1e-12)
+
+
+def test_top_k_with_full_vocabulary_is_exact_and_smaller_k_matches_hand_formula():
+    s, t = _pair(3)
+    v = s.shape[-1]
+    for kind in ("reverse_kl", "forward_kl", "jsd"):
+        exact = distill_loss(s, t, DistillLossConfig(kind=kind))
+        for mode in ("tail", "renorm"):
+            approx = distill_loss(s, t, DistillLossConfig(kind=kind, top_k=v, top_k_mode=mode))
+            assert torch.allclose(approx, exact, atol=1e-9), (kind, mode)
+            assert torch.allclose(distill_loss(s, t, DistillLossConfig(kind=kind, top_k=10 * v, top_k_mode=mode)),
+                                  exact, atol=1e-9)
+    # k = 3, tail bucket: reverse KL over the teacher's 3 best tokens + one bucket with the rest, by hand
+    k = 3
+    idx = t.topk(k, -1).indices
+    ps, pt = s.exp().gather(-1, idx), t.exp().gather(-1, idx)
+    ps = torch.cat([ps, 1 - ps.sum(-1, keepdim=True)], -1)
+    pt = torch.cat([pt, 1 - pt.sum(-1, keepdim=True)], -1)
+    expected = (ps * (ps / pt).log()).sum(-1)
+    got = distill_loss(s, t, DistillLossConfig(top_k=k, top_k_mode="tail"))
+    assert torch.allclose(got, expected, atol=1e-9)
+    # renorm: both restricted to the support and renormalised
+    qs, qt = ps[:, :k] / ps[:, :k].sum(-1, keepdim=True), pt[:, :k] / pt[:, :k].sum(-1, keepdim=True)
+    assert torch.allclose(distill_loss(s, t, DistillLossConfig(top_k=k, top_k_mode="renorm")),
+                          (qs * (qs / qt).log()).sum(-1), atol=1e-9)
+    assert not torch.allclose(got, distill_loss(s, t, DistillLossConfig()))  # an approximation for k < V
+    sl, tl = top_k_distributions(s, t, k)
+    assert sl.shape == (s.shape[0], k + 1) and torch.allclose(sl.exp().sum(-1), torch.ones(s.shape[0], dtype=s.dtype))
+
+
+def test_top_k_tail_gradient_is_finite_when_the_tail_is_empty():
+    s = _logits(4).requires_grad_(True)
+    t = _logits(5)
+    loss = distill_loss(torch.log_softmax(s, -1), torch.log_softmax(t, -1), DistillLossConfig(top_k=s.shape[-1]))
+    loss.sum().backward()
+    assert torch.isfinite(s.grad).all()
+
+
+class _Heads(torch.nn.Module):
+    def __init__(self, d=6, v=13):
+        super().__init__()
+        g = torch.Generator().manual_seed(7)
+        self.student = torch.nn.Linear(d, v, bias=False)
+        self.teacher = torch.nn.Linear(d + 2, v, bias=False)
+        with torch.no_grad():
+            self.student.weight.copy_(torch.randn(v, d, generator=g))
+            self.teacher.weight.copy_(torch.randn(v, d + 2, generator=g))
+
+
+@pytest.mark.parametrize("kind,top_k", [("reverse_kl", None), ("forward_kl", None), ("jsd", None), ("reverse_kl", 4)])
+def test_chunked_equals_unchunked_in_value_and_gradient(kind, top_k):
+    heads = _Heads()
+    g = torch.Generator().manual_seed(8)
+    h_t = torch.randn(10, 8, generator=g)
+    h_s0 = torch.randn(10, 6, generator=g)
+    results = []
+    for chunk in (3, 10_000):
+        h_s = h_s0.clone().requires_grad_(True)
+        heads.zero_grad()
+        cfg = DistillLossConfig(kind=kind, top_k=top_k, chunk=chunk, temperature=1.5)
+        loss = chunked_distill_loss(heads.student, h_s, heads.teacher, h_t, cfg)
+        loss.mean().backward()
+        results.append((loss.detach(), h_s.grad.clone(), heads.student.weight.grad.clone()))
+        assert heads.teacher.weight.grad is None  # the teacher gets no gradient
+    with torch.no_grad():
+        direct = distill_loss(torch.log_softmax(heads.student(h_s0) / 1.5, -1),
+                              torch.log_softmax(heads.teacher(h_t) / 1.5, -1), DistillLossConfig(kind=kind, top_k=top_k))
+    (a_loss, a_h, a_w), (b_loss, b_h, b_w) = results
+    assert torch.allclose(a_loss, b_loss, atol=1e-6) and torch.allclose(a_loss, direct, atol=1e-6)
+    assert torch.allclose(a_h, b_h, atol=1e-6) and torch.allclose(a_w, b_w, atol=1e-6)
+
+
+def test_chunked_action_logprobs_equal_full_log_softmax():
+    heads = _Heads()
+    h = torch.randn(9, 6, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+    targets = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8])
+    logp, ent = chunked_action_logprobs(heads.student, h, targets, temperature=0.7, chunk=4, entropy=True)
+    full = torch.log_softmax(heads.student(h) / 0.7, -1)
+    assert torch.allclose(logp, full[torch.arange(9), targets], atol=1e-6)
+    assert torch.allclose(ent, D.Categorical(logits=full).entropy(), atol=1e-5)
+    logp.sum().backward()
+    assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+
+
+def test_bad_loss_settings_name_the_option():
+    with pytest.raises(ValueError, match="reverse_kl, forward_kl, jsd"):
+        DistillLossConfig(kind="kl")
+    with pytest.raises(ValueError, match="beta"):
+        DistillLossConfig(kind="jsd", beta=1.5)
+    with pytest.raises(ValueError, match="top_k"):
+        DistillLossConfig(top_k=0)
+    with pytest.raises(ValueError, match="tail, renorm"):
+        DistillLossConfig(top_k=3, top_k_mode="drop")
+    with pytest.raises(ValueError, match="kind"):
+        divergence(*_pair(), kind="tvd")
+
+
+def test_teacher_with_another_tokenizer_is_refused_naming_both():
+    from distill.teacher import Teacher, VocabularyMismatchError, check_vocabulary
+
+    student_tok, teacher_tok = memqa_tokenizer(), toy_tokenizer()
+    teacher = tiny_model(teacher_tok, seed=3)
+    calls = []
+    teacher.register_forward_hook(lambda *a: calls.append(1))
+    with pytest.raises(VocabularyMismatchError) as err:
+        Teacher(teacher, teacher_tok, student_tokenizer=student_tok)
+    msg = str(err.value)
+    assert f"{len(teacher_tok)} tokens" in msg and f"{len(student_tok)} tokens" in msg and "fingerprint" in msg
+    assert not calls  # refused before any compute
+    # same tokenizer: accepted, frozen, and the shared vocabulary is the heads' width
+    student = tiny_model(student_tok, seed=1)
+    t = Teacher(tiny_model(student_tok, seed=2), student_tok, student_tokenizer=student_tok, student_model=student)
+    assert t.vocab_size == len(student_tok) and not any(p.requires_grad for p in t.model.parameters())
+    assert not t.model.training
+    # a head narrower than the tokenizer is refused too
+    narrow = tiny_model(student_tok, seed=2)
+    narrow.resize_token_embeddings(len(student_tok) - 5)
+    with pytest.raises(VocabularyMismatchError, match="teacher model's head"):
+        check_vocabulary(student_tok, student_tok, narrow, student)
+
+
+def test_teacher_from_pretrained_checks_before_loading_weights(tmp_path):
+    from agents.llm.models import save_pretrained
+    from distill.teacher import Teacher, VocabularyMismatchError
+
+    teacher_tok = toy_tokenizer()
+    save_pretrained(tiny_model(teacher_tok), teacher_tok, tmp_path / "teacher")
+    (tmp_path / "teacher" / "model.safetensors").write_bytes(b"not weights")  # loading it would fail differently
+    with pytest.raises(VocabularyMismatchError, match="teacher's tokenizer"):
+        Teacher.from_pretrained(tmp_path / "teacher", student_tokenizer=memqa_tokenizer())

@@ -1,0 +1,288 @@
+"""distill reconstruction and packing: exact masks/positions on hand cases, RCE on real rollout records,
+the persistent control, unpack, the bad-input checks and the diagnostic."""
+
+import functools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
+
+from agents.llm.policy import LLMPolicy  # noqa: E402
+from agents.llm.records import InvocationRecord, tokenizer_fingerprint  # noqa: E402
+from agents.llm.rollout import records_of, rollout  # noqa: E402
+from distill.diagnose import diagnose  # noqa: E402
+from distill.packing import (PACKINGS, action_logprobs, attention_blocks, build_mask, check_records,  # noqa: E402
+                             pack, rce, score_records, unpack)
+from distill.reconstruct import (REPLY_TEMPLATE, Segment, TokenSequence, aligned, environment_reply,  # noqa: E402
+                                 persistent, reconstruct)
+
+T, F = True, False
+
+
+def _hand_sequences():
+    # A and B share the prefix [1, 2]; C shares nothing. Segment record indices 0, 1, 2.
+    a = TokenSequence([1, 2, 3, 4], [0, 1, 2, 3], [Segment(0, 2, 2)])
+    b = TokenSequence([1, 2, 5], [0, 1, 2], [Segment(1, 2, 1)])
+    c = TokenSequence([7, 8], [0, 1], [Segment(2, 1, 1)])
+    return [a, b, c]
+
+
+def test_padded_rows_are_per_sequence_with_self_attending_padding():
+    (batch,) = pack(_hand_sequences(), "padded", pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4], [1, 2, 5, 0], [7, 8, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0]]
+    causal4 = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert torch.equal(batch.attention_mask[0, 0], causal4)
+    assert batch.attention_mask[1, 0].tolist() == [[T, F, F, F], [T, T, F, F], [T, T, T, F], [F, F, F, T]]
+    assert batch.attention_mask[2, 0].tolist() == [[T, F, F, F], [T, T, F, F], [F, F, T, F], [F, F, F, T]]
+    # scored tokens in record order, each predicted by the logit one column before it
+    assert batch.record_index.tolist() == [0, 0, 1, 2]
+    assert batch.token_index.tolist() == [0, 1, 0, 0]
+    assert batch.rows.tolist() == [0, 0, 1, 2]
+    assert batch.cols.tolist() == [1, 2, 1, 0]
+    assert batch.targets.tolist() == [3, 4, 5, 8]
+    assert batch.n_tokens == 9 and batch.n_slots == 12
+    assert attention_blocks(batch) == [[(0, 4, 0, 0)], [(0, 3, 0, 0), (3, 4, -1, -1)], [(0, 2, 0, 0), (2, 4, -1, -1)]]
+
+
+def test_padding_free_first_fit_decreasing_block_diagonal_mask_and_reset_positions():
+    (batch,) = pack(_hand_sequences(), "padding_free", row_len=5, pad_id=0)
+    # FFD: A (4) opens row 0, B (3) does not fit there and opens row 1, C (2) fills row 1
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 0], [1, 2, 5, 7, 8]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
+    assert batch.attention_mask[0, 0].tolist() == [
+        [T, F, F, F, F], [T, T, F, F, F], [T, T, T, F, F], [T, T, T, T, F], [F, F, F, F, T]]
+    assert batch.attention_mask[1, 0].tolist() == [
+        [T, F, F, F, F], [T, T, F, F, F], [T, T, T, F, F], [F, F, F, T, F], [F, F, F, T, T]]
+    assert batch.rows.tolist() == [0, 0, 1, 1] and batch.cols.tolist() == [1, 2, 1, 3]
+    assert batch.targets.tolist() == [3, 4, 5, 8]
+    # a token budget of one row per forward splits the rows into two batches
+    b1, b2 = pack(_hand_sequences(), "padding_free", row_len=5, token_budget=5)
+    assert b1.input_ids.tolist() == [[1, 2, 3, 4]] and b2.input_ids.tolist() == [[1, 2, 5, 7, 8]]
+
+
+def test_shared_prefix_keeps_one_copy_and_positions_continue_after_it():
+    (batch,) = pack(_hand_sequences(), "shared_prefix", row_len=7, pad_id=0)
+    # unit [1 2 | 3 4 | 5] (5 tokens) and C (2 tokens) share one row of 7
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1]]
+    assert batch.is_prefix.tolist() == [[T, T, F, F, F, F, F]]
+    assert batch.attention_mask[0, 0].tolist() == [
+        [T, F, F, F, F, F, F],
+        [T, T, F, F, F, F, F],
+        [T, T, T, F, F, F, F],  # branch A sees the prefix and itself
+        [T, T, T, T, F, F, F],
+        [T, T, F, F, T, F, F],  # branch B sees the prefix, not A
+        [F, F, F, F, F, T, F],  # C sees only itself
+        [F, F, F, F, F, T, T]]
+    # B's first sampled token is predicted by the last prefix column
+    assert batch.cols.tolist() == [1, 2, 1, 5] and batch.targets.tolist() == [3, 4, 5, 8]
+    # the same visibility as query blocks (a, b, prefix start, prefix end) for the sdpa_blocks attention
+    assert attention_blocks(batch) == [[(0, 2, 0, 0), (2, 4, 0, 2), (4, 5, 0, 2), (5, 7, 5, 5)]]
+    assert batch.n_tokens == 7
+    # a row too short for the unit splits it: each part keeps its own prefix copy (a lone branch is unshared)
+    batches = pack(_hand_sequences(), "shared_prefix", row_len=4, token_budget=4)
+    assert sorted(b.input_ids[0, :b.n_tokens].tolist() for b in batches) == [[1, 2, 3, 4], [1, 2, 5], [7, 8]]
+    assert not any(bool(b.is_prefix.any()) for b in batches)
+
+
+def test_shared_prefix_never_covers_a_scored_token():
+    a = TokenSequence([1, 2, 3, 4], [0, 1, 2, 3], [Segment(0, 1, 3)])  # everything after token 0 is sampled
+    b = TokenSequence([1, 2, 3, 5], [0, 1, 2, 3], [Segment(1, 2, 2)])
+    (batch,) = pack([a, b], "shared_prefix")
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 2, 3, 5]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 1, 2, 3]]
+    assert batch.targets.tolist() == [2, 3, 4, 3, 5]
+
+
+def test_build_mask_rule_matches_a_direct_loop():
+    unit = torch.tensor([[0, 0, 0, 0, 1, 1, -7]])
+    seq = torch.tensor([[0, 1, 1, 2, 3, 3, -7]])
+    pref = torch.tensor([[T, F, F, F, F, F, F]])
+    mask = build_mask(unit, seq, pref)[0, 0]
+    for i in range(7):
+        for j in range(7):
+            want = j <= i and unit[0, i] == unit[0, j] and (seq[0, i] == seq[0, j] or bool(pref[0, j]))
+            assert bool(mask[i, j]) == bool(want), (i, j)
+
+
+def test_pack_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="padded.*padding_free.*shared_prefix"):
+        pack(_hand_sequences(), "zigzag")
+    with pytest.raises(ValueError, match="no sequences"):
+        pack([], "padded")
+    with pytest.raises(ValueError, match="token_budget"):
+        pack(_hand_sequences(), "padded", token_budget=0)
+
+
+# ------------------------------------------------------------------------------------------ real records
+@functools.lru_cache(maxsize=None)
+def _rollout_records():
+    tok = memqa_tokenizer()
+    model = tiny_model(tok)
+    policy = LLMPolicy(model, tok, temperature=0.9, max_new_tokens=20, seed=0)
+    # seeds 0 and 1 twice each: two GRPO groups of two episodes
+    records = records_of(rollout(policy, memqa_envs(2), [0, 1, 0, 1], groups=[0, 1, 0, 1]))
+    return model, tok, records
+
+
+@pytest.mark.parametrize("method", PACKINGS)
+@pytest.mark.parametrize("sizes", [{}, {"row_len": 600, "token_budget": 1200},
+                                   {"row_len": 600, "token_budget": 1200, "backend": "sdpa_blocks"}])
+def test_rce_every_packing_reproduces_the_sampled_logprobs(method, sizes):
+    model, tok, records = _rollout_records()
+    report = rce(model, records, method, **sizes)
+    assert report["scored"] == sum(len(r.response_ids) for r in records)
+    assert report["max_abs"] <= 1e-4, report
+    if method == "shared_prefix":  # the GRPO groups share their task block: fewer tokens than the invocations
+        assert report["tokens"] < 0.8 * sum(len(r) for r in records)
+    if method == "padding_free":
+        assert report["tokens"] == sum(len(r) for r in records)
+
+
+def test_unpack_round_trips_to_each_record_and_batches_are_disjoint():
+    model, tok, records = _rollout_records()
+    for method in PACKINGS:
+        batches = pack(aligned(records), method, records=records, row_len=700, token_budget=1400)
+        assert len(batches) > 1
+        per_record = unpack([b.targets for b in batches], batches, len(records))
+        assert [p.tolist() for p in per_record] == [r.response_ids for r in records]
+        # the ids the rows hold at (row, col + 1) for non-prefix columns are the targets themselves
+        for b in batches:
+            nxt = b.input_ids[b.rows, b.cols + 1]
+            branch = ~b.is_prefix[b.rows, b.cols + 1]
+            assert torch.equal(nxt[branch], b.targets[branch])
+    with pytest.raises(ValueError, match="values"):
+        unpack(torch.zeros(3), batches[0], len(records))
+
+
+def test_action_logprobs_gradients_flow_and_agree_across_attention_backends():
+    model, tok, records = _rollout_records()
+    records = [r for r in records if r.group == 0][:6]
+    (batch,) = pack(aligned(records), "shared_prefix", records=records)
+    assert batch.is_prefix.any()
+    temps = torch.tensor([r.temperature for r in records])[batch.record_index]
+    ref = torch.cat([torch.tensor(r.response_logprobs) for r in records])
+    grads = {}
+    for backend in ("sdpa", "sdpa_blocks"):
+        lp = action_logprobs(model, batch, temps, backend=backend)
+        lp.sum().backward()
+        grads[backend] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+        assert (lp.detach() - ref).abs().max() <= 1e-4, backend
+    assert grads["sdpa"].abs().sum() > 0
+    assert torch.allclose(grads["sdpa"], grads["sdpa_blocks"], atol=1e-5, rtol=1e-4)
+    assert model.config._attn_implementation == "sdpa"  # the backend switch is undone
+
+
+def test_persistent_keeps_sampled_ids_and_tokenises_only_env_replies():
+    model, tok, records = _rollout_records()
+    sequences = persistent(records, tok)
+    episodes = {(r.rollout_id, r.episode_id) for r in records}
+    assert len(sequences) == len(episodes)
+    for s in sequences:
+        members = [records[seg.record] for seg in s.segments]
+        assert [r.turn for r in members] == sorted(r.turn for r in members)
+        assert s.input_ids[:s.segments[0].start] == members[0].prompt_ids
+        assert s.position_ids == list(range(len(s.input_ids)))
+        for k, seg in enumerate(s.segments):
+            assert s.input_ids[seg.start:seg.start + seg.length] == members[k].response_ids  # exactly as sampled
+            if k + 1 < len(s.segments):  # between two actions: the env's reply, tokenised
+                between = s.input_ids[seg.start + seg.length:s.segments[k + 1].start]
+                reply = environment_reply(members[k].snapshot["observation"], members[k + 1].snapshot["observation"])
+                assert reply.startswith("<information>") and reply in members[k + 1].snapshot["observation"]
+                assert between == tok.encode(REPLY_TEMPLATE.format(reply=reply), add_special_tokens=False)
+        assert len(s.input_ids) == s.segments[-1].start + s.segments[-1].length  # nothing after the last action
+    assert reconstruct(records, "persistent", tok)[0].input_ids == sequences[0].input_ids
+    with pytest.raises(ValueError, match="tokenizer"):
+        reconstruct(records, "persistent")
+    with pytest.raises(ValueError, match="aligned.*persistent"):
+        reconstruct(records, "flattened")
+
+
+def test_environment_reply_takes_the_newest_information_block_or_the_new_suffix():
+    prev = "<task>q</task>\n<memory>\n\n</memory>\n<information>[turns left: 3]\nNo results.\n</information>"
+    nxt = "<task>q</task>\n<memory>\nm\n</memory>\n<information>[turns left: 2]\nDoc 1 x\n</information>"
+    assert environment_reply(prev, nxt) == "<information>[turns left: 2]\nDoc 1 x\n</information>"
+    assert environment_reply("chunk 1 of a book", "chunk 1 of a book; chunk 2") == "; chunk 2"
+
+
+def test_persistent_control_moves_logprobs_and_the_diagnostic_reports_it():
+    model, tok, records = _rollout_records()
+    table = diagnose(records, model, tok, clip=0.2, row_len=800, token_budget=1600)
+    assert table["method"].tolist() == ["aligned", "padding_free", "shared_prefix", "persistent"]
+    rows = table.set_index("method")
+    n = sum(len(r.response_ids) for r in records)
+    assert (rows["action_tokens"] == n).all()
+    for m in ("aligned", "padding_free", "shared_prefix"):
+        assert rows.loc[m, "max_abs_dlogp"] <= 1e-4
+        assert rows.loc[m, "top1_flips"] == 0 and rows.loc[m, "clip_share"] == 0.0
+    assert rows.loc["aligned", "saved_vs_padded"] == 0.0
+    assert rows.loc["shared_prefix", "saved_vs_padded"] > rows.loc["padding_free", "saved_vs_padded"] > 0
+    # the persistent control scores actions after text the policy never saw
+    persistent_row = rows.loc["persistent"]
+    assert persistent_row["max_abs_dlogp"] > 1e-3
+    assert persistent_row["p99_abs_dlogp"] <= persistent_row["max_abs_dlogp"]
+    # the same quantities computed directly
+    direct = score_records(model, records, "padded", reconstruction="persistent", tokenizer=tok)
+    delta = torch.cat(direct["logprobs"]) - torch.cat([torch.tensor(r.response_logprobs) for r in records])
+    assert persistent_row["max_abs_dlogp"] == pytest.approx(float(delta.abs().max()), abs=1e-6)
+    outside = ((delta.exp() < 0.8) | (delta.exp() > 1.2)).float().mean()
+    assert persistent_row["clip_share"] == pytest.approx(float(outside), abs=1e-9)
+    with pytest.raises(ValueError, match="methods"):
+        diagnose(records, model, tok, methods=("aligned", "flat"))
+    with pytest.raises(ValueError, match="tokenizer"):
+        diagnose(records, model, None)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def _record(**kw):
+    base = dict(episode_id="ep7", turn=3, prompt_ids=[5, 6, 7], response_ids=[8, 9], response_logprobs=[-1.0, -2.0],
+                action_mask=[1, 1], memory_mask=[0, 0], rollout_id="r42")
+    return InvocationRecord(**{**base, **kw})
+
+
+def test_check_records_names_the_bad_record_before_any_compute():
+    tok = memqa_tokenizer()
+    model = tiny_model(tok, max_positions=64)
+    vocab = model.get_input_embeddings().num_embeddings
+    fp = tokenizer_fingerprint(tok)
+    check_records([_record(tokenizer_fingerprint=fp)], model, tok)  # fine
+    with pytest.raises(ValueError, match="empty"):
+        check_records([], model, tok)
+    named = r"episode_id='ep7', turn=3, rollout_id='r42'"
+    with pytest.raises(ValueError, match=rf"{named}.*token id {vocab} outside .*\[0, {vocab}\)"):
+        check_records([_record(), _record(response_ids=[8, vocab])], model)
+    with pytest.raises(ValueError, match=rf"{named}.*70 tokens.*max positions \(64\)"):
+        check_records([_record(prompt_ids=[5] * 68)], model)
+    other = tokenizer_fingerprint(toy_tokenizer())
+    assert other != fp
+    with pytest.raises(ValueError, match=rf"{named}.*tokenizer {other}.*model's tokenizer is {fp}"):
+        check_records([_record(tokenizer_fingerprint=other)], model, tok)
+    with pytest.raises(ValueError, match=rf"turn=4.*{other}.*turn=3.*{fp}"):
+        check_records([_record(tokenizer_fingerprint=fp), _record(turn=4, tokenizer_fingerprint=other)], model)
+    with pytest.raises(ValueError, match=rf"{named}.*empty prompt"):
+        check_records([_record(prompt_ids=[])], model)
+    # scoring runs the checks first
+    with pytest.raises(ValueError, match="empty"):
+        rce(model, [], "padded")
+    with pytest.raises(ValueError, match=named):
+        score_records(model, [_record(tokenizer_fingerprint=other)], tokenizer=tok)
+
+
+@pytest.mark.parametrize("arch,attn", [("llama", "sdpa"), ("qwen2", "eager")])
+def test_packings_match_one_sequence_scoring_on_other_architectures_and_attention(arch, attn):
+    from agents.llm.policy import sequence_logprobs
+
+    _, tok, records = _rollout_records()
+    records = records[:10]
+    model = tiny_model(tok, arch=arch, seed=5)
+    if attn != "sdpa":
+        model.set_attn_implementation(attn)
+    ref = torch.cat([sequence_logprobs(model, r.prompt_ids, r.response_ids, r.temperature) for r in records])
+    for method in PACKINGS:
+        got = torch.cat(score_records(model, records, method, row_len=900)["logprobs"])
+        assert (got - ref).abs().max() <= 1e-4, method
