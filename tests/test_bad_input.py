@@ -838,12 +838,8 @@ def _beam_chat(mutate=None, text: str | None = None) -> str:
 
 
 def _message_field(key: str, value):
-    def mutate(batch):
-        if value is _DELETE:
-            del batch["turns"][0][1][key]
-        else:
-            batch["turns"][0][1][key] = value
-    return mutate
+    """Set (or with _DELETE remove) ``key`` of the batch's message 1 of turn 0."""
+    return lambda batch: _sample(key, value)(batch["turns"][0][1])
 
 
 _DEEP_LIST = "[" * 100_000 + "]" * 100_000
@@ -892,15 +888,6 @@ def _beam_questions(mutate=None, ability: str = "information_extraction") -> str
     return json.dumps(questions)
 
 
-def _question_field(key: str, value):
-    def mutate(question):
-        if value is _DELETE:
-            del question[key]
-        else:
-            question[key] = value
-    return mutate
-
-
 BEAM_QUESTION_FILES = [
     (b'{"abstention": [{"question": "caf\xe9?"}]}', ["not UTF-8"]),
     ("", ["empty file"]),
@@ -910,25 +897,25 @@ BEAM_QUESTION_FILES = [
     ('{"telepathy": []}', ["unknown ability 'telepathy'", *ABILITIES]),
     ('{"summarization": {}}', ["summarization", "expected a list of questions"]),
     ('{"summarization": ["Sum?"]}', ["summarization[0]", "expected an object"]),
-    (_beam_questions(_question_field("question", _DELETE)), ["information_extraction[0]", "missing key 'question'"]),
-    (_beam_questions(_question_field("question", "  ")), ["information_extraction[0]", "empty question"]),
-    (_beam_questions(_question_field("question", 5)), ["information_extraction[0]", "question must be a string"]),
-    (_beam_questions(_question_field("answer", _DELETE)), ["information_extraction[0]", "no reference", "answer"]),
-    (_beam_questions(_question_field("answer", "")), ["information_extraction[0]", "answer must be a non-empty"]),
-    (_beam_questions(_question_field("answer", None)), ["information_extraction[0]", "answer must be a non-empty"]),
-    (_beam_questions(_question_field("answer", [1, 2])), ["information_extraction[0]", "answer"]),
-    (_beam_questions(_question_field("answer", math.nan)), ["information_extraction[0]", "answer"]),
-    (_beam_questions(_question_field("rubric", 5)), ["information_extraction[0]", "rubric must be a list of strings"]),
-    (_beam_questions(_question_field("rubric", ["ok", 1])), ["information_extraction[0]", "rubric"]),
-    (_beam_questions(_question_field("compliance_indicators", "euros")),
+    (_beam_questions(_sample("question", _DELETE)), ["information_extraction[0]", "missing key 'question'"]),
+    (_beam_questions(_sample("question", "  ")), ["information_extraction[0]", "empty question"]),
+    (_beam_questions(_sample("question", 5)), ["information_extraction[0]", "question must be a string"]),
+    (_beam_questions(_sample("answer", _DELETE)), ["information_extraction[0]", "no reference", "answer"]),
+    (_beam_questions(_sample("answer", "")), ["information_extraction[0]", "answer must be a non-empty"]),
+    (_beam_questions(_sample("answer", None)), ["information_extraction[0]", "answer must be a non-empty"]),
+    (_beam_questions(_sample("answer", [1, 2])), ["information_extraction[0]", "answer"]),
+    (_beam_questions(_sample("answer", math.nan)), ["information_extraction[0]", "answer"]),
+    (_beam_questions(_sample("rubric", 5)), ["information_extraction[0]", "rubric must be a list of strings"]),
+    (_beam_questions(_sample("rubric", ["ok", 1])), ["information_extraction[0]", "rubric"]),
+    (_beam_questions(_sample("compliance_indicators", "euros")),
      ["information_extraction[0]", "compliance_indicators"]),
-    (_beam_questions(_question_field("source_chat_ids", [1.5])),
+    (_beam_questions(_sample("source_chat_ids", [1.5])),
      ["information_extraction[0]", "source_chat_ids", "message ids", "a float"]),
-    (_beam_questions(_question_field("source_chat_ids", {"first": [0, True]})),
+    (_beam_questions(_sample("source_chat_ids", {"first": [0, True]})),
      ["information_extraction[0]", "source_chat_ids", "a boolean"]),
-    (_beam_questions(_question_field("evidence", [[[[[0]]]]])), ["information_extraction[0]", "evidence", "too deeply"]),
-    (_beam_questions(_question_field("order", "woke up"), "event_ordering"), ["event_ordering[0]", "order", "list"]),
-    (_beam_questions(_question_field("difficulty", ["easy"])), ["information_extraction[0]", "difficulty"]),
+    (_beam_questions(_sample("evidence", [[[[[0]]]]])), ["information_extraction[0]", "evidence", "too deeply"]),
+    (_beam_questions(_sample("order", "woke up"), "event_ordering"), ["event_ordering[0]", "order", "list"]),
+    (_beam_questions(_sample("difficulty", ["easy"])), ["information_extraction[0]", "difficulty"]),
 ]
 
 BEAM_LOADERS = {
@@ -1011,7 +998,7 @@ def test_beam_env_reports_malformed_questions_at_make_and_chat_at_reset(files) -
     conversation = Path(files["beam"]) / "2"
     questions = conversation / "probing_questions" / "probing_questions.json"
     good = questions.read_text(encoding="utf-8")
-    questions.write_text(_beam_questions(_question_field("question", "")), encoding="utf-8")
+    questions.write_text(_beam_questions(_sample("question", "")), encoding="utf-8")
     with pytest.raises(DataFormatError) as info:
         make("BEAM-data", files)  # both conversations' questions are read at make
     assert str(questions) in str(info.value) and "information_extraction[0]: empty question" in str(info.value)
