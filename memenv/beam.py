@@ -42,17 +42,30 @@ from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.scoring import best_em_f1
-from memenv.memdialog import _load_locomo
-from tasks.beam import (ABILITIES, BatchStream, BeamBatch, BeamConversation, ConversationSource, SyntheticBeamChat,
-                        find_conversations)
-from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation
+from memenv.memdialog import MAX_SESSIONS, _load_locomo
+from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_path,
+                               check_str_tuple)
+from tasks.beam import (ABILITIES, QUESTIONS_FILE, BatchStream, BeamBatch, BeamConversation, ConversationSource,
+                        SyntheticBeamChat, find_conversations, load_probing_questions)
+from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation, min_questions_by_type
 from tasks.locomo import CATEGORY_TYPES
-from tasks.types import Question
+from tasks.types import DataFormatError, Question
 
 __all__ = ["MemDialogBeamEnv"]
 
 MEMORY_MODES = ("rewrite", "tools")
+# The env's own invocation keys on a step that did not produce them (every step has every key, one type per
+# key, as vector envs batch them): no entry touched (ids start at 1), no question answered, nothing cut.
+NO_STEP_RESULT = {"entry_id": -1, "question_index": -1, "answer_score": [], "memory_truncated_tokens": 0}
 DEFAULT_BUDGET = {"rewrite": 256, "tools": 32_768}
+BEAM_DATASETS = ("beam", "memdialog", "locomo")
+# The names ``abilities=`` accepts per task source (MemDialog's and LoCoMo's question types stand for abilities).
+_ABILITY_NAMES = {"synthetic": ABILITIES, "beam": ABILITIES, "memdialog": QUESTION_TYPES,
+                  "locomo": tuple(CATEGORY_TYPES.values())}
+#: Synthetic chat lengths, in whitespace tokens: the generator's floor, and 10x BEAM's longest chats.
+MIN_CHAT_TOKENS = 4_000
+MAX_CHAT_TOKENS = 100_000_000
+MAX_QUESTIONS_PER_ABILITY = 4
 
 INSTRUCTIONS = {
     "rewrite": (
@@ -83,6 +96,23 @@ def _open_conversation(path: str, mtime: float) -> BeamConversation:
     return BeamConversation.open(path)
 
 
+def _probing_questions(path: str) -> list[Question]:
+    """The probing questions of one conversation (``path``: its ``probing_questions.json``), checked as
+    :meth:`BeamConversation.open` checks them."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"BEAM conversation {os.path.dirname(os.path.dirname(path))}: missing {QUESTIONS_FILE}")
+    questions = load_probing_questions(path)
+    if not questions:
+        raise DataFormatError(f"{path}: no probing questions")
+    return questions
+
+
+def _check_index(conversation: int | None, count: int, path: str | os.PathLike) -> None:
+    if conversation is not None and conversation >= count:
+        raise ValueError(f"conversation must be an index in 0..{count - 1} ({path} holds {count}), "
+                         f"got {conversation!r}")
+
+
 class MemDialogBeamEnv(MemEnvBase):
     """BEAM long-conversation memory with a rewrite or a tool-based memory (see the module docstring).
 
@@ -92,11 +122,14 @@ class MemDialogBeamEnv(MemEnvBase):
         dataset: ``beam`` (synthetic, or BEAM's layout with ``data_path``), ``memdialog`` (MemDialog-v0's
             synthetic conversations: ``sessions`` sessions) or ``locomo`` (the LoCoMo file): the tools mode and
             its strategies then run over those conversations (their question types stand for the abilities).
+        sessions: ``dataset="memdialog"``: sessions per conversation (default 8).
         conversation: with ``data_path``: a fixed conversation index (default: drawn at each reset).
-        chat_tokens: synthetic: the chat's length in whitespace tokens (4,000 to 10,000,000 and more).
-        questions_per_ability: synthetic: questions per ability (1..4).
-        questions: questions per episode, stratified over abilities (``None``: all).
-        abilities: keep only questions of these abilities (:data:`tasks.beam.ABILITIES`).
+        chat_tokens: synthetic: the chat's length in whitespace tokens (default 128,000; 4,000 to 100,000,000).
+        questions_per_ability: synthetic: questions per ability (default 2; 1..4).
+        questions: questions per episode, stratified over abilities (``None``: all); at most what every
+            conversation the episode may draw holds.
+        abilities: keep only questions of these abilities (:data:`tasks.beam.ABILITIES`; with
+            ``dataset="memdialog"`` or ``"locomo"`` their question types).
         memory_mode: ``tools`` (default) or ``rewrite``.
         memory_budget: tokens of memory (rewrite: 256; tools: 32,768 by default).
         search_k: entries a ``<mem_search>`` returns.
@@ -108,6 +141,12 @@ class MemDialogBeamEnv(MemEnvBase):
         max_turns: turn limit (default from the sessions, questions and ``max_tool_calls``).
         keep_snapshots, context, context_budget, token_counter, invalid_penalty, render_mode: see
             :class:`MemEnvBase`.
+
+    Every argument is checked here (:mod:`memenv.validation`): a wrong type, a value out of range, a knob of
+    another task source (``chat_tokens`` with ``data_path``), or more ``questions`` than a conversation holds
+    raise at ``gym.make`` naming the parameter and what it accepts. With ``data_path`` the probing questions
+    are read here too; ``chat.json`` is streamed at reset, where a malformed batch raises
+    :class:`~tasks.types.DataFormatError` naming the file and the batch.
     """
 
     def __init__(
@@ -115,10 +154,10 @@ class MemDialogBeamEnv(MemEnvBase):
         data_path: str | os.PathLike | None = None,
         *,
         dataset: str = "beam",
-        sessions: int = 8,
+        sessions: int | None = None,
         conversation: int | None = None,
-        chat_tokens: int = 128_000,
-        questions_per_ability: int = 2,
+        chat_tokens: int | None = None,
+        questions_per_ability: int | None = None,
         questions: int | None = None,
         abilities: tuple[str, ...] | list[str] | None = None,
         memory_mode: str = "tools",
@@ -137,8 +176,8 @@ class MemDialogBeamEnv(MemEnvBase):
         keep_snapshots: bool = True,
         render_mode: str | None = None,
     ) -> None:
-        if memory_mode not in MEMORY_MODES:
-            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {memory_mode!r}")
+        memory_mode = check_choice("memory_mode", memory_mode, MEMORY_MODES)
+        memory_budget = check_int("memory_budget", memory_budget, minimum=0, allow_none=True)
         budget = DEFAULT_BUDGET[memory_mode] if memory_budget is None else memory_budget
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
                          memory_budget=None if memory_mode == "tools" else budget,
@@ -146,65 +185,79 @@ class MemDialogBeamEnv(MemEnvBase):
         if memory_mode == "tools" and not self.mode.uses_memory:
             raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}; "
                              "use memory_mode='rewrite' with other context modes")
-        for name, value, low in (("questions", questions, 1), ("search_k", search_k, 1),
-                                 ("max_tool_calls", max_tool_calls, 1), ("max_turns", max_turns, 1),
-                                 ("memory_budget", budget, 1)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ValueError(f"{name} must be an int >= {low}" + (" or None" if name in ("questions", "max_turns") else "")
-                                 + f", got {value!r}")
-        if dataset not in ("beam", "memdialog", "locomo"):
-            raise ValueError(f"dataset must be 'beam', 'memdialog' or 'locomo', got {dataset!r}")
-        if abilities is not None:
-            known = ABILITIES if dataset == "beam" else QUESTION_TYPES + tuple(CATEGORY_TYPES.values())
-            unknown = [a for a in abilities if a not in known]
-            if unknown or not abilities:
-                raise ValueError(f"abilities must be a non-empty subset of {', '.join(known)}; got {abilities!r}")
+        self.n_questions = check_int("questions", questions, minimum=1, allow_none=True)
+        self.search_k = check_int("search_k", search_k, minimum=1)
+        self.max_tool_calls = check_int("max_tool_calls", max_tool_calls, minimum=1)
+        self._max_turns_arg = check_int("max_turns", max_turns, minimum=1, allow_none=True)
+        conversation = check_int("conversation", conversation, minimum=0, allow_none=True)
+        sessions = check_int("sessions", sessions, minimum=2, maximum=MAX_SESSIONS, allow_none=True)
+        chat_tokens = check_int("chat_tokens", chat_tokens, minimum=MIN_CHAT_TOKENS, maximum=MAX_CHAT_TOKENS,
+                                allow_none=True)
+        questions_per_ability = check_int("questions_per_ability", questions_per_ability, minimum=1,
+                                          maximum=MAX_QUESTIONS_PER_ABILITY, allow_none=True)
+        self.show_store = check_bool("show_store", show_store)
+        self.refine_strategy = check_bool("refine_strategy", refine_strategy)
+        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
+        if judge is not None and not isinstance(judge, str):
+            raise ArgumentTypeError(f"judge must be a string 'openai:MODEL@URL' or None, got {judge!r} "
+                                    f"({type(judge).__name__})")
         if not isinstance(strategy, str):
-            raise ValueError(f"strategy must be a string, got {type(strategy).__name__}")
+            raise ArgumentTypeError(f"strategy must be a string (the initial memory-strategy text), got "
+                                    f"{strategy!r} ({type(strategy).__name__})")
+        dataset = check_choice("dataset", dataset, BEAM_DATASETS)
+        data_path = check_path("data_path", data_path)
+        self.dataset = dataset if dataset != "beam" else "synthetic" if data_path is None else "beam"
+        # Knobs of one source only: given with another, they would be ignored silently.
+        for name, value, applies in (("sessions", sessions, "memdialog"), ("chat_tokens", chat_tokens, "synthetic"),
+                                     ("questions_per_ability", questions_per_ability, "synthetic")):
+            if value is not None and self.dataset != applies:
+                where = "dataset='memdialog'" if applies == "memdialog" else "synthetic chats (no data_path=)"
+                raise ValueError(f"{name}={value!r} applies to {where} only; it has no effect with "
+                                 f"dataset={dataset!r}" + (f" and data_path={data_path!r}" if data_path else ""))
+        self.abilities = check_str_tuple("abilities", abilities, _ABILITY_NAMES[self.dataset])
         self.memory_mode = memory_mode
         self.store_budget = budget
-        self.search_k = search_k
-        self.max_tool_calls = max_tool_calls
-        self.show_store = bool(show_store)
         self.judge = make_judge(judge)
-        self.refine_strategy = bool(refine_strategy)
         self.strategy_text = strategy
         self.strategy_history: list[dict[str, Any]] = []
-        self.n_questions = questions
-        self.abilities = None if abilities is None else tuple(abilities)
-        self.keep_snapshots = bool(keep_snapshots)
-        self._max_turns_arg = max_turns
-        self.chat_tokens = chat_tokens
-        self.questions_per_ability = questions_per_ability
-        self.n_dialog_sessions = sessions
+        self.chat_tokens = 128_000 if chat_tokens is None else chat_tokens
+        self.questions_per_ability = 2 if questions_per_ability is None else questions_per_ability
+        self.n_dialog_sessions = 8 if sessions is None else sessions
         self.conversations: tuple = ()
-        if dataset == "locomo":
+        self.paths: list[str] = []
+        if self.dataset == "locomo":
             path = required_data_file(data_path, "MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
                                       "../shared/data/locomo/locomo10.json", "LoCoMo")
             self.conversations = _load_locomo(path, os.path.getmtime(path))
-            self.paths = []
-            if conversation is not None and not 0 <= conversation < len(self.conversations):
-                raise ValueError(f"conversation must be in 0..{len(self.conversations) - 1}, got {conversation!r}")
-            self.dataset = "locomo"
-        elif dataset == "memdialog":
+            _check_index(conversation, len(self.conversations), path)
+            pools = [[q.kind for q in c.questions] for c in self.conversations]
+            where = path
+        elif self.dataset == "memdialog":
             if data_path is not None or conversation is not None:
                 raise ValueError("dataset='memdialog' generates its conversations: no data_path= or conversation=")
-            if not isinstance(sessions, int) or sessions < 2:
-                raise ValueError(f"sessions must be an int >= 2, got {sessions!r}")
-            self.paths = []
-            self.dataset = "memdialog"
-        elif data_path is not None:
+            minimum = min_questions_by_type(self.n_dialog_sessions)
+            pools = [[kind for kind, count in minimum.items() for _ in range(count)]]
+            where = f"every synthetic MemDialog conversation of sessions={self.n_dialog_sessions}"
+        elif self.dataset == "beam":
             self.paths = [str(p) for p in find_conversations(data_path)]
-            if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, int)
-                                             or not 0 <= conversation < len(self.paths)):
-                raise ValueError(f"conversation must be an int in 0..{len(self.paths) - 1}, got {conversation!r}")
-            self.dataset = "beam"
+            _check_index(conversation, len(self.paths), data_path)
+            # The probing questions are small: read them now, so a bad file or count fails at make time. chat.json
+            # (up to 10M tokens) is streamed at reset, where its errors name the file and batch.
+            pools = [[q.kind for q in _probing_questions(os.path.join(p, QUESTIONS_FILE))] for p in self.paths]
+            where = str(data_path)
         else:
             if conversation is not None:
                 raise ValueError("conversation= selects a BEAM conversation directory; it needs data_path=")
-            SyntheticBeamChat(0, chat_tokens, questions_per_ability)  # validates the synthetic arguments
-            self.paths = []
-            self.dataset = "synthetic"
+            pools = [[a for a in ABILITIES for _ in range(self.questions_per_ability)]]
+            where = f"every synthetic chat of questions_per_ability={self.questions_per_ability}"
+        if self.dataset in ("locomo", "beam"):
+            if conversation is not None:
+                pools, where = [pools[conversation]], f"conversation {conversation} of {where}"
+            else:
+                where = f"every conversation of {where}" if len(pools) > 1 else f"the conversation of {where}"
+        self._check_question_capacity(pools, where)
+        n_skeleton = self.n_questions or 1
+        self._check_context_budget(self._compose_task(n_skeleton))
         self.conversation_index = conversation
         self.source: BeamConversation | SyntheticBeamChat | None = None
         self.questions: list[Question] = []
@@ -226,6 +279,29 @@ class MemDialogBeamEnv(MemEnvBase):
     # ------------------------------------------------------------------ text
     def _task_block(self) -> str:
         return self._task_text
+
+    def _compose_task(self, n_questions: int) -> str:
+        """The task block: the instructions for this memory mode and the current memory-strategy text."""
+        kind = self.memory_mode if self.mode.uses_memory else "none"
+        lines = [INSTRUCTIONS[kind].format(budget=f"{self.store_budget} tokens", n=n_questions,
+                                           abstain=ABSTENTION_ANSWER)]
+        if self.strategy_text:
+            lines.append("Your memory strategy (refined from earlier episodes): " + sanitize(self.strategy_text))
+        return "<task>\n" + "\n".join(lines) + "\n</task>"
+
+    def _check_question_capacity(self, pools: list[list[str]], holder: str) -> None:
+        """Refuse ``abilities`` or ``questions`` that a conversation cannot serve, rather than cut silently.
+
+        ``pools``: the abilities of the questions of each conversation an episode may draw (the guaranteed
+        ones for generated conversations), so the smallest count is the limit; ``holder`` names them.
+        """
+        counts = [sum(1 for kind in pool if self.abilities is None or kind in self.abilities) for pool in pools]
+        filters = "" if self.abilities is None else f" with abilities={self.abilities}"
+        if min(counts) == 0:
+            raise ValueError(f"no question left in {holder}{filters}: widen abilities")
+        if self.n_questions is not None and self.n_questions > min(counts):
+            raise ValueError(f"questions={self.n_questions} is more than {holder}{filters} holds: "
+                             f"at most {min(counts)}")
 
     @property
     def n_sessions(self) -> int:
@@ -327,12 +403,7 @@ class MemDialogBeamEnv(MemEnvBase):
         self.store = MemoryStore(self.store_budget, self.token_counter)
         per_phase = self.max_tool_calls + 1 if self.memory_mode == "tools" else 2
         self.max_turns = self._max_turns_arg or per_phase * (self._n_sessions + len(self.questions) + 1)
-        budget = f"{self.store_budget} tokens"
-        kind = self.memory_mode if self.mode.uses_memory else "none"
-        lines = [INSTRUCTIONS[kind].format(budget=budget, n=len(self.questions), abstain=ABSTENTION_ANSWER)]
-        if self.strategy_text:
-            lines.append("Your memory strategy (refined from earlier episodes): " + sanitize(self.strategy_text))
-        self._task_text = "<task>\n" + "\n".join(lines) + "\n</task>"
+        self._task_text = self._compose_task(len(self.questions))
         self._start_episode("")
         self._sync_memory()
         self._information = self._information_block()
@@ -399,15 +470,14 @@ class MemDialogBeamEnv(MemEnvBase):
                 if self._phase == "question":
                     self._retrieved.extend(ids)
                 output = sanitize(self.store.render(ids)) if ids else "no matching entry"
-                extra["retrieved"] = ids
+                extra["retrieved_ids"] = ids
             elif tool == "next":
                 self._next_session()
                 return True, None, tool, "", "next session" if self.reading else "chat finished; questions follow", extra
             elif tool == "answer":
                 j = self._question
                 self._record_answer(argument)
-                extra["question_index"] = j
-                extra["answer_score"] = self._results[-1]["score"]
+                extra.update(self._answer_extra(j))
                 return True, None, tool, argument, f"answer {j + 1}/{len(self.questions)} recorded", extra
             else:  # strategy
                 self._set_strategy(argument)
@@ -423,6 +493,12 @@ class MemDialogBeamEnv(MemEnvBase):
             elif self._phase == "question":
                 self._record_answer("")
         return True, None, tool, tool_input, output, extra
+
+    def _answer_extra(self, j: int) -> dict[str, Any]:
+        """The invocation keys of a step that answered question ``j`` (lists, as ``answer_f1`` in every env)."""
+        result = self._results[-1]
+        return {"question_index": j, "answer_score": [result["score"]], "answer_f1": [result["f1"]],
+                "answer_em": [result["em"]]}
 
     def _set_strategy(self, text: str) -> None:
         self.strategy_text = sanitize(text)
@@ -454,8 +530,7 @@ class MemDialogBeamEnv(MemEnvBase):
         if parsed.tool == "answer":
             j = self._question
             self._record_answer(parsed.argument)
-            extra["question_index"] = j
-            extra["answer_score"] = self._results[-1]["score"]
+            extra.update(self._answer_extra(j))
             return True, None, "answer", parsed.argument, f"answer {j + 1}/{len(self.questions)} recorded", extra
         self._next_session()
         return True, None, None, None, "next session" if self.reading else "chat finished; questions follow", extra
@@ -480,7 +555,7 @@ class MemDialogBeamEnv(MemEnvBase):
         snapshot = self._record(
             action=action, memory_before=memory_before, tool=tool, tool_input=tool_input, tool_output=tool_output,
             valid=valid, error=error, reward=reward, phase=phase, index=index, store_entries=len(self.store),
-            store_tokens=self.store.used, **extra,
+            store_tokens=self.store.used, **{**NO_STEP_RESULT, **extra},
         )
         if not self.keep_snapshots:
             self._snapshots.clear()

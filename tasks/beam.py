@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tasks.conversations import Conversation
+from tasks.corpus import _TOO_DEEP, _read_text, _type_name
 from tasks.types import DataFormatError, Question
 
 __all__ = [
@@ -157,11 +159,15 @@ def _parse_batch(raw: Any, path: Path, position: int) -> BeamBatch:
                 raise DataFormatError(f"{at}: role must be 'user' or 'assistant', got {msg['role']!r}")
             if not isinstance(msg["content"], str):
                 raise DataFormatError(f"{at}: content must be a string, got {type(msg['content']).__name__}")
-            if isinstance(msg["id"], bool) or not isinstance(msg["id"], (int, str)):
-                raise DataFormatError(f"{at}: id must be an integer or a string, got {msg['id']!r}")
-            anchor_m = msg.get("time_anchor")
+            for key in ("id", "index"):
+                value = msg.get(key, k)
+                if isinstance(value, bool) or not isinstance(value, (int, str)):
+                    raise DataFormatError(f"{at}: {key} must be an integer or a string, got {_type_name(value)}")
+            for key in ("time_anchor", "question_type"):
+                if msg.get(key) is not None and not isinstance(msg[key], str):
+                    raise DataFormatError(f"{at}: {key} must be a string, got {_type_name(msg[key])}")
             messages.append(BeamMessage(msg["role"], msg["id"], msg.get("index", k), msg["content"],
-                                        anchor_m if isinstance(anchor_m, str) else None, msg.get("question_type")))
+                                        msg.get("time_anchor"), msg.get("question_type")))
         turns.append(tuple(messages))
     return BeamBatch(position, number, anchor, tuple(turns))
 
@@ -174,13 +180,17 @@ def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iter
     """
     path = Path(path)
     decoder = json.JSONDecoder()
+    position = 0  # the batch being read
     with open(path, encoding="utf-8-sig") as f:
         buf, pos, eof = "", 0, False
         chunk = read_size
 
         def fill() -> bool:
             nonlocal buf, pos, eof, chunk
-            data = f.read(chunk)
+            try:
+                data = f.read(chunk)
+            except UnicodeDecodeError as err:
+                raise DataFormatError(f"{path}: not UTF-8 text ({err.reason}), reading batch {position}") from None
             if not data:
                 eof = True
                 return False
@@ -202,7 +212,6 @@ def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iter
         if buf[pos] != "[":
             raise DataFormatError(f"{path}: expected a JSON array of batches, found {buf[pos]!r} at the start")
         pos += 1
-        position = 0
         skip_ws()
         if pos < len(buf) and buf[pos] == "]":
             return
@@ -212,6 +221,8 @@ def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iter
                 try:
                     raw, end = decoder.raw_decode(buf, pos)
                     break
+                except RecursionError:
+                    raise DataFormatError(f"{_where(path, position)}: {_TOO_DEEP}") from None
                 except json.JSONDecodeError as err:
                     # The batch runs past the buffer: read more, doubling the read size so a huge batch costs
                     # O(size) reads rather than O(size^2 / read_size); back to read_size after it.
@@ -243,7 +254,7 @@ def _reference(raw: dict, at: str) -> tuple[str, str]:
             value = raw[key]
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 value = "\n".join(value)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 value = str(value)
             if not isinstance(value, str) or not value.strip():
                 raise DataFormatError(f"{at}: {key} must be a non-empty string (or list of strings)")
@@ -257,12 +268,19 @@ def load_probing_questions(path: str | os.PathLike, conversation_id: str = "") -
     ``difficulty``, ``compliance_indicators``, ``evidence`` (message ids, when given as ``evidence`` or
     ``source_chat_ids``) and ``order`` (event ordering: the reference items in order)).
 
-    Unknown abilities are an error naming the file and the valid ones.
+    Malformed input raises :class:`DataFormatError` naming the file and the ability and question index: bytes
+    that are not UTF-8, an empty file, invalid or too deeply nested JSON, an unknown ability (the valid ones are
+    listed), a missing, empty or non-string question, no reference, a rubric, indicators, ``order`` or
+    evidence of the wrong type. Nothing is skipped: a bad question stops the load.
     """
     path = Path(path)
+    text = _read_text(path, "BEAM probing questions file")
+    if not text.strip():
+        raise DataFormatError(f"{path}: empty file (expected an object from ability to a list of questions)")
     try:
-        with open(path, encoding="utf-8-sig") as f:
-            data = json.load(f)
+        data = json.loads(text)
+    except RecursionError:
+        raise DataFormatError(f"{path}: {_TOO_DEEP}") from None
     except json.JSONDecodeError as err:
         raise DataFormatError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
     if not isinstance(data, dict):
@@ -277,9 +295,13 @@ def load_probing_questions(path: str | os.PathLike, conversation_id: str = "") -
             at = f"{path}: {ability}[{i}]"
             if not isinstance(raw, dict):
                 raise DataFormatError(f"{at}: expected an object, got {type(raw).__name__}")
-            text = raw.get("question")
-            if not isinstance(text, str) or not text.strip():
-                raise DataFormatError(f"{at}: missing or empty 'question'")
+            if "question" not in raw:
+                raise DataFormatError(f"{at}: missing key 'question'")
+            text = raw["question"]
+            if not isinstance(text, str):
+                raise DataFormatError(f"{at}: question must be a string, got {_type_name(text)}")
+            if not text.strip():
+                raise DataFormatError(f"{at}: empty question")
             key, reference = _reference(raw, at)
             rubric = raw.get("rubric", [])
             if isinstance(rubric, str):
@@ -289,20 +311,41 @@ def load_probing_questions(path: str | os.PathLike, conversation_id: str = "") -
             indicators = raw.get("compliance_indicators", [])
             if not isinstance(indicators, list) or not all(isinstance(r, str) for r in indicators):
                 raise DataFormatError(f"{at}: compliance_indicators must be a list of strings")
-            evidence = raw.get("evidence", raw.get("source_chat_ids", []))
-            evidence = evidence if isinstance(evidence, list) else [evidence]
+            evidence_key = "evidence" if "evidence" in raw else "source_chat_ids"
+            evidence = _evidence_ids(raw.get(evidence_key), f"{at}: {evidence_key}")
+            difficulty = raw.get("difficulty")
+            if isinstance(difficulty, bool) or not isinstance(difficulty, (str, int, type(None))):
+                raise DataFormatError(f"{at}: difficulty must be a string (easy, medium, hard), got "
+                                      f"{_type_name(difficulty)}")
             order = raw.get("order")
+            if order is not None and (not isinstance(order, list) or not all(isinstance(o, str) for o in order)):
+                raise DataFormatError(f"{at}: order must be a list of strings (the events in order), got "
+                                      f"{_type_name(order)}")
             if order is None and ability == "event_ordering":
                 order = _ordered_items(raw.get("answer", reference))
             meta = {"ability": ability, "reference_key": key, "rubric": list(rubric),
-                    "difficulty": raw.get("difficulty"), "compliance_indicators": list(indicators),
-                    "evidence": [str(e) for e in evidence if not isinstance(e, (dict, list))],
-                    "abstention": ability == "abstention", "index": i}
+                    "difficulty": difficulty, "compliance_indicators": list(indicators),
+                    "evidence": evidence, "abstention": ability == "abstention", "index": i}
             if order is not None:
                 meta["order"] = list(order)
             questions.append(Question(id=f"{conversation_id}/{ability}/{i}", question=text,
                                       answers=(reference,), kind=ability, meta=meta))
     return questions
+
+
+def _evidence_ids(value: Any, at: str, depth: int = 0) -> list[str]:
+    """The message ids a question's evidence names, as strings: one id, a list of ids, or lists and objects of
+    them (grouped, e.g. by statement), flattened in order. Anything else is an error."""
+    if value is None:
+        return []
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return [str(value)]
+    if isinstance(value, (list, dict)) and depth < 3:
+        items = value.values() if isinstance(value, dict) else value
+        return [e for item in items for e in _evidence_ids(item, at, depth + 1)]
+    what = "nested too deeply" if isinstance(value, (list, dict)) else _type_name(value)
+    raise DataFormatError(f"{at}: expected message ids (integers or strings), or lists or objects of them; "
+                          f"got {what}")
 
 
 def _ordered_items(answer: Any) -> list[str]:

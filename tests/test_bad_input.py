@@ -24,6 +24,7 @@ from memenv.base import MIN_BODY_TOKENS
 from memenv.memdialog import MemDialogEnv
 from memenv.validation import ArgumentTypeError
 from tasks import DataFormatError, DataFormatWarning
+from tasks.beam import ABILITIES, iter_chat_batches, load_probing_questions
 from tasks.conversations import QUESTION_TYPES, generate_conversation, min_questions_by_type
 from tasks.corpus import load_corpus_jsonl, load_qa_pair, load_questions_jsonl
 from tasks.hotpot import load_hotpotqa
@@ -64,7 +65,44 @@ def files(tmp_path: Path) -> dict[str, str]:
     lo.write_text(json.dumps(locomo + [second]), encoding="utf-8")
     return {"hotpot": str(hotpot), "locomo": str(lo),
             "corpus": _write_jsonl(tmp_path / "corpus.jsonl", CORPUS),
-            "questions": _write_jsonl(tmp_path / "questions.jsonl", QUESTIONS)}
+            "questions": _write_jsonl(tmp_path / "questions.jsonl", QUESTIONS),
+            "beam": _write_beam_folder(tmp_path / "beam")}
+
+
+def _beam_message(i: int, role: str, content: str) -> dict:
+    return {"role": role, "id": i, "index": f"1,{i}", "content": content, "time_anchor": "March-01-2024"}
+
+
+BEAM_BATCHES = [
+    {"batch_number": 1, "time_anchor": "March-01-2024",
+     "turns": [[_beam_message(0, "user", "My sister's name is Maya."), _beam_message(1, "assistant", "Nice!")]]},
+    {"batch_number": 2, "time_anchor": "March-05-2024",
+     "turns": [[_beam_message(2, "user", "I woke up early, then ate lunch."), _beam_message(3, "assistant", "Good.")]]},
+]
+BEAM_QUESTIONS = {  # 3 questions; the second conversation adds 2 more (5)
+    "information_extraction": [{"question": "What is my sister's name?", "answer": "Maya",
+                                "rubric": ["LLM response should state: Maya"], "difficulty": "easy",
+                                "source_chat_ids": [0]}],
+    "event_ordering": [{"question": "Order?", "answer": "1. woke up\n2. ate lunch", "rubric": ["woke up"],
+                        "difficulty": "hard"}],
+    "abstention": [{"question": "What is my dog's name?", "ideal_response": "There is no information available.",
+                    "rubric": ["says no information"], "difficulty": "medium"}],
+}
+
+
+def _write_beam_folder(root: Path) -> str:
+    """BEAM's layout, two conversations: ``1`` (3 probing questions) and ``2`` (5)."""
+    second = copy.deepcopy(BEAM_QUESTIONS)
+    second["summarization"] = [{"question": "Sum up my day.", "ideal_summary": "Woke up early, ate lunch.",
+                                "rubric": ["woke up early", "ate lunch"], "difficulty": "medium"},
+                               {"question": "Sum up my family.", "ideal_summary": "A sister, Maya.",
+                                "rubric": ["sister Maya"], "difficulty": "easy"}]
+    for name, questions in (("1", BEAM_QUESTIONS), ("2", second)):
+        (root / name / "probing_questions").mkdir(parents=True)
+        (root / name / "chat.json").write_text(json.dumps(BEAM_BATCHES), encoding="utf-8")
+        (root / name / "probing_questions" / "probing_questions.json").write_text(json.dumps(questions),
+                                                                                 encoding="utf-8")
+    return str(root)
 
 
 # Every registered env family, with the kwargs it needs to build from the fixture files.
@@ -76,7 +114,12 @@ ENVS = {
     "MemRead": ("MemRead-v0", {"doc_tokens": 2000}),
     "MemDialog": ("MemDialog-v0", {}),
     "LoCoMo": ("MemDialog-LoCoMo-v0", {"data_path": "locomo", "questions": 2}),
+    "BEAM": ("MemDialog-BEAM-v0", {}),
+    "BEAM-rewrite": ("MemDialog-BEAM-v0", {"memory_mode": "rewrite"}),
+    "BEAM-data": ("MemDialog-BEAM-v0", {"data_path": "beam"}),
 }
+BEAM_ENVS = ("BEAM", "BEAM-rewrite", "BEAM-data")
+TOOLS_ENVS = ("BEAM", "BEAM-data")  # memory_mode="tools": context="memory" only
 
 
 def make(env: str, files: dict[str, str], **kwargs):
@@ -277,6 +320,99 @@ HOTPOT_CASES = [
     ({"data_path": None}, ValueError, ["MemQA-Hotpot-v0 needs data_path="]),
 ]
 
+# MemDialog-BEAM, every task source (synthetic tools and rewrite, BEAM's layout).
+BEAM_CASES = [
+    ({"questions": 0}, ValueError, ["questions", ">= 1"]),
+    ({"questions": True}, TypeError, ["questions", "bool"]),
+    ({"questions": 2.5}, TypeError, ["questions"]),
+    ({"questions": "5"}, TypeError, ["questions"]),
+    ({"questions": NAN}, TypeError, ["questions"]),
+    ({"search_k": 0}, ValueError, ["search_k", ">= 1"]),
+    ({"search_k": True}, TypeError, ["search_k"]),
+    ({"search_k": 1.5}, TypeError, ["search_k"]),
+    ({"search_k": None}, TypeError, ["search_k"]),
+    ({"max_tool_calls": 0}, ValueError, ["max_tool_calls", ">= 1"]),
+    ({"max_tool_calls": True}, TypeError, ["max_tool_calls"]),
+    ({"max_tool_calls": "256"}, TypeError, ["max_tool_calls"]),
+    ({"max_tool_calls": INF}, TypeError, ["max_tool_calls"]),
+    ({"max_turns": 0}, ValueError, ["max_turns", ">= 1"]),
+    ({"max_turns": False}, TypeError, ["max_turns"]),
+    ({"max_turns": 2.5}, TypeError, ["max_turns"]),
+    ({"memory_budget": NAN}, TypeError, ["memory_budget"]),
+    ({"memory_mode": "vector"}, ValueError, ["memory_mode", "'vector'", "'rewrite'", "'tools'"]),
+    ({"memory_mode": None}, TypeError, ["memory_mode"]),
+    ({"dataset": "hotpotqa"}, ValueError, ["dataset", "'hotpotqa'", "'beam'", "'memdialog'", "'locomo'"]),
+    ({"dataset": 3}, TypeError, ["dataset"]),
+    ({"abilities": "summarization"}, TypeError, ["abilities", "('summarization',)"]),
+    ({"abilities": ["summarization", "telepathy"]}, ValueError,
+     ["abilities", "'telepathy'", *(repr(a) for a in ABILITIES)]),
+    ({"abilities": ["single-hop"]}, ValueError, ["abilities", "'single-hop'", "'temporal_reasoning'"]),
+    ({"abilities": []}, ValueError, ["abilities", "at least one"]),
+    ({"abilities": [1]}, TypeError, ["abilities"]),
+    ({"abilities": 5}, TypeError, ["abilities"]),
+    ({"show_store": "yes"}, TypeError, ["show_store", "True or False"]),
+    ({"show_store": 1}, TypeError, ["show_store"]),
+    ({"refine_strategy": 1}, TypeError, ["refine_strategy", "True or False"]),
+    ({"refine_strategy": None}, TypeError, ["refine_strategy"]),
+    ({"keep_snapshots": 0}, TypeError, ["keep_snapshots"]),
+    ({"judge": 5}, TypeError, ["judge", "openai:MODEL@URL"]),
+    ({"judge": "gpt@localhost"}, ValueError, ["judge", "openai:MODEL@URL"]),
+    ({"judge": "openai:m@ftp://host"}, ValueError, ["judge", "http"]),
+    ({"strategy": 5}, TypeError, ["strategy", "string"]),
+    ({"strategy": None}, TypeError, ["strategy"]),
+    ({"conversation": True}, TypeError, ["conversation"]),
+    ({"conversation": -1}, ValueError, ["conversation", ">= 0"]),
+    ({"conversation": 1.0}, TypeError, ["conversation"]),
+    ({"sessions": True}, TypeError, ["sessions"]),
+    ({"sessions": 2.0}, TypeError, ["sessions"]),
+    ({"data_path": 7}, TypeError, ["data_path", "path"]),
+    ({"data_path": ""}, ValueError, ["data_path"]),
+    ({"data_path": "/nonexistent/beam"}, FileNotFoundError, ["data_path", "/nonexistent/beam"]),
+]
+
+TOOLS_CASES = [
+    ({"context": "history"}, ValueError, ["memory_mode='tools'", "context='memory'", "'history'"]),
+    ({"context": "none"}, ValueError, ["memory_mode='tools'", "context='memory'"]),
+]
+
+SYNTHETIC_BEAM_CASES = [
+    ({"questions": 10**6}, ValueError, ["questions=1000000", "questions_per_ability=2", "at most 20"]),
+    ({"questions": 21}, ValueError, ["questions=21", "at most 20"]),
+    ({"questions_per_ability": 1, "questions": 11}, ValueError, ["questions=11", "at most 10"]),
+    ({"abilities": ["abstention", "summarization"], "questions": 5}, ValueError,
+     ["questions=5", "abilities=('abstention', 'summarization')", "at most 4"]),
+    ({"chat_tokens": 100}, ValueError, ["chat_tokens", "[4000, 100000000]", "100"]),
+    ({"chat_tokens": 10**12}, ValueError, ["chat_tokens", "100000000"]),
+    ({"chat_tokens": 8000.0}, TypeError, ["chat_tokens"]),
+    ({"chat_tokens": True}, TypeError, ["chat_tokens", "bool"]),
+    ({"chat_tokens": NAN}, TypeError, ["chat_tokens"]),
+    ({"chat_tokens": INF}, TypeError, ["chat_tokens"]),
+    ({"questions_per_ability": 0}, ValueError, ["questions_per_ability", "[1, 4]"]),
+    ({"questions_per_ability": 5}, ValueError, ["questions_per_ability", "[1, 4]"]),
+    ({"questions_per_ability": True}, TypeError, ["questions_per_ability"]),
+    ({"conversation": 0}, ValueError, ["conversation", "data_path"]),
+    ({"sessions": 4}, ValueError, ["sessions=4", "dataset='memdialog'", "no effect"]),
+    ({"sessions": 1}, ValueError, ["sessions", "[2, 1000]"]),
+    ({"dataset": "locomo"}, ValueError, ["data_path", "LoCoMo"]),
+    ({"dataset": "memdialog", "sessions": 10**6}, ValueError, ["sessions", "1000"]),
+    ({"dataset": "memdialog", "questions": 10**6}, ValueError, ["questions=1000000", "sessions=8", "at most 32"]),
+    ({"dataset": "memdialog", "abilities": ["summarization"]}, ValueError,
+     ["abilities", "'summarization'", *(repr(t) for t in QUESTION_TYPES)]),
+    ({"dataset": "memdialog", "chat_tokens": 8000}, ValueError, ["chat_tokens=8000", "synthetic chats"]),
+    ({"dataset": "memdialog", "conversation": 0}, ValueError, ["dataset='memdialog'", "conversation="]),
+]
+
+BEAM_DATA_CASES = [
+    ({"conversation": 2}, ValueError, ["conversation", "0..1", "holds 2"]),
+    ({"questions": 4}, ValueError, ["questions=4", "every conversation of", "at most 3"]),
+    ({"conversation": 1, "questions": 6}, ValueError, ["questions=6", "conversation 1 of", "at most 5"]),
+    ({"abilities": ["summarization"]}, ValueError, ["no question left", "abilities=('summarization',)"]),
+    ({"abilities": ["abstention"], "questions": 2}, ValueError, ["questions=2", "at most 1"]),
+    ({"chat_tokens": 8000}, ValueError, ["chat_tokens=8000", "synthetic chats", "data_path="]),
+    ({"questions_per_ability": 1}, ValueError, ["questions_per_ability=1", "synthetic chats"]),
+    ({"dataset": "memdialog"}, ValueError, ["dataset='memdialog'", "data_path="]),
+]
+
 
 def _battery() -> list:
     cases = []
@@ -290,8 +426,13 @@ def _battery() -> list:
             family += MEMREAD_CASES
         if env in ("MemDialog", "LoCoMo"):
             family += DIALOG_CASES
+        if env in BEAM_ENVS:
+            family += BEAM_CASES
+        if env in TOOLS_ENVS:
+            family += TOOLS_CASES
         family += {"MemDialog": SYNTHETIC_DIALOG_CASES, "LoCoMo": LOCOMO_CASES, "Pair": PAIR_CASES,
-                   "Hotpot": HOTPOT_CASES}.get(env, [])
+                   "Hotpot": HOTPOT_CASES, "BEAM": SYNTHETIC_BEAM_CASES, "BEAM-rewrite": SYNTHETIC_BEAM_CASES,
+                   "BEAM-data": BEAM_DATA_CASES}.get(env, [])
         for kwargs, error, fragments in family:
             cases.append(pytest.param(env, kwargs, error, fragments, id=f"{env}-{kwargs!r}"[:90]))
     return cases
@@ -306,6 +447,15 @@ def test_bad_kwarg_fails_at_make_naming_it(files, env: str, kwargs: dict, error:
 def test_good_kwargs_at_the_boundaries_are_accepted(files, env: str) -> None:
     """The checks are not stricter than the ranges they state."""
     bounds = {"memory_budget": 0, "invalid_penalty": 0, "context": "window:1", "max_turns": 1}
+    if env in TOOLS_ENVS:
+        bounds["context"] = "memory"
+    if env in BEAM_ENVS:
+        bounds.update(questions=None, search_k=1, max_tool_calls=1, show_store=True, refine_strategy=True,
+                      judge=None, strategy="", abilities=("abstention", "event_ordering"))
+    if env in ("BEAM", "BEAM-rewrite"):
+        bounds.update(chat_tokens=4000, questions_per_ability=4, questions=2 * 4)
+    if env == "BEAM-data":
+        bounds.update(conversation=1, questions=2)
     if env in ("MemQA", "MemQA-N4", "MemRead"):
         bounds.update(comparison_rate=1.0, lookalike_rate=0, hops=[1, 6], distractors=0, world_seed=2**40,
                       objectives=np.int64(1), corpus_size=50)
@@ -385,10 +535,13 @@ def test_context_budget_minimum_is_exact_and_keeps_every_question(files, env: st
     need = _minimum_budget(env, files)
     assert need > MIN_BODY_TOKENS
     expect(env, files, {"context_budget": need - 1}, ValueError, f"context_budget >= {need}")
-    made = make(env, files, context_budget=need, context="history")
+    made = make(env, files, context_budget=need, context="memory" if env in TOOLS_ENVS else "history")
     obs, info = made.reset(seed=0)
-    for i in range(1, len(info["questions"]) + 1):  # every env lists its questions up front by default
-        assert f"Question {i}:" in obs
+    if env in BEAM_ENVS:  # BEAM's probing questions come after the chat: the task block says how many
+        assert f"asked {len(info['questions'])} question(s)" in obs
+    else:  # every other env lists its questions up front by default
+        for i in range(1, len(info["questions"]) + 1):
+            assert f"Question {i}:" in obs
     # The task block survives every step, even when the body is cut to the minimum.
     for _ in range(3):
         obs, _, terminated, truncated, step = made.step("<memory>" + "word " * 500 + "</memory>")
@@ -409,11 +562,18 @@ NASTY_ACTIONS = [
     "<memory>m</memory><answer>" + ";" * 1000 + "</answer>", "<think>" * 100, "<memory>" + "x" * 200_000,
     "<MEMORY>m</MEMORY><ANSWER>a</ANSWER>", "<memory>m</memory><answer>a</answer><answer>b</answer>",
     "<memory>m</memory><tool>x</tool>", "\n" * 1000, "<memory>\u2028</memory><search>\u2029</search>",
+    # the memory-tools protocol (MemDialog-BEAM): unknown ids, huge ids and texts, calls glued or unclosed
+    "<next/>", "<next/><next/>", "<mem_add>x</mem_add>", "<mem_add></mem_add>", "<mem_add>" + "w " * 50_000 + "</mem_add>",
+    "<mem_update id=99999999999999999999999>x</mem_update>", "<mem_update id=-1>x</mem_update>",
+    "<mem_update id=1>", "<mem_delete id=1/>", "<mem_delete id=x/>", "<mem_delete/>", "<mem_search></mem_search>",
+    "<mem_search>" + "q " * 5000 + "</mem_search>", "<think>t</think><mem_search>sister</mem_search>",
+    "<mem_add>a</mem_add><mem_add>b</mem_add>", "<strategy>keep dates</strategy>", "<strategy></strategy>",
+    "<answer>Maya</answer>", "<mem_add>\x00\ud800</mem_add>",
 ]
 
 
-@pytest.mark.parametrize("env", ["MemQA", "MemRead", "MemDialog", "LoCoMo"])
-@pytest.mark.parametrize("context", ["memory", "none"])
+@pytest.mark.parametrize("env, context", [(env, context) for env in ("MemQA", "MemRead", "MemDialog", "LoCoMo", *BEAM_ENVS)
+                                          for context in ("memory", "none") if context == "memory" or env not in TOOLS_ENVS])
 def test_env_never_raises_on_action_text(files, env: str, context: str) -> None:
     made = make(env, files, context=context, max_turns=8)
     rng = np.random.default_rng(0)
@@ -425,6 +585,33 @@ def test_env_never_raises_on_action_text(files, env: str, context: str) -> None:
         assert made.observation_space.contains(obs) and math.isfinite(reward)
         if terminated or truncated:
             made.reset(seed=i)
+
+
+# Valid somewhere in a BEAM episode (either memory mode), so that the fuzz gets past the reading phase.
+PROGRESS_ACTIONS = ["<next/>", "<memory>m</memory>", "<memory>m</memory><answer>a</answer>", "<answer>a</answer>",
+                    "<strategy>s</strategy>"]
+
+
+@pytest.mark.parametrize("env", BEAM_ENVS)
+def test_beam_fuzz_through_every_phase_never_raises(files, env: str) -> None:
+    """Fuzzed actions in reading, questions and strategy phases (max_tool_calls=2 moves the tools mode on; the
+    rewrite mode moves on with a valid rewrite): no step raises, and every step has the same invocation keys."""
+    made = make(env, files, max_tool_calls=2, refine_strategy=True, questions=3, max_turns=300,
+                **({"chat_tokens": 4000} if env != "BEAM-data" else {}))
+    rng = np.random.default_rng(1)
+    made.reset(seed=0)
+    phases, keys = set(), None
+    for i in range(400):
+        pool = NASTY_ACTIONS if i % 2 else PROGRESS_ACTIONS
+        action = pool[int(rng.integers(len(pool)))]
+        phases.add(made.unwrapped._phase)
+        obs, reward, terminated, truncated, info = made.step(action)
+        assert made.observation_space.contains(obs) and math.isfinite(reward)
+        keys = keys or set(info["invocation"])
+        assert set(info["invocation"]) == keys
+        if terminated or truncated:
+            made.reset(seed=i)
+    assert phases == {"read", "question", "strategy"}
 
 
 # ------------------------------------------------------------------------------------ malformed files
@@ -640,13 +827,111 @@ LOCOMO_FILES = [
 ]
 
 
+def _beam_chat(mutate=None, text: str | None = None) -> str:
+    """BEAM_BATCHES with batch 1 changed by ``mutate`` (so errors must name batch 1), or a text template in which
+    B1 and B2 stand for the two good batches."""
+    if text is not None:
+        return text.replace("B1", json.dumps(BEAM_BATCHES[0])).replace("B2", json.dumps(BEAM_BATCHES[1]))
+    batches = copy.deepcopy(BEAM_BATCHES)
+    mutate(batches[1])
+    return json.dumps(batches)
+
+
+def _message_field(key: str, value):
+    """Set (or with _DELETE remove) ``key`` of the batch's message 1 of turn 0."""
+    return lambda batch: _sample(key, value)(batch["turns"][0][1])
+
+
+_DEEP_LIST = "[" * 100_000 + "]" * 100_000
+BEAM_CHAT_FILES = [
+    (b'[{"batch_number": 1, "turns": [[{"role": "user", "id": 0, "content": "caf\xe9"}]]}]', ["not UTF-8"]),
+    ("", ["empty file"]),
+    ("  \n ", ["empty file"]),
+    (_DEEP_LIST, ["batch 0", "nested too deeply"]),
+    (_beam_chat(text="[B1, " + '{"a": ' * 50_000 + "1" + "}" * 50_000 + "]"), ["batch 1", "nested too deeply"]),
+    (_beam_chat(_message_field("content", json.loads("[" * 50 + "]" * 50))), ["batch 1", "content"]),
+    (_beam_chat(text='[B1, {"batch_number": 2, "turns": [[{"role": "user", "id": 2, "content": ' + _DEEP_LIST
+                + "}]]}]"), ["batch 1", "nested too deeply"]),
+    ("42", ["expected a JSON array"]),
+    ('{"batch_number": 1}', ["expected a JSON array"]),
+    ("[1]", ["batch 0", "expected an object"]),
+    (_beam_chat(text='[B1, "x"]'), ["batch 1", "expected an object"]),
+    (_beam_chat(text='[B1,\n{"batch_number": '), ["batch 1", "truncated"]),
+    (_beam_chat(text="[B1"), ["truncated after batch 0"]),
+    (_beam_chat(text="[B1] trailing"), ["unexpected data after the JSON array"]),
+    (_beam_chat(text="[B1 B2]"), ["after batch 0", "expected ',' or ']'"]),
+    (_beam_chat(lambda b: b.pop("turns")), ["batch 1 (batch_number 2)", "missing key 'turns'"]),
+    (_beam_chat(lambda b: b.pop("batch_number")), ["batch 1", "missing key 'batch_number'"]),
+    (_beam_chat(lambda b: b.update(batch_number=True)), ["batch 1", "batch_number must be"]),
+    (_beam_chat(lambda b: b.update(batch_number=[2])), ["batch 1", "batch_number must be"]),
+    (_beam_chat(lambda b: b.update(time_anchor=5)), ["batch 1", "time_anchor must be a string"]),
+    (_beam_chat(lambda b: b.update(turns="x")), ["batch 1", "turns must be a list"]),
+    (_beam_chat(lambda b: b.update(turns=[{"role": "user"}])), ["batch 1", "turn 0", "list of messages"]),
+    (_beam_chat(lambda b: b.update(turns=[["hi"]])), ["batch 1", "turn 0, message 0", "expected an object"]),
+    (_beam_chat(_message_field("content", _DELETE)), ["batch 1", "message 1", "missing key 'content'"]),
+    (_beam_chat(_message_field("role", _DELETE)), ["batch 1", "message 1", "missing key 'role'"]),
+    (_beam_chat(_message_field("role", "system")), ["batch 1", "message 1", "role must be"]),
+    (_beam_chat(_message_field("content", 5)), ["batch 1", "message 1", "content must be a string"]),
+    (_beam_chat(_message_field("content", None)), ["batch 1", "message 1", "content must be a string"]),
+    (_beam_chat(_message_field("id", [3])), ["batch 1", "message 1", "id must be an integer or a string"]),
+    (_beam_chat(_message_field("id", True)), ["batch 1", "message 1", "id must be", "a boolean"]),
+    (_beam_chat(_message_field("index", 1.5)), ["batch 1", "message 1", "index must be"]),
+    (_beam_chat(_message_field("time_anchor", 20240305)), ["batch 1", "message 1", "time_anchor must be a string"]),
+    (_beam_chat(_message_field("question_type", ["x"])), ["batch 1", "message 1", "question_type must be a string"]),
+]
+
+
+def _beam_questions(mutate=None, ability: str = "information_extraction") -> str:
+    questions = copy.deepcopy(BEAM_QUESTIONS)
+    if mutate is not None:
+        mutate(questions[ability][0])
+    return json.dumps(questions)
+
+
+BEAM_QUESTION_FILES = [
+    (b'{"abstention": [{"question": "caf\xe9?"}]}', ["not UTF-8"]),
+    ("", ["empty file"]),
+    ('{"a": ' * 50_000 + "1" + "}" * 50_000, ["nested too deeply"]),
+    ('{"abstention": [', ["invalid JSON", "line 1"]),
+    ("[]", ["expected an object from ability"]),
+    ('{"telepathy": []}', ["unknown ability 'telepathy'", *ABILITIES]),
+    ('{"summarization": {}}', ["summarization", "expected a list of questions"]),
+    ('{"summarization": ["Sum?"]}', ["summarization[0]", "expected an object"]),
+    (_beam_questions(_sample("question", _DELETE)), ["information_extraction[0]", "missing key 'question'"]),
+    (_beam_questions(_sample("question", "  ")), ["information_extraction[0]", "empty question"]),
+    (_beam_questions(_sample("question", 5)), ["information_extraction[0]", "question must be a string"]),
+    (_beam_questions(_sample("answer", _DELETE)), ["information_extraction[0]", "no reference", "answer"]),
+    (_beam_questions(_sample("answer", "")), ["information_extraction[0]", "answer must be a non-empty"]),
+    (_beam_questions(_sample("answer", None)), ["information_extraction[0]", "answer must be a non-empty"]),
+    (_beam_questions(_sample("answer", [1, 2])), ["information_extraction[0]", "answer"]),
+    (_beam_questions(_sample("answer", math.nan)), ["information_extraction[0]", "answer"]),
+    (_beam_questions(_sample("rubric", 5)), ["information_extraction[0]", "rubric must be a list of strings"]),
+    (_beam_questions(_sample("rubric", ["ok", 1])), ["information_extraction[0]", "rubric"]),
+    (_beam_questions(_sample("compliance_indicators", "euros")),
+     ["information_extraction[0]", "compliance_indicators"]),
+    (_beam_questions(_sample("source_chat_ids", [1.5])),
+     ["information_extraction[0]", "source_chat_ids", "message ids", "a float"]),
+    (_beam_questions(_sample("source_chat_ids", {"first": [0, True]})),
+     ["information_extraction[0]", "source_chat_ids", "a boolean"]),
+    (_beam_questions(_sample("evidence", [[[[[0]]]]])), ["information_extraction[0]", "evidence", "too deeply"]),
+    (_beam_questions(_sample("order", "woke up"), "event_ordering"), ["event_ordering[0]", "order", "list"]),
+    (_beam_questions(_sample("difficulty", ["easy"])), ["information_extraction[0]", "difficulty"]),
+]
+
+BEAM_LOADERS = {
+    "beam-chat": lambda p: list(iter_chat_batches(p, read_size=1024)),  # small reads: batches span reads
+    "beam-questions": lambda p: load_probing_questions(p),
+}
+
+
 def _file_cases() -> list:
     cases = []
     for loader in LOADERS:
         for i, (content, fragments) in enumerate(GENERIC_CONTENTS):
             cases.append(pytest.param(loader, _fill(content, loader), fragments, id=f"{loader}-generic{i}"))
     for loader, table in (("hotpot", HOTPOT_FILES), ("corpus", CORPUS_FILES), ("questions", QUESTION_FILES),
-                          ("locomo", LOCOMO_FILES)):
+                          ("locomo", LOCOMO_FILES), ("beam-chat", BEAM_CHAT_FILES),
+                          ("beam-questions", BEAM_QUESTION_FILES)):
         for i, (content, fragments) in enumerate(table):
             cases.append(pytest.param(loader, content, fragments, id=f"{loader}-{i}"))
     return cases
@@ -660,7 +945,7 @@ def test_malformed_file_names_file_and_record(tmp_path: Path, loader: str, conte
     else:
         path.write_text(content, encoding="utf-8")
     with pytest.raises(DataFormatError) as info:
-        LOADERS[loader](path)
+        {**LOADERS, **BEAM_LOADERS}[loader](path)
     message = str(info.value)
     assert str(path) in message
     for fragment in fragments:
@@ -707,6 +992,34 @@ def test_env_make_reports_the_malformed_file(files, tmp_path: Path, kind: str, k
     with pytest.raises(DataFormatError) as info:
         make(env, files, **{kwargs_key: str(bad)})
     assert str(bad) in str(info.value) and "record 1" in str(info.value)
+
+
+def test_beam_env_reports_malformed_questions_at_make_and_chat_at_reset(files) -> None:
+    conversation = Path(files["beam"]) / "2"
+    questions = conversation / "probing_questions" / "probing_questions.json"
+    good = questions.read_text(encoding="utf-8")
+    questions.write_text(_beam_questions(_sample("question", "")), encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        make("BEAM-data", files)  # both conversations' questions are read at make
+    assert str(questions) in str(info.value) and "information_extraction[0]: empty question" in str(info.value)
+    questions.write_text(good, encoding="utf-8")
+    (conversation / "chat.json").write_text(_beam_chat(_message_field("role", "system")), encoding="utf-8")
+    env = make("BEAM-data", files, conversation=1)  # chat.json (up to 10M tokens) is streamed at reset
+    with pytest.raises(DataFormatError) as info:
+        env.reset(seed=0)
+    assert str(conversation / "chat.json") in str(info.value) and "batch 1 (batch_number 2)" in str(info.value)
+
+
+def test_beam_evidence_forms_are_kept_as_message_ids(tmp_path: Path) -> None:
+    questions = copy.deepcopy(BEAM_QUESTIONS)
+    questions["information_extraction"][0]["source_chat_ids"] = {"first_statement": [0, "1"], "second": 2}
+    questions["event_ordering"][0]["evidence"] = 3
+    path = tmp_path / "probing_questions.json"
+    path.write_text(json.dumps(questions), encoding="utf-8")
+    loaded = {q.kind: q for q in load_probing_questions(path)}
+    assert loaded["information_extraction"].meta["evidence"] == ["0", "1", "2"]
+    assert loaded["event_ordering"].meta["evidence"] == ["3"]
+    assert loaded["abstention"].meta["evidence"] == []
 
 
 def test_pair_of_good_files_still_loads(files) -> None:

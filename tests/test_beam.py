@@ -217,7 +217,7 @@ def test_tools_env_invalid_calls_never_raise_and_snapshot() -> None:
                 "tool_input", "tool_output", "valid", "error", "context_tokens", "truncated_tokens"}
     assert expected <= set(inv)
     _, _, _, _, info = env.step("<mem_search>sister</mem_search>")
-    assert info["invocation"]["retrieved"] == [1] and "[1] my sister is Maya" in info["invocation"]["tool_output"]
+    assert info["invocation"]["retrieved_ids"] == [1] and "[1] my sister is Maya" in info["invocation"]["tool_output"]
 
 
 def test_tool_call_limit_moves_on() -> None:
@@ -247,13 +247,13 @@ def test_data_path_env_and_bad_kwargs(tmp_path: Path) -> None:
         _, r, te, _, info = env.step("<answer>Maya; woke up then ate lunch; euros</answer>")
     assert te and info["summary"]["per_question"][0]["used_entries"] == [1]
     assert info["summary"]["score_by_ability"]["information_extraction"] == 1.0
-    with pytest.raises(ValueError, match="memory_mode must be one of"):
+    with pytest.raises(ValueError, match="unknown memory_mode 'vector': valid options are 'rewrite', 'tools'"):
         MemDialogBeamEnv(memory_mode="vector")
-    with pytest.raises(ValueError, match="conversation must be an int in 0..0"):
+    with pytest.raises(ValueError, match=r"conversation must be an index in 0..0 \(.* holds 1\), got 3"):
         MemDialogBeamEnv(data_path=root, conversation=3)
     with pytest.raises(ValueError, match="memory_mode='tools' needs context='memory'"):
         MemDialogBeamEnv(context="history")
-    with pytest.raises(ValueError, match="abilities must be a non-empty subset"):
+    with pytest.raises(ValueError, match="unknown abilities entry 'telepathy': valid options are 'abstention'"):
         MemDialogBeamEnv(abilities=["telepathy"])
 
 
@@ -410,5 +410,5 @@ def test_tools_mode_on_memdialog_and_locomo_conversations(dataset: str, locomo_p
     assert summary["store_entries"] == len(evidence)  # the oracle found every evidence turn by its dia_id
     speakers = {s for s in conv.speakers}
     assert all(text.split("] ", 1)[1].split(":", 1)[0] in speakers for text in env.unwrapped.store.entries.values())
-    with pytest.raises(ValueError, match="abilities must be a non-empty subset of single-hop"):
+    with pytest.raises(ValueError, match="unknown abilities entry 'summarization': valid options are 'single-hop'"):
         MemDialogBeamEnv(dataset="memdialog", abilities=["summarization"])

@@ -84,6 +84,79 @@ def test_every_step_has_the_same_invocation_keys_and_types(env_id, data_paths):
     assert final["tool"] == "answer" and final["answer_f1"] and all(0.0 <= f <= 1.0 for f in final["answer_f1"])
 
 
+def _beam_invocations(memory_mode: str, seed: int) -> list[dict]:
+    """Every invocation of one MemDialog-BEAM episode with strategy refinement: malformed actions, each store
+    tool, then the oracle (tools) or a rewrite-and-answer script, then a strategy rewrite."""
+    env = gym.make("MemDialog-BEAM-v0", memory_mode=memory_mode, chat_tokens=8_000, questions=4,
+                   refine_strategy=True)
+    policy = STRATEGY_FAMILIES[env_family("MemDialog-BEAM-v0")]["oracle"]()
+    obs, _ = env.reset(seed=seed)
+    policy.reset(env.unwrapped)
+    base = env.unwrapped
+    script = ["not protocol text", "<memory></memory>", 5]
+    if memory_mode == "tools":
+        script += ["<mem_add>x</mem_add>", "<mem_update id=1>y</mem_update>", "<mem_search>y</mem_search>",
+                   "<mem_delete id=1/>", "<mem_delete id=1/>"]
+    found, terminated, truncated = [], False, False
+    while not (terminated or truncated):
+        if script:
+            action = script.pop(0)
+        elif base._phase == "strategy":
+            action = "<strategy>keep every date</strategy>"
+        elif memory_mode == "tools":
+            action = policy.act(obs)
+        else:
+            action = "<memory>m</memory>" if base.reading else "<memory>m</memory><answer>a</answer>"
+        obs, _, terminated, truncated, info = env.step(action)
+        found.append(info["invocation"])
+    assert terminated and info["summary"]["strategy_history"]
+    env.close()
+    return found
+
+
+@pytest.mark.parametrize("memory_mode", ["tools", "rewrite"])
+def test_beam_every_step_has_the_same_invocation_keys_and_types(memory_mode):
+    steps = _beam_invocations(memory_mode, seed=1) + _beam_invocations(memory_mode, seed=2)
+    tools = {s["tool"] for s in steps}
+    assert {"answer", "strategy", None} <= tools
+    if memory_mode == "tools":
+        assert {"mem_add", "mem_update", "mem_delete", "mem_search", "next"} <= tools
+    keys = set(steps[0])
+    assert all(set(s) == keys for s in steps), [sorted(set(s) ^ keys) for s in steps]
+    assert {"retrieved_ids", "answer_f1", "answer_em", "memory_truncated_tokens", "entry_id", "question_index",
+            "answer_score", "store_entries", "store_tokens"} <= keys
+    for key in keys:
+        kinds = {type(s[key]) for s in steps} - {type(None)}
+        assert len(kinds) <= 1, (key, kinds)
+        if key not in NONE_ALLOWED:
+            assert all(s[key] is not None for s in steps), key
+    for s in steps:
+        assert s["retrieved_ids"] == [] or s["tool"] == "mem_search"
+        assert (s["answer_f1"] != []) == (s["tool"] == "answer") == (s["question_index"] >= 0)
+        assert len(s["answer_em"]) == len(s["answer_f1"]) == len(s["answer_score"])
+        assert (s["entry_id"] >= 1) == (s["tool"] in ("mem_add", "mem_update", "mem_delete"))
+    if memory_mode == "tools":
+        assert any(s["retrieved_ids"] for s in steps)
+        assert all(0.0 <= f <= 1.0 for s in steps for f in s["answer_score"])
+    else:
+        assert any(s["memory_truncated_tokens"] == 0 and s["tool"] is None and s["valid"] for s in steps)
+
+
+def test_beam_invocations_batch_in_a_vector_env():
+    fns = [functools.partial(gym.make, "MemDialog-BEAM-v0", chat_tokens=8_000) for _ in range(2)]
+    vec = SyncVectorEnv(fns)
+    try:
+        vec.reset(seed=0)
+        _, _, _, _, info = vec.step(("<mem_add>sister Maya</mem_add>", "bad"))
+        assert info["invocation"]["entry_id"].tolist() == [1, -1]
+        _, _, _, _, info = vec.step(("<mem_search>sister</mem_search>", "<next/>"))
+        assert sub_env_info(info, 0)["invocation"]["retrieved_ids"] == [1]
+        assert sub_env_info(info, 1)["invocation"]["retrieved_ids"] == []
+        assert info["invocation"]["tool"].tolist() == ["mem_search", "next"]
+    finally:
+        vec.close()
+
+
 def test_sub_env_info_returns_what_the_env_wrote_and_none_on_a_reset_step():
     fns = [functools.partial(gym.make, "MemQA-v0", objectives=1) for _ in range(2)]
     vec = SyncVectorEnv(fns)
