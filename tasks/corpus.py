@@ -28,6 +28,7 @@ from tasks.types import DataFormatError, Document, QADataset, Question
 
 __all__ = [
     "RecordLocation",
+    "document_from_record",
     "iter_json_records",
     "load_corpus_jsonl",
     "load_qa_pair",
@@ -274,19 +275,28 @@ def load_corpus_jsonl(path: PathLike) -> list[Document]:
     docs: list[Document] = []
     seen: dict[str, RecordLocation] = {}
     for loc, rec in iter_json_records(path, what="corpus file"):
-        doc_id = as_str(get_field(rec, "id", loc), "id", loc, allow_int=True)
-        if "text" in rec:
-            title = as_str(rec.get("title", ""), "title", loc)
-            text = as_str(rec["text"], "text", loc)
-        elif "contents" in rec:
-            title, text = _split_contents(as_str(rec["contents"], "contents", loc))
-        else:
-            loc.fail("missing key 'text' (with 'title') or 'contents'")
-        if doc_id in seen:
-            loc.fail(f"duplicate document id {doc_id!r} (first at line {seen[doc_id].line})")
-        seen[doc_id] = loc
-        docs.append(Document(id=doc_id, title=title, text=text))
+        doc = document_from_record(rec, loc)
+        if doc.id in seen:
+            loc.fail(f"duplicate document id {doc.id!r} (first at line {seen[doc.id].line})")
+        seen[doc.id] = loc
+        docs.append(doc)
     return docs
+
+
+def document_from_record(rec: Mapping[str, Any], loc: RecordLocation) -> Document:
+    """One corpus record (``{"id", "title", "text"}`` or ``{"id", "contents"}``) as a :class:`Document`.
+
+    The rules of :func:`load_corpus_jsonl`, for one record; streaming readers (``memenv.index``) share them.
+    """
+    doc_id = as_str(get_field(rec, "id", loc), "id", loc, allow_int=True)
+    if "text" in rec:
+        title = as_str(rec.get("title", ""), "title", loc)
+        text = as_str(rec["text"], "text", loc)
+    elif "contents" in rec:
+        title, text = _split_contents(as_str(rec["contents"], "contents", loc))
+    else:
+        loc.fail("missing key 'text' (with 'title') or 'contents'")
+    return Document(id=doc_id, title=title, text=text)
 
 
 # --------------------------------------------------------------------------------------------------------------
