@@ -1,6 +1,6 @@
 """The ``memenv`` command line.
 
-``memenv play ENV`` is built in. Other commands come from the layers above through the entry-point group
+``memenv play ENV`` and ``memenv index build CORPUS OUT_DIR`` are built in. Other commands come from the layers above through the entry-point group
 ``memenv.commands`` (``agents`` provides ``bench``), so that this package never imports upward.
 """
 
@@ -13,6 +13,8 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 import gymnasium as gym
+
+from memenv.index import register_cli as register_index
 
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
 _FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli"}
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--seed", type=int, default=0)
     play.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs, e.g. objectives=4 context=history")
     play.set_defaults(func=_play)
+    register_index(sub)  # `memenv index build`: part of memenv itself, no entry point needed
     for name, loader in _commands().items():
         try:
             register = loader()

@@ -52,13 +52,14 @@ from tqdm.auto import tqdm
 from memenv.base import sanitize
 from memenv.search import SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize
 from tasks.corpus import RecordLocation, document_from_record
-from tasks.types import DataFormatError, Document
+from tasks.types import DataFormatError, Document, QADataset, Question
 
 __all__ = [
     "BM25Index",
     "BM25Params",
     "DocumentStore",
     "IndexMismatchError",
+    "QuestionPool",
     "build_index",
     "corpus_fingerprint",
     "register_cli",
@@ -662,6 +663,19 @@ class BM25Index(SearchBackend):
         if gain.max() <= 0.0:
             return np.where(todo, np.minimum(4 * np.maximum(depth, 1), length), depth)
         return np.where(gain >= 0.5 * gain.max(), new, depth)
+
+
+class QuestionPool(QADataset):
+    """Questions over a corpus that stays out of memory (an index's document store, or a retrieval server).
+
+    Unlike :class:`~tasks.types.QADataset` it runs no checks over the documents (that would read them all);
+    questions' supporting titles are kept unresolved in ``meta``.
+    """
+
+    def __init__(self, documents: Sequence[Document], questions: list[Question], name: str) -> None:
+        if not questions:
+            raise ValueError(f"{name}: no questions")
+        self.documents, self.questions, self.name = documents, questions, name
 
 
 def _open_index(path: str) -> BM25Index:

@@ -250,7 +250,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _split_contents(contents: str) -> tuple[str, str]:
+def split_contents(contents: str) -> tuple[str, str]:
     """Search-R1/FlashRAG ``contents`` -> ``(title, text)``: title is the first line, quotes stripped.
 
     Contents without a line break have no title: ``("", contents)``.
@@ -293,7 +293,7 @@ def document_from_record(rec: Mapping[str, Any], loc: RecordLocation) -> Documen
         title = as_str(rec.get("title", ""), "title", loc)
         text = as_str(rec["text"], "text", loc)
     elif "contents" in rec:
-        title, text = _split_contents(as_str(rec["contents"], "contents", loc))
+        title, text = split_contents(as_str(rec["contents"], "contents", loc))
     else:
         loc.fail("missing key 'text' (with 'title') or 'contents'")
     return Document(id=doc_id, title=title, text=text)
