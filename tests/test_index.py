@@ -86,7 +86,7 @@ def test_document_store_and_manifest(tmp_path):
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["n_docs"] == 41 and manifest["params"] == {"k1": 1.5, "b": 0.75, "epsilon": 0.25}
     assert manifest["corpus"]["fingerprint"]["size"] == corpus.stat().st_size
-    assert isinstance(index.post_doc, np.memmap)  # memory-mapped, not read into memory
+    assert isinstance(index.post_doc.base, np.memmap)  # memory-mapped, not read into memory
     reopened = pickle.loads(pickle.dumps(index))
     assert reopened.search("alpha beta", 5) == index.search("alpha beta", 5)
 
