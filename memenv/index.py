@@ -635,7 +635,7 @@ class BM25Index(SearchBackend):
                     order = np.lexsort((cand, -scores))[: min(k, positive)]
                     return [int(d) for d in cand[order]]
             if remaining * len(terms) >= total or not todo.any():
-                return self._score_all_postings(terms, slots, lo, length, k)
+                return self._score_all_postings(terms, slots, lo, length, k, theta)
             depth = self._deepen(terms, mult, depth, length, nxt, todo)
 
     def _add_candidates(self, cand, scores, new, terms, slots):
@@ -645,13 +645,24 @@ class BM25Index(SearchBackend):
             new_scores += per_term[slot]
         return np.concatenate([cand, new]), np.concatenate([scores, new_scores])
 
-    def _score_all_postings(self, terms, slots, lo, length, k) -> list[int]:
-        """Exact top-k by scoring every posting of the query terms into a dense score vector."""
-        per_term = [self._weights(t, np.asarray(self.post_doc[lo[j]: lo[j] + length[j]]),
-                                  self.post_tf[lo[j]: lo[j] + length[j]]) for j, t in enumerate(terms)]
+    def _score_all_postings(self, terms, slots, lo, length, k, theta: float = 0.0) -> list[int]:
+        """Exact top-k by scoring every posting of the query terms into a dense score vector.
+
+        ``theta`` is a lower bound on the k-th best score (the k-th best of documents already scored, 0.0 if
+        none): only the documents reaching it are ranked, instead of selecting among all ``len(self)``.
+        """
+        dense: dict[int, np.ndarray] = {}
         out = np.zeros(len(self), dtype=np.float64)
-        for slot in slots:  # query order; docs are unique within a list, so a fancy-index add is exact
-            out[self.post_doc[lo[slot]: lo[slot] + length[slot]]] += per_term[slot]
+        for slot in slots:  # query order: BM25Okapi's summation (adding 0.0 for absent documents is exact)
+            if slot not in dense:
+                docs = self.post_doc[lo[slot]: lo[slot] + length[slot]]
+                weights = self._weights(terms[slot], docs, self.post_tf[lo[slot]: lo[slot] + length[slot]])
+                # bincount sums one weight per bin here (documents are unique within a list): exact.
+                dense[slot] = np.bincount(docs, weights, minlength=len(self))
+            out += dense[slot]
+        if theta > 0.0:
+            cand = np.flatnonzero(out >= theta)
+            return [int(cand[i]) for i in self.rank(out[cand], k)]
         return self.rank(out, k)
 
     def _deepen(self, terms: list[int], mult: np.ndarray, depth: np.ndarray, length: np.ndarray,
