@@ -381,13 +381,12 @@ def _merge_runs(tmp: Path, run_sizes: list[int], indptr: np.ndarray, idf: np.nda
     run_starts = np.concatenate([[0], np.cumsum(run_sizes)]).astype(np.int64)
     run_tid = np.memmap(tmp / "run_tid.bin", dtype=np.int32, mode="r") if n_postings else np.zeros(0, np.int32)
     cursors = run_starts[:-1].copy()
-    # Term ranges of about merge_postings postings (a longer list is a range of its own).
+    # Term ranges of at most merge_postings postings (a longer list is a range of its own).
     bounds = [0]
-    targets = np.arange(merge_postings, n_postings, merge_postings)
-    for t in np.searchsorted(indptr, targets, side="right") - 1:
-        if t > bounds[-1]:
-            bounds.append(int(t))
-    bounds.append(len(indptr) - 1)
+    while bounds[-1] < len(indptr) - 1:
+        t0 = bounds[-1]
+        t1 = int(np.searchsorted(indptr, indptr[t0] + merge_postings, side="right")) - 1
+        bounds.append(max(t1, t0 + 1))
     outputs = {name: open(tmp / f"{name}.npy", "wb") for name in ("post_doc", "post_tf", "impact_doc", "impact_tf")}
     sources = {name: open(tmp / f"run_{name}.bin", "rb") for name in ("tid", "did", "tf")}
     bar = tqdm(total=n_postings, unit="posting", unit_scale=True, desc="index: merge", disable=not progress)
