@@ -1,20 +1,33 @@
-"""Search speed: the sparse BM25 backend against the rank_bm25 reference on a synthetic corpus.
+"""Search speed: memenv's BM25 backends against rank_bm25 and bm25s on a synthetic corpus, side by side.
 
-Builds a seeded corpus of made-up words with a Zipf-like frequency profile, indexes it with both backends,
-runs the same queries through both, checks that every query measured by both gets the same ranking, and
-prints build times, queries/s of each and the speed ratio (target: fast/reference >= 50x).
+Builds a seeded corpus of made-up words with a Zipf-like frequency profile (40-120 words per document) and
+measures, in one run:
 
-    python benchmarks/search_speed.py [--docs 20000] [--queries 200] [--ref-queries 100] [--k 3] [--seed 0]
+* ``index``: the disk-backed index (:mod:`memenv.index`): build time and RSS added (measured in a fresh
+  subprocess: VmHWM minus the RSS before the build, tokenising workers reported apart), load time
+  (memory-map + vocabulary + first query, in another fresh process) and per-query ms; every timed top-k is
+  checked against exhaustive BM25 scoring of the same index (bit-identical to rank_bm25's scores);
+* ``bm25s`` (if installed): the same figures, on the same tokens (memenv's tokeniser), saved and loaded back
+  memory-mapped;
+* ``bm25`` (in-memory sparse backend) and ``rank_bm25`` (the reference) on a sample of the corpus
+  (``--ref-docs``; rank_bm25 cannot index 1M documents), with the index built over the same sample: the
+  rankings of all three must agree.
 
-Exit status 1 if any ranking differs; the speed target is reported, not enforced (timings are machine
-dependent).
+    python benchmarks/search_speed.py [--docs 20000] [--ref-docs 20000] [--queries 200] [--k 3] [--seed 0]
+
+Exit status 1 if any ranking differs; speed targets are reported, not enforced (timings are machine
+dependent; the host line says what was measured on, and the load average how contended it was).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import string
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +35,15 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from memenv.search import STOPWORDS, SearchBackend, make_backend
+    from memenv.search import STOPWORDS, SearchBackend, make_backend, tokenize
 except ImportError:  # run as a script from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from memenv.search import STOPWORDS, SearchBackend, make_backend
+    from memenv.search import STOPWORDS, SearchBackend, make_backend, tokenize
+
+from memenv.index import BM25Index, build_index
 
 TARGET_RATIO = 50.0
+TARGET_QUERY_MS = 2.0
 
 
 def make_vocabulary(size: int, rng: np.random.Generator) -> list[str]:
@@ -82,9 +98,116 @@ def time_queries(
     return done / (time.perf_counter() - start), results
 
 
+def vm_kib(field: str) -> int:
+    """A ``/proc/self/status`` memory figure (VmRSS, VmHWM) in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def write_corpus(path: Path, texts: Sequence[str]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"id": str(i), "title": "", "text": text}) + "\n")
+
+
+def read_texts(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [f"\n{json.loads(line)['text']}" for line in f]  # what the index tokenises: title "" + "\n" + text
+
+
+def per_query_ms(search, queries: Sequence[str], min_seconds: float) -> float:
+    start = time.perf_counter()
+    done = 0
+    while done == 0 or time.perf_counter() - start < min_seconds:
+        for q in queries:
+            search(q)
+        done += len(queries)
+    return 1000 * (time.perf_counter() - start) / done
+
+
+# ---------------------------------------------------------------------------------------------- child processes
+def child_index_build(corpus: str, out: str) -> dict:
+    import resource
+
+    base = vm_kib("VmRSS")
+    t0 = time.perf_counter()
+    build_index(corpus, out, progress=False)
+    seconds = time.perf_counter() - t0
+    worker_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"build_s": seconds, "rss_added_mb": (vm_kib("VmHWM") - base) / 1024, "worker_peak_mb": worker_kib / 1024}
+
+
+def child_index_query(out: str, queries: list[str], k: int, n_check: int, min_seconds: float) -> dict:
+    t0 = time.perf_counter()
+    index = BM25Index(out)
+    index.search(queries[0], k)  # the vocabulary is read on first use: part of loading
+    load_s = time.perf_counter() - t0
+    ms = per_query_ms(lambda q: index.search(q, k), queries, min_seconds)
+    mismatches = [q for q in queries[:n_check] if index.search(q, k) != SearchBackend.rank(index.scores(q), k)]
+    t0 = time.perf_counter()
+    for q in queries[:n_check]:
+        SearchBackend.rank(index.scores(q), k)
+    exhaustive_ms = 1000 * (time.perf_counter() - t0) / max(1, n_check)
+    return {"load_s": load_s, "query_ms": ms, "exhaustive_ms": exhaustive_ms, "checked": n_check,
+            "mismatches": mismatches[:5], "n_mismatches": len(mismatches),
+            "rankings": [index.search(q, k) for q in queries]}
+
+
+def child_bm25s(corpus: str, out: str, queries: list[str], k: int, min_seconds: float) -> dict:
+    import bm25s
+
+    texts = read_texts(Path(corpus))
+    base = vm_kib("VmRSS")
+    t0 = time.perf_counter()
+    model = bm25s.BM25(method="robertson", k1=1.5, b=0.75)
+    model.index([tokenize(t) for t in texts], show_progress=False)
+    build_s = time.perf_counter() - t0
+    rss = (vm_kib("VmHWM") - base) / 1024
+    model.save(out)
+    del model
+    t0 = time.perf_counter()
+    model = bm25s.BM25.load(out, mmap=True)
+    load_s = time.perf_counter() - t0
+    known = set(model.vocab_dict)
+
+    def search(q: str):
+        toks = [t for t in tokenize(q) if t in known] or [next(iter(known))]
+        return model.retrieve([toks], k=k, show_progress=False, n_threads=1)
+
+    return {"build_s": build_s, "rss_added_mb": rss, "load_s": load_s,
+            "query_ms": per_query_ms(search, queries, min_seconds)}
+
+
+def run_child(name: str, *args) -> dict:
+    """Run ``child_<name>(*args)`` in a fresh interpreter (clean RSS figures) and return its result."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"child {name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def host_line() -> str:
+    try:
+        import torch
+
+        cap, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+    except ImportError:
+        cap, threads = "unknown (no torch)", "-"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"host: {os.cpu_count()} CPUs, capability {cap}, torch threads {threads}, numpy float64 scores, "
+            f"index build workers {min(2, os.cpu_count() or 1)}, queries single-threaded; load average {load}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=20000, help="number of documents (default 20000)")
+    parser.add_argument("--ref-docs", type=int, default=20000,
+                        help="sample size for the in-memory bm25 and rank_bm25 backends (default 20000)")
     parser.add_argument("--queries", type=int, default=200, help="number of queries (default 200)")
     parser.add_argument(
         "--ref-queries",
@@ -98,8 +221,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--min-seconds", type=float, default=1.0, help="minimum timing window per backend (default 1.0)"
     )
+    parser.add_argument("--workdir", type=Path, default=None, help="where corpora and indexes go (default: temp)")
+    parser.add_argument("--no-bm25s", action="store_true", help="skip bm25s")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(globals()[f"child_{args.child[0]}"](*json.loads(args.child[1]))))
+        return 0
 
+    print(host_line())
     rng = np.random.default_rng(args.seed)
     vocab = make_vocabulary(args.vocab, rng)
     probs = zipf_probabilities(len(vocab))
@@ -107,35 +237,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = make_corpus(args.docs, vocab, probs, rng)
     queries = make_queries(args.queries, vocab, probs, rng)
     n_ref = len(queries) if args.ref_queries <= 0 else min(args.ref_queries, len(queries))
+    n_sample = min(args.ref_docs, args.docs)
     print(
-        f"corpus: {len(texts)} docs, {sum(len(t.split()) for t in texts)} tokens, vocab {len(vocab)}; "
-        f"{len(queries)} queries (reference runs {n_ref}); k={args.k}; seed={args.seed} "
+        f"corpus: {len(texts)} docs, vocab {len(vocab)}; {len(queries)} queries (reference runs {n_ref}); "
+        f"k={args.k}; seed={args.seed}; in-memory sample {n_sample} docs "
         f"[generated in {time.perf_counter() - t0:.2f}s]"
     )
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="search_speed_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    corpus, sample = workdir / "corpus.jsonl", workdir / "sample.jsonl"
+    write_corpus(corpus, texts)
+    write_corpus(sample, texts[:n_sample])
+    del texts
+    failures = 0
 
+    # --- the full corpus: the disk index and bm25s, each in fresh processes
+    built = run_child("index_build", str(corpus), str(workdir / "index"))
+    q = run_child("index_query", str(workdir / "index"), queries, args.k, n_ref, args.min_seconds)
+    print(f"index  ({args.docs} docs): build {built['build_s']:.1f}s, RSS added {built['rss_added_mb']:.0f} MB "
+          f"(+ each of 2 tokenising workers peaked at {built['worker_peak_mb']:.0f} MB), load {q['load_s']:.3f}s, "
+          f"{q['query_ms']:.3f} ms/query (target <= {TARGET_QUERY_MS} ms), exhaustive scoring "
+          f"{q['exhaustive_ms']:.2f} ms/query; top-{args.k} equal to exhaustive on "
+          f"{q['checked'] - q['n_mismatches']}/{q['checked']}")
+    failures += q["n_mismatches"]
+    for bad in q["mismatches"]:
+        print(f"  MISMATCH index vs exhaustive: {bad!r}")
+    if not args.no_bm25s:
+        try:
+            r = run_child("bm25s", str(corpus), str(workdir / "bm25s"), queries, args.k, args.min_seconds)
+            print(f"bm25s  ({args.docs} docs): build {r['build_s']:.1f}s, RSS added {r['rss_added_mb']:.0f} MB, "
+                  f"load (mmap) {r['load_s']:.3f}s, {r['query_ms']:.3f} ms/query (same tokens, method robertson)"
+                  f"; index/bm25s per query: {r['query_ms'] / q['query_ms']:.1f}x")
+        except RuntimeError as exc:
+            print(f"bm25s: skipped ({str(exc).strip().splitlines()[-1]})")
+
+    # --- the sample: in-memory bm25, rank_bm25 and the index over the same documents must rank alike
+    run_child("index_build", str(sample), str(workdir / "sample_index"))
+    sample_index = BM25Index(workdir / "sample_index")
+    sample_texts = read_texts(sample)
     backends: dict[str, SearchBackend] = {}
     for name in ("bm25", "rank_bm25"):
         t0 = time.perf_counter()
-        backends[name] = make_backend(name, texts)
-        print(f"build {name:>9}: {time.perf_counter() - t0:.2f}s")
-
+        backends[name] = make_backend(name, sample_texts)
+        print(f"build {name:>9} ({n_sample} docs, in memory): {time.perf_counter() - t0:.2f}s")
     fast_qps, fast_res = time_queries(backends["bm25"], queries, args.k, args.min_seconds)
     ref_qps, ref_res = time_queries(backends["rank_bm25"], queries[:n_ref], args.k, args.min_seconds)
-
-    mismatches = [i for i in range(n_ref) if fast_res[i] != ref_res[i]]
+    idx_qps, idx_res = time_queries(sample_index, queries, args.k, args.min_seconds)
+    mismatches = [i for i in range(n_ref) if not fast_res[i] == ref_res[i] == idx_res[i]]
     max_diff = max(
         float(np.max(np.abs(backends["bm25"].scores(q) - backends["rank_bm25"].scores(q)), initial=0.0))
         for q in queries[:n_ref]
     )
     ratio = fast_qps / ref_qps
-    print(f"queries/s      bm25: {fast_qps:12.1f}  ({len(queries)} queries)")
-    print(f"queries/s rank_bm25: {ref_qps:12.1f}  ({n_ref} queries)")
-    print(f"ratio fast/reference: {ratio:.1f}x  (target >= {TARGET_RATIO:.0f}x: "
-          f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})")
-    print(f"rankings agree on {n_ref - len(mismatches)}/{n_ref} queries; max |score diff| {max_diff:.3g}")
+    print(f"queries/s      bm25: {fast_qps:12.1f}  ({len(queries)} queries, {n_sample} docs)")
+    print(f"queries/s     index: {idx_qps:12.1f}  ({len(queries)} queries, {n_sample} docs)")
+    print(f"queries/s rank_bm25: {ref_qps:12.1f}  ({n_ref} queries, {n_sample} docs)")
+    print(f"ratio bm25/reference: {ratio:.1f}x, index/reference: {idx_qps / ref_qps:.1f}x  (target >= "
+          f"{TARGET_RATIO:.0f}x: {'met' if ratio >= TARGET_RATIO else 'NOT met'})")
+    print(f"rankings agree (bm25 = rank_bm25 = index) on {n_ref - len(mismatches)}/{n_ref} queries; "
+          f"max |score diff| {max_diff:.3g}")
     for i in mismatches[:5]:
-        print(f"  MISMATCH query {i} {queries[i]!r}: bm25 {fast_res[i]} vs rank_bm25 {ref_res[i]}")
-    return 1 if mismatches else 0
+        print(f"  MISMATCH query {i} {queries[i]!r}: bm25 {fast_res[i]} vs rank_bm25 {ref_res[i]} "
+              f"vs index {idx_res[i]}")
+    failures += len(mismatches)
+    if args.workdir is None:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The ``memenv`` command line.
 
-``memenv play ENV`` is built in. Other commands come from the layers above through the entry-point group
+``memenv play ENV`` and ``memenv index build CORPUS OUT_DIR`` are built in. Other commands come from the layers above through the entry-point group
 ``memenv.commands`` (``agents`` provides ``bench``), so that this package never imports upward.
 """
 
@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
+from memenv.index import build_command as index_build_command
+from memenv.index import register_cli as register_index
 from memenv.protocol import TOOLS, parse_action
 from memenv.registration import ENVIRONMENTS
 
@@ -213,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
                       help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
+    register_index(sub, run=_index_build)  # `memenv index build`: part of memenv itself, no entry point needed
     for name, loader in _commands().items():
         try:
             register = loader()
@@ -221,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         register(sub)
     return parser
+
+
+def _index_build(args: argparse.Namespace) -> int:
+    """Every error of an index build comes from its input (a missing or malformed corpus, a bad parameter, an
+    unwritable folder): one line, exit 2."""
+    with user_input(f"index build {args.corpus}"):
+        return index_build_command(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,11 @@ from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.protocol import parse_action
 from memenv.scoring import score_objectives, split_answers
+from memenv.index import BM25Index, QuestionPool
+from memenv.remote import RemoteRetriever, is_retriever_url, shared_retriever
 from memenv.search import BACKENDS, SearchBackend, make_backend
 from memenv.validation import ArgumentTypeError, check_choice, check_int, check_int_tuple, check_path, check_rate
+from tasks.corpus import load_questions_jsonl
 from tasks.types import Document, QADataset, Question
 from tasks.world import World, build_world, objective_capacity
 
@@ -78,6 +81,39 @@ def check_qa_task(objectives: Any, hops: Any, comparison_rate: Any) -> tuple[int
     return (check_int("objectives", objectives, minimum=1),
             check_int_tuple("hops", hops, minimum=1, maximum=MAX_HOPS),
             check_rate("comparison_rate", comparison_rate))
+
+
+@functools.lru_cache(maxsize=8)
+def _open_index(index_path: str, corpus_path: str | None, corpus_stat: tuple | None) -> BM25Index:
+    """One memory-mapped index per (directory, corpus) per process; the corpus is checked by fingerprint
+    (``corpus_stat`` keys the cache, so a corpus changed since is checked again)."""
+    return BM25Index(index_path, corpus_path=corpus_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _question_pool(documents: Any, questions_path: str, mtime: float) -> QuestionPool:
+    return QuestionPool(documents, load_questions_jsonl(questions_path), name=os.path.basename(questions_path))
+
+
+def resolve_scaled_search(index_path, search_backend: str, corpus_path, questions_path, source) -> tuple:
+    """``(source, documents, index)`` of a MemQA env over a disk index (``index_path=``) or a retrieval server
+    (``search_backend="http://..."``): the corpus stays on disk or on the server; questions come from
+    ``questions_path`` (or ``source``)."""
+    if index_path is not None:
+        if is_retriever_url(search_backend):
+            raise ValueError("give index_path= or a retrieval server url as search_backend=, not both")
+        corpus = None if corpus_path is None else os.fspath(corpus_path)
+        stat = None if corpus is None else (os.stat(corpus).st_size, os.stat(corpus).st_mtime_ns)
+        index = _open_index(os.fspath(index_path), corpus, stat)
+        documents: Any = index.documents
+    else:
+        index, documents = shared_retriever(search_backend), ()
+    if source is None:
+        if questions_path is None:
+            raise ValueError("index_path= or a retrieval server needs questions_path= (a questions JSONL file)")
+        path = os.fspath(questions_path)
+        source = _question_pool(documents, path, os.path.getmtime(path))
+    return source, documents, index
 
 
 def resolve_qa_source(*, objectives: int = 1, hops: tuple[int, ...] = (2,), comparison_rate: float = 0.25,
@@ -163,7 +199,11 @@ class MemQAEnv(MemEnvBase):
         token_counter: callable ``str -> int`` (default: whitespace words).
         memory_budget: optional cap on the memory, in tokens (the start is kept).
         invalid_penalty: reward subtracted for an invalid action (the turn is used, state unchanged).
-        search_backend: ``bm25`` (fast, default) or ``rank_bm25`` (reference).
+        search_backend: ``bm25`` (fast, default), ``rank_bm25`` (reference), or the URL of a Search-R1/MEM1
+            retrieval server (``http://HOST:PORT/retrieve``, see :mod:`memenv.remote`; with ``questions_path``).
+        index_path: a directory written by ``memenv index build`` (:mod:`memenv.index`): search it instead of
+            indexing the corpus in memory; documents come from its store, questions from ``questions_path``;
+            a ``corpus_path`` given too must be the indexed file (checked by fingerprint).
     """
 
     def __init__(
@@ -190,6 +230,7 @@ class MemQAEnv(MemEnvBase):
         memory_budget: int | None = None,
         invalid_penalty: float = 0.0,
         search_backend: str = "bm25",
+        index_path: str | os.PathLike | None = None,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
@@ -197,17 +238,27 @@ class MemQAEnv(MemEnvBase):
         self.objectives, self.hops, self.comparison_rate = check_qa_task(objectives, hops, comparison_rate)
         self.top_k = check_int("top_k", top_k, minimum=1)
         self.max_turns = check_int("max_turns", max_turns, minimum=1, allow_none=True)
-        search_backend = check_choice("search_backend", search_backend, tuple(BACKENDS))
-        self.source = resolve_qa_source(
-            objectives=self.objectives, hops=self.hops, comparison_rate=self.comparison_rate, dataset=dataset,
-            source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
-            questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
-            distractors=distractors, world_seed=world_seed)
+        self.index: SearchBackend | RemoteRetriever
+        if index_path is not None or is_retriever_url(search_backend):
+            index_path = check_path("index_path", index_path)
+            self.source, self.documents, self.index = resolve_scaled_search(
+                index_path, search_backend, corpus_path, questions_path, source)
+            available = len(getattr(self.source, "questions", ()) or ())
+            if available and self.objectives > available:
+                raise ValueError(f"objectives={self.objectives} is more than the {available} questions of "
+                                 f"{getattr(self.source, 'name', 'the questions file')}")
+        else:
+            search_backend = check_choice("search_backend", search_backend, tuple(BACKENDS))
+            self.source = resolve_qa_source(
+                objectives=self.objectives, hops=self.hops, comparison_rate=self.comparison_rate, dataset=dataset,
+                source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
+                questions_path=questions_path, corpus_size=corpus_size, lookalike_rate=lookalike_rate,
+                distractors=distractors, world_seed=world_seed)
+            self.documents = _sanitized_corpus(self.source)
+            self.index = _search_index(self.source, search_backend)
         if self.max_turns is None:
             self.max_turns = 2 * self.objectives * max(self.hops) + 2
         self._check_context_budget(self._compose_task([""] * self.objectives))
-        self.documents = _sanitized_corpus(self.source)
-        self.index = _search_index(self.source, search_backend)
         self.questions: list[Question] = []
         self._task_text = ""
         self._last_result = ""
@@ -233,12 +284,18 @@ class MemQAEnv(MemEnvBase):
         return self.documents[_document_positions(self.source)[doc_id]]
 
     def format_results(self, doc_indices: list[int]) -> str:
-        if not doc_indices:
+        return self.format_documents([self.documents[i] for i in doc_indices])
+
+    def format_documents(self, docs: list[Document]) -> str:
+        if not docs:
             return "No documents matched the query."
-        return "\n".join(
-            f"Doc {rank} (Title: {self.documents[i].title}) {self.documents[i].text}"
-            for rank, i in enumerate(doc_indices, 1)
-        )
+        return "\n".join(f"Doc {rank} (Title: {sanitize(d.title)}) {sanitize(d.text)}" for rank, d in enumerate(docs, 1))
+
+    def retrieve(self, query: str) -> list[Document]:
+        """The top ``top_k`` documents for ``query`` (from the in-memory index, a disk index or a server)."""
+        if isinstance(self.index, RemoteRetriever):
+            return self.index.search_documents(query, self.top_k)
+        return [self.documents[i] for i in self.index.search(query, self.top_k)]
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -275,9 +332,9 @@ class MemQAEnv(MemEnvBase):
             if parsed.memory is not None:
                 memory_cut = self._set_memory(parsed.memory)
             if parsed.tool == "search":
-                hits = self.index.search(parsed.argument, self.top_k)
-                tool_output = self.format_results(hits)
-                extra["retrieved_ids"] = [self.documents[i].id for i in hits]
+                hits = self.retrieve(parsed.argument)
+                tool_output = self.format_documents(hits)
+                extra["retrieved_ids"] = [d.id for d in hits]
                 self._last_result = tool_output
                 information = self._information_block(tool_output)
             else:  # answer

@@ -38,6 +38,9 @@ __all__ = [
     "SearchBackend",
     "Tokenizer",
     "make_backend",
+    "okapi_doc_norm",
+    "okapi_idf",
+    "okapi_weights",
     "tokenize",
 ]
 
@@ -137,6 +140,35 @@ class SearchBackend(abc.ABC):
         return [int(i) for i in candidates[order[:k]]]
 
 
+def okapi_idf(df: np.ndarray, n_docs: int, epsilon: float) -> tuple[np.ndarray, float]:
+    """BM25Okapi's idf per term (``df`` in the order terms first appear) and its ``average_idf``.
+
+    ``idf = log(N - n + 0.5) - log(n + 0.5)``; strictly negative idfs become ``epsilon * average_idf``, where
+    ``average_idf`` is the mean raw idf. Computed with ``math.log`` and a sequential sum, as BM25Okapi does:
+    numpy's vectorised log and pairwise summation may differ in the last bit, which could reorder ties.
+    """
+    idf_list = [math.log(n_docs - int(n) + 0.5) - math.log(int(n) + 0.5) for n in df]
+    idf_sum = 0.0
+    for value in idf_list:
+        idf_sum += value
+    average_idf = idf_sum / len(idf_list) if idf_list else 0.0
+    idf = np.asarray(idf_list, dtype=np.float64)
+    idf[idf < 0] = epsilon * average_idf  # strictly negative only, as BM25Okapi (an idf of exactly 0 stays 0)
+    return idf, average_idf
+
+
+def okapi_doc_norm(doc_len: np.ndarray, avgdl: float, k1: float, b: float) -> np.ndarray:
+    """Per-document ``k1 * (1 - b + b * dl / avgdl)``, evaluated as BM25Okapi.get_scores does (Python's
+    order: ``(1 - b) + ((b * dl) / avgdl)``), so weights built from it are bit-identical to its scores."""
+    return k1 * ((1 - b) + (b * np.asarray(doc_len, dtype=np.int64)) / avgdl)
+
+
+def okapi_weights(idf: np.ndarray, tf: np.ndarray, doc_norm: np.ndarray, k1: float) -> np.ndarray:
+    """BM25 weights ``idf * (tf * (k1 + 1) / (tf + doc_norm))``, element by element, in BM25Okapi's order."""
+    tf_f = np.asarray(tf, dtype=np.float64)
+    return idf * (tf_f * (k1 + 1) / (tf_f + doc_norm))
+
+
 class _OkapiBackend(SearchBackend):
     """Shared BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults)."""
 
@@ -211,25 +243,9 @@ class BM25Sparse(_OkapiBackend):
         rows, cols = np.divmod(keys, n_docs)
         df = np.bincount(rows, minlength=n_terms)
 
-        # idf with math.log and a sequential Python sum, as BM25Okapi computes it: numpy's vectorised log
-        # and pairwise summation may differ in the last bit, which could reorder tied documents.
-        idf_list = [math.log(n_docs - int(n) + 0.5) - math.log(int(n) + 0.5) for n in df]
-        idf_sum = 0.0
-        for value in idf_list:
-            idf_sum += value
-        self.average_idf = idf_sum / n_terms
-        eps = self.epsilon * self.average_idf
-        idf = np.asarray(idf_list, dtype=np.float64)
-        idf[idf < 0] = eps  # strictly negative only, as BM25Okapi (an idf of exactly 0 stays 0)
-        self.idf = idf
-
-        # Same operations in the same order as BM25Okapi.get_scores, so every weight is bit-identical:
-        #   idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)))
-        # where Python evaluates "1 - b + b * dl / avgdl" as (1 - b) + ((b * dl) / avgdl).
-        dl = doc_len[cols]
-        tf_f = tf.astype(np.float64)
-        denom = tf_f + self.k1 * ((1 - self.b) + (self.b * dl) / self.avgdl)
-        weights = idf[rows] * (tf_f * (self.k1 + 1) / denom)
+        self.idf, self.average_idf = okapi_idf(df, n_docs, self.epsilon)
+        weights = okapi_weights(self.idf[rows], tf, okapi_doc_norm(doc_len, self.avgdl, self.k1, self.b)[cols],
+                                self.k1)
 
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])

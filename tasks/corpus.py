@@ -31,6 +31,7 @@ from tasks.types import DataFormatError, Document, QADataset, Question
 __all__ = [
     "RecordLocation",
     "as_text",
+    "document_from_record",
     "iter_json_records",
     "load_corpus_jsonl",
     "load_qa_pair",
@@ -274,7 +275,7 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _split_contents(contents: str) -> tuple[str, str]:
+def split_contents(contents: str) -> tuple[str, str]:
     """Search-R1/FlashRAG ``contents`` -> ``(title, text)``: title is the first line, quotes stripped.
 
     Contents without a line break have no title: ``("", contents)``.
@@ -299,21 +300,30 @@ def load_corpus_jsonl(path: PathLike) -> list[Document]:
     docs: list[Document] = []
     seen: dict[str, RecordLocation] = {}
     for loc, rec in iter_json_records(path, what="corpus file"):
-        doc_id = as_str(get_field(rec, "id", loc), "id", loc, allow_int=True)
-        if "text" in rec:
-            title = as_str(rec.get("title", ""), "title", loc)
-            text = as_str(rec["text"], "text", loc)
-        elif "contents" in rec:
-            title, text = _split_contents(as_str(rec["contents"], "contents", loc))
-        else:
-            loc.fail("missing key 'text' (with 'title') or 'contents'")
-        if not (title.strip() or text.strip()):
-            loc.fail(f"document {doc_id!r} has neither title nor text")
-        if doc_id in seen:
-            loc.fail(f"duplicate document id {doc_id!r} (first at line {seen[doc_id].line})")
-        seen[doc_id] = loc
-        docs.append(Document(id=doc_id, title=title, text=text))
+        doc = document_from_record(rec, loc)
+        if doc.id in seen:
+            loc.fail(f"duplicate document id {doc.id!r} (first at line {seen[doc.id].line})")
+        seen[doc.id] = loc
+        docs.append(doc)
     return docs
+
+
+def document_from_record(rec: Mapping[str, Any], loc: RecordLocation) -> Document:
+    """One corpus record (``{"id", "title", "text"}`` or ``{"id", "contents"}``) as a :class:`Document`.
+
+    The rules of :func:`load_corpus_jsonl`, for one record; streaming readers (``memenv.index``) share them.
+    """
+    doc_id = as_str(get_field(rec, "id", loc), "id", loc, allow_int=True)
+    if "text" in rec:
+        title = as_str(rec.get("title", ""), "title", loc)
+        text = as_str(rec["text"], "text", loc)
+    elif "contents" in rec:
+        title, text = split_contents(as_str(rec["contents"], "contents", loc))
+    else:
+        loc.fail("missing key 'text' (with 'title') or 'contents'")
+    if not (title.strip() or text.strip()):
+        loc.fail(f"document {doc_id!r} has neither title nor text")
+    return Document(id=doc_id, title=title, text=text)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ USER_MISTAKES = [
     (["train", "--algo", "sft", "--steps", "0"], "--steps"),
     (["train", "--algo", "grpo", "--temperature", "-1"], "--temperature"),
     (["train", "--algo", "bogus"], "bogus"),
+    (["index", "build", "/no/such/corpus.jsonl", "idx"], "/no/such/corpus.jsonl"),
 ]
 
 

@@ -1,0 +1,724 @@
+"""A disk-backed BM25 index: built in bounded memory, memory-mapped back, shared read-only by every process.
+
+:func:`build_index` streams a corpus JSON Lines file (``{"id", "title", "text"}`` or Search-R1/FlashRAG
+``{"id", "contents"}``, the rules of :func:`tasks.corpus.load_corpus_jsonl`) into a directory::
+
+    manifest.json      format, BM25 parameters, sizes, the corpus path and fingerprint, build figures
+    terms.txt          the vocabulary, one term per line, in term-id order (order of first appearance)
+    idf.npy            float64 per term (BM25Okapi's idf, epsilon floor applied)
+    indptr.npy         int64, terms + 1: term t's postings are [indptr[t], indptr[t + 1]) in both orders below
+    post_doc.npy       int32 document ids, ascending within each term (random access by binary search)
+    post_tf.npy        term frequencies beside post_doc (uint16, or uint32 when a count exceeds 65535)
+    impact_doc.npy     the same postings per term in impact order: BM25 weight descending, then document id
+    impact_tf.npy      term frequencies beside impact_doc
+    doc_norm.npy       float64 per document: k1 * (1 - b + b * |d| / avgdl)
+    docs.jsonl         the corpus records, byte for byte, one per line (the document store)
+    doc_offsets.npy    int64, documents + 1: byte offsets of the records in docs.jsonl
+
+Memory during the build is bounded by ``chunk_docs`` (documents tokenised and counted per chunk, written to
+temporary runs) and ``merge_postings`` (postings merged at a time), plus the vocabulary dict and a few bytes
+per document; the directory is built under a temporary name and renamed into place.
+
+:class:`BM25Index` opens such a directory with ``np.load(mmap_mode="r")`` (the page cache is shared by every
+process that opens it; nothing is rebuilt) and answers top-k queries *exactly* as :class:`memenv.search.BM25Sparse`
+and ``rank_bm25.BM25Okapi`` rank them (same tokeniser, same k1/b/epsilon arithmetic, scores bit-identical;
+ties go to the lower document index) while reading only the heads of the query terms' impact-ordered
+posting lists: a threshold algorithm (Fagin's TA, with random access by binary search in the doc-ordered
+lists) stops as soon as the k-th best exact score among the documents seen beats the best score any unseen
+document could still reach.
+
+What is indexed is ``sanitize(title) + "\\n" + sanitize(text)`` (:func:`memenv.base.sanitize`), exactly the
+text MemQA indexes in memory, so an env over an index ranks as one over the loaded corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from memenv.base import sanitize
+from memenv.search import SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize
+from tasks.corpus import RecordLocation, document_from_record
+from tasks.types import DataFormatError, Document, QADataset, Question
+
+__all__ = [
+    "BM25Index",
+    "BM25Params",
+    "DocumentStore",
+    "IndexMismatchError",
+    "QuestionPool",
+    "build_index",
+    "corpus_fingerprint",
+    "register_cli",
+]
+
+FORMAT = "memenv-bm25-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENIZER = "memenv.search.tokenize"
+INDEXED_TEXT = "sanitize(title) + '\\n' + sanitize(text)"
+_FINGERPRINT_BYTES = 1 << 20  # hash this much of the head and of the tail of the corpus
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    """BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults)."""
+
+    k1: float = 1.5
+    b: float = 0.75
+    epsilon: float = 0.25
+
+
+class IndexMismatchError(ValueError):
+    """An index does not belong to the corpus it is used with (or is not an index of this format)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Corpus fingerprint
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def corpus_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """A cheap identity of a corpus file: size, mtime (ns) and a BLAKE2b of its first and last MiB.
+
+    Any append, truncation or rewrite changes the size or mtime; an in-place edit that restores the mtime is
+    still caught when it touches the head or the tail.
+    """
+    path = Path(path)
+    st = path.stat()
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        digest.update(f.read(_FINGERPRINT_BYTES))
+        if st.st_size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
+            digest.update(f.read(_FINGERPRINT_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_blake2b": digest.hexdigest()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Build
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _iter_line_chunks(f, path: Path, chunk_docs: int, bar: tqdm) -> Iterator[tuple[list[int], list[bytes]]]:
+    """``(line numbers, raw record lines)`` for chunks of ``chunk_docs`` records of a JSON Lines file.
+
+    Blank lines are skipped (as :func:`tasks.corpus.iter_json_records` does); a JSON array file is refused,
+    since it cannot be streamed line by line.
+    """
+    numbers: list[int] = []
+    lines: list[bytes] = []
+    seen_record = False
+    for number, raw in enumerate(f, start=1):
+        bar.update(len(raw))
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        line = raw.rstrip(b"\r\n")
+        if not line.strip():
+            continue
+        if not seen_record and line.lstrip().startswith(b"["):
+            raise DataFormatError(f"{path}: line {number}: a JSON array; the index needs JSON Lines "
+                                  "(one document object per line)")
+        seen_record = True
+        numbers.append(number)
+        lines.append(line)
+        if len(lines) >= chunk_docs:
+            yield numbers, lines
+            numbers, lines = [], []
+    if lines:
+        yield numbers, lines
+
+
+def _tokenize_chunk(job: tuple[str, list[int], list[bytes]]) -> dict[str, Any]:
+    """Parse and tokenise one chunk of records (runs in a worker process).
+
+    Returns the chunk's terms in order of first appearance, the unique (local term, document) pairs sorted by
+    term then document with their counts, document lengths and 64-bit hashes of the document ids.
+    """
+    path, numbers, lines = job
+    vocab: dict[str, int] = {}
+    term_ids: list[int] = []
+    lengths = np.zeros(len(lines), dtype=np.int64)
+    id_hash = np.zeros(len(lines), dtype=np.uint64)
+    for i, raw in enumerate(lines):
+        loc = RecordLocation(Path(path), numbers[i])
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            loc.fail(f"invalid JSON: {e.msg} at column {e.colno}")
+        except UnicodeDecodeError as e:
+            loc.fail(f"not UTF-8 text ({e.reason})")
+        if not isinstance(rec, dict):
+            loc.fail(f"expected a JSON object, got {type(rec).__name__}")
+        doc = document_from_record(rec, loc)
+        tokens = tokenize(f"{sanitize(doc.title)}\n{sanitize(doc.text)}")
+        lengths[i] = len(tokens)
+        term_ids.extend(vocab.setdefault(t, len(vocab)) for t in tokens)
+        id_hash[i] = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
+    tids = np.asarray(term_ids, dtype=np.int64)
+    dids = np.repeat(np.arange(len(lines), dtype=np.int64), lengths)
+    keys, tf = np.unique(tids * len(lines) + dids, return_counts=True)
+    ltid, did = np.divmod(keys, len(lines))
+    return {"terms": list(vocab), "ltid": ltid.astype(np.int32), "did": did.astype(np.int32),
+            "tf": tf.astype(np.uint32), "lengths": lengths.astype(np.int32), "id_hash": id_hash}
+
+
+def _bounded_imap(pool, func, jobs: Iterator, ahead: int) -> Iterator:
+    """``map(func, jobs)`` in order, on ``pool`` (or here when ``None``), with at most ``ahead`` jobs in flight:
+    ``Pool.imap`` would read the whole corpus into its task queue."""
+    if pool is None:
+        yield from map(func, jobs)
+        return
+    pending: deque = deque()
+    for job in jobs:
+        pending.append(pool.apply_async(func, (job,)))
+        if len(pending) >= ahead:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def _write_npy_header(f, dtype: np.dtype, length: int) -> None:
+    """Start a 1-D ``.npy`` file of ``length`` items whose data is then appended with ``ndarray.tofile``."""
+    np.lib.format.write_array_header_1_0(
+        f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (length,)})
+
+
+def build_index(
+    corpus_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    params: BM25Params = BM25Params(),
+    chunk_docs: int = 32768,
+    merge_postings: int = 4_000_000,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Index the corpus JSON Lines file ``corpus_path`` into the directory ``out_dir`` (replaced atomically).
+
+    Args:
+        params: BM25 parameters (stored in the manifest; queries use them).
+        chunk_docs: documents tokenised per chunk (bounds the build's memory with ``merge_postings``).
+        merge_postings: postings held at once while merging the chunks into the final lists.
+        workers: tokenising processes (default: ``min(2, os.cpu_count())``; ``0`` or ``1``: this process).
+        progress: show tqdm bars (bytes read, then postings merged).
+
+    Returns the index directory. Raises :class:`~tasks.types.DataFormatError` naming the file and line of a
+    malformed record, or the lines of a repeated document id.
+    """
+    corpus_path, out_dir = Path(corpus_path), Path(out_dir)
+    if chunk_docs < 1 or merge_postings < 1:
+        raise ValueError(f"chunk_docs and merge_postings must be >= 1, got {chunk_docs}, {merge_postings}")
+    if not corpus_path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {corpus_path}")
+    workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
+    fingerprint = corpus_fingerprint(corpus_path)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.building-"))
+    try:
+        manifest = _build_into(tmp, corpus_path, params, chunk_docs, merge_postings, workers, progress)
+        if corpus_fingerprint(corpus_path) != fingerprint:
+            raise IndexMismatchError(f"corpus file {corpus_path} changed while it was being indexed; build again")
+        manifest["corpus"] = {"path": str(corpus_path.resolve()), "fingerprint": fingerprint}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
+        _swap_into_place(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished ``tmp`` to ``out_dir``; an existing ``out_dir`` is moved aside, then removed."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(tmp: Path, corpus_path: Path, params: BM25Params, chunk_docs: int, merge_postings: int,
+                workers: int, progress: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    vocab: dict[str, int] = {}
+    df = np.zeros(1024, dtype=np.int64)
+    run_sizes: list[int] = []
+    doc_lengths: list[np.ndarray] = []
+    id_hashes: list[np.ndarray] = []
+    offsets: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    n_docs = 0
+    max_tf = 0
+    store_bytes = 0
+    runs = {name: open(tmp / f"run_{name}.bin", "wb") for name in ("tid", "did", "tf")}
+    bar = tqdm(total=corpus_path.stat().st_size, unit="B", unit_scale=True, desc="index: tokenise",
+               disable=not progress)
+    # fork where there is one: workers start at once, and scripts need no ``if __name__ == "__main__"`` guard.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = multiprocessing.get_context(method).Pool(workers) if workers > 1 else None
+    try:
+        with open(corpus_path, "rb") as f, open(tmp / "docs.jsonl", "wb") as store:
+
+            def jobs() -> Iterator[tuple[str, list[int], list[bytes]]]:
+                # The document store is written here, in corpus order, as the chunks go out to the workers.
+                nonlocal store_bytes
+                for numbers, lines in _iter_line_chunks(f, corpus_path, chunk_docs, bar):
+                    sizes = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)) + 1
+                    offsets.append(store_bytes + np.cumsum(sizes))
+                    store_bytes += int(sizes.sum())
+                    store.write(b"\n".join(lines) + b"\n")
+                    yield str(corpus_path), numbers, lines
+
+            results = _bounded_imap(pool, _tokenize_chunk, jobs(), ahead=workers + 1)
+            for chunk in results:
+                # Global term ids in order of first appearance over the whole corpus (BM25Okapi's dict order,
+                # which its average idf sums in): a chunk's new terms come in the chunk's own first-seen order.
+                mapping = np.fromiter((vocab.setdefault(t, len(vocab)) for t in chunk["terms"]), dtype=np.int32,
+                                      count=len(chunk["terms"]))
+                tid = mapping[chunk["ltid"]] if len(mapping) else chunk["ltid"]
+                order = np.argsort(tid, kind="stable")  # (term, doc) order: docs were ascending per local term
+                tid, did, tf = tid[order], chunk["did"][order] + np.int32(n_docs), chunk["tf"][order]
+                tid.tofile(runs["tid"])
+                did.tofile(runs["did"])
+                tf.tofile(runs["tf"])
+                run_sizes.append(len(tid))
+                if len(vocab) > len(df):
+                    df = np.concatenate([df, np.zeros(max(len(vocab) - len(df), len(df)), dtype=np.int64)])
+                df[: len(vocab)] += np.bincount(tid, minlength=len(vocab))
+                max_tf = max(max_tf, int(tf.max(initial=0)))
+                doc_lengths.append(chunk["lengths"])
+                id_hashes.append(chunk["id_hash"])
+                n_docs += len(chunk["lengths"])
+                bar.set_postfix(docs=n_docs, terms=len(vocab), refresh=False)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        bar.close()
+        for handle in runs.values():
+            handle.close()
+    tokenise_seconds = time.perf_counter() - started
+    if n_docs == 0:
+        raise DataFormatError(f"{corpus_path}: no documents")
+    if n_docs >= 2**31:
+        raise ValueError(f"{corpus_path}: {n_docs} documents; the index stores document ids as int32 (< 2**31)")
+    doc_len = np.concatenate(doc_lengths)
+    del doc_lengths
+    doc_offsets = np.concatenate(offsets)
+    _check_unique_ids(np.concatenate(id_hashes), tmp / "docs.jsonl", doc_offsets, corpus_path)
+    del id_hashes
+
+    n_terms = len(vocab)
+    df = df[:n_terms]
+    avgdl = float(doc_len.sum()) / n_docs
+    idf, average_idf = okapi_idf(df, n_docs, params.epsilon)
+    doc_norm = (okapi_doc_norm(doc_len, avgdl, params.k1, params.b) if n_terms
+                else np.zeros(n_docs, dtype=np.float64))
+    indptr = np.zeros(n_terms + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    (tmp / "terms.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    del vocab
+    np.save(tmp / "idf.npy", idf)
+    np.save(tmp / "indptr.npy", indptr)
+    np.save(tmp / "doc_norm.npy", doc_norm)
+    np.save(tmp / "doc_len.npy", doc_len)
+    np.save(tmp / "doc_offsets.npy", doc_offsets)
+    tf_dtype = np.dtype(np.uint16 if max_tf < 2**16 else np.uint32)
+    _merge_runs(tmp, run_sizes, indptr, idf, doc_norm, params.k1, tf_dtype, merge_postings, progress)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tokenizer": TOKENIZER,
+        "indexed_text": INDEXED_TEXT,
+        "params": asdict(params),
+        "n_docs": n_docs,
+        "n_terms": n_terms,
+        "n_postings": int(indptr[-1]),
+        "avgdl": avgdl,
+        "average_idf": average_idf,
+        "tf_dtype": tf_dtype.name,
+        "build_seconds": {"tokenise": round(tokenise_seconds, 2),
+                          "total": round(time.perf_counter() - started, 2)},
+    }
+
+
+def _check_unique_ids(id_hash: np.ndarray, store: Path, doc_offsets: np.ndarray, corpus_path: Path) -> None:
+    """Raise naming both records when two documents share an id (found through 64-bit id hashes)."""
+    order = np.argsort(id_hash, kind="stable")
+    same = np.flatnonzero(id_hash[order][1:] == id_hash[order][:-1])
+    if not len(same):
+        return
+    docs = DocumentStore(store, doc_offsets)
+    for j in same:
+        first, second = int(order[j]), int(order[j + 1])
+        if docs[first].id == docs[second].id:
+            raise DataFormatError(f"{corpus_path}: duplicate document id {docs[first].id!r} (records {first} and "
+                                  f"{second}, 0-based, blank lines not counted)")
+
+
+def _merge_runs(tmp: Path, run_sizes: list[int], indptr: np.ndarray, idf: np.ndarray, doc_norm: np.ndarray,
+                k1: float, tf_dtype: np.dtype, merge_postings: int, progress: bool) -> None:
+    """Merge the per-chunk runs into the doc-ordered and impact-ordered posting lists, a term range at a time.
+
+    Each run is sorted by (term, document) and the runs are in document order, so a term's doc-ordered list is
+    the concatenation of its slices from run 0, 1, ...: a stable sort by term of the concatenated slices.
+    """
+    n_postings = int(indptr[-1])
+    run_starts = np.concatenate([[0], np.cumsum(run_sizes)]).astype(np.int64)
+    run_tid = np.memmap(tmp / "run_tid.bin", dtype=np.int32, mode="r") if n_postings else np.zeros(0, np.int32)
+    cursors = run_starts[:-1].copy()
+    # Term ranges of at most merge_postings postings (a longer list is a range of its own).
+    bounds = [0]
+    while bounds[-1] < len(indptr) - 1:
+        t0 = bounds[-1]
+        t1 = int(np.searchsorted(indptr, indptr[t0] + merge_postings, side="right")) - 1
+        bounds.append(max(t1, t0 + 1))
+    outputs = {name: open(tmp / f"{name}.npy", "wb") for name in ("post_doc", "post_tf", "impact_doc", "impact_tf")}
+    sources = {name: open(tmp / f"run_{name}.bin", "rb") for name in ("tid", "did", "tf")}
+    bar = tqdm(total=n_postings, unit="posting", unit_scale=True, desc="index: merge", disable=not progress)
+    try:
+        for name, handle in outputs.items():
+            _write_npy_header(handle, np.int32 if name.endswith("doc") else tf_dtype, n_postings)
+        for t0, t1 in zip(bounds[:-1], bounds[1:]):
+            parts: dict[str, list[np.ndarray]] = {"tid": [], "did": [], "tf": []}
+            for r in range(len(run_sizes)):
+                lo = int(cursors[r])
+                hi = int(run_starts[r] + np.searchsorted(run_tid[run_starts[r]: run_starts[r + 1]], t1))
+                cursors[r] = hi
+                if hi > lo:
+                    for name, width in (("tid", 4), ("did", 4), ("tf", 4)):
+                        sources[name].seek(lo * width)
+                        dtype = np.uint32 if name == "tf" else np.int32
+                        parts[name].append(np.fromfile(sources[name], dtype=dtype, count=hi - lo))
+            if not parts["tid"]:
+                continue
+            tid = np.concatenate(parts["tid"])
+            order = np.argsort(tid, kind="stable")
+            tid, did = tid[order], np.concatenate(parts["did"])[order]
+            tf = np.concatenate(parts["tf"])[order].astype(tf_dtype)
+            del parts, order
+            did.tofile(outputs["post_doc"])
+            tf.tofile(outputs["post_tf"])
+            weight = okapi_weights(idf[tid], tf, doc_norm[did], k1)
+            # lexsort is stable: within a term, equal weights keep document order (the ranking's tie rule).
+            impact = np.lexsort((-weight, tid))
+            did[impact].tofile(outputs["impact_doc"])
+            tf[impact].tofile(outputs["impact_tf"])
+            bar.update(len(tid))
+    finally:
+        bar.close()
+        for handle in (*outputs.values(), *sources.values()):
+            handle.close()
+        del run_tid
+        for name in ("tid", "did", "tf"):
+            (tmp / f"run_{name}.bin").unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class DocumentStore(Sequence[Document]):
+    """The index's documents, read on demand (``pread`` of one record) and sanitised as MemQA shows them.
+
+    Holds no documents in memory; safe to share across threads and forked processes.
+    """
+
+    def __init__(self, path: str | os.PathLike, offsets: np.ndarray) -> None:
+        self.path = Path(path)
+        self.offsets = offsets
+        self._fd: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"document index {i} out of range for {n} documents")
+        i = int(i) % n
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        raw = os.pread(self._fd, stop - start, start)
+        doc = document_from_record(json.loads(raw), RecordLocation(self.path, i + 1))
+        return Document(doc.id, sanitize(doc.title), sanitize(doc.text))
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "offsets": self.offsets, "_fd": None}
+
+
+class BM25Index(SearchBackend):
+    """Exact BM25 (Okapi) top-k over an index directory written by :func:`build_index`, memory-mapped.
+
+    ``search(query, k)`` returns what :class:`memenv.search.BM25Sparse` over the same corpus returns (document
+    indices by score descending, ties to the lower index, only scores > 0), reading only the heads of the
+    query terms' impact-ordered lists (see the module docstring); ``scores(query)`` is the exhaustive score
+    vector (for checks). ``corpus_path``, when given, must be the file the index was built from (checked by
+    its fingerprint; :class:`IndexMismatchError` names both otherwise). ``documents`` is the document store.
+    """
+
+    #: Postings read per term before the first threshold test (the lists double from there).
+    initial_depth = 64
+
+    def __init__(self, path: str | os.PathLike, *, corpus_path: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"not a memenv index (no {MANIFEST}): {self.path}")
+        self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if self.manifest.get("format") != FORMAT or self.manifest.get("format_version") != FORMAT_VERSION:
+            raise IndexMismatchError(f"{self.path}: index format {self.manifest.get('format')!r} version "
+                                     f"{self.manifest.get('format_version')!r}; expected {FORMAT!r} version "
+                                     f"{FORMAT_VERSION} (rebuild it with `memenv index build`)")
+        if corpus_path is not None:
+            self.check_corpus(corpus_path)
+        self.tokenizer = tokenize
+        params = self.manifest["params"]
+        self.k1, self.b, self.epsilon = params["k1"], params["b"], params["epsilon"]
+        self.avgdl, self.average_idf = self.manifest["avgdl"], self.manifest["average_idf"]
+        # Plain ndarray views of the read-only maps: slicing an np.memmap costs microseconds of subclass
+        # bookkeeping per slice, a query takes hundreds of slices. The views keep the maps alive.
+        load = lambda name: np.load(self.path / f"{name}.npy", mmap_mode="r").view(np.ndarray)  # noqa: E731
+        self.idf, self.indptr, self.doc_norm = load("idf"), load("indptr"), load("doc_norm")
+        self.post_doc, self.post_tf = load("post_doc"), load("post_tf")
+        self.impact_doc, self.impact_tf = load("impact_doc"), load("impact_tf")
+        self._n_docs = int(self.manifest["n_docs"])
+        self.documents = DocumentStore(self.path / "docs.jsonl", load("doc_offsets"))
+        self._vocab: dict[str, int] | None = None
+
+    def _build(self, corpus: list[list[str]]) -> None:
+        raise TypeError("a BM25Index is built by memenv.index.build_index and opened from its directory")
+
+    def __reduce__(self):
+        return (_open_index, (str(self.path),))
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """Term -> term id (read from terms.txt on first use)."""
+        if self._vocab is None:
+            terms = (self.path / "terms.txt").read_text(encoding="utf-8").split("\n")[:-1]
+            self._vocab = {t: i for i, t in enumerate(terms)}
+        return self._vocab
+
+    def check_corpus(self, corpus_path: str | os.PathLike) -> None:
+        """Raise :class:`IndexMismatchError` unless ``corpus_path`` is the file this index was built from."""
+        stored = self.manifest["corpus"]["fingerprint"]
+        current = corpus_fingerprint(corpus_path)
+        if current != stored:
+            changed = ", ".join(f"{key} {stored[key]} -> {current[key]}" for key in stored
+                                if stored[key] != current[key])
+            raise IndexMismatchError(
+                f"corpus file {corpus_path} does not match the index {self.path} (built from "
+                f"{self.manifest['corpus']['path']}): {changed}; rebuild with `memenv index build {corpus_path} "
+                f"{self.path}`")
+
+    # ------------------------------------------------------------------ scoring
+    def _query_terms(self, query: str) -> list[int]:
+        vocab = self.vocab
+        return [vocab[t] for t in self.tokenizer(query) if t in vocab]
+
+    def _weights(self, term: int, docs: np.ndarray, tf: np.ndarray) -> np.ndarray:
+        return okapi_weights(self.idf[term], tf, self.doc_norm[docs], self.k1)
+
+    def scores(self, query: str) -> np.ndarray:
+        """Exhaustive scores of every document (query terms added in query order, as BM25Okapi)."""
+        out = np.zeros(len(self), dtype=np.float64)
+        for term in self._query_terms(query):
+            lo, hi = int(self.indptr[term]), int(self.indptr[term + 1])
+            docs = np.asarray(self.post_doc[lo:hi])
+            out[docs] += self._weights(term, docs, self.post_tf[lo:hi])  # docs are unique within a term
+        return out
+
+    def _term_weights(self, term: int, cand: np.ndarray) -> np.ndarray:
+        """Term's weight in each of the sorted documents ``cand`` (0.0 where absent): binary search in its
+        doc-ordered list."""
+        lo, hi = int(self.indptr[term]), int(self.indptr[term + 1])
+        docs = self.post_doc[lo:hi]
+        pos = np.minimum(np.searchsorted(docs, cand), hi - lo - 1)
+        hit = docs[pos] == cand
+        w = np.zeros(len(cand), dtype=np.float64)
+        w[hit] = self._weights(term, cand[hit], self.post_tf[lo + pos[hit]])
+        return w
+
+    def _weight_at(self, term: int, depth: int) -> float:
+        """The weight of term's ``depth``-th posting in impact order (0.0 past the end): a bound on every
+        posting not yet read."""
+        lo, hi = int(self.indptr[term]), int(self.indptr[term + 1])
+        if depth >= hi - lo:
+            return 0.0
+        doc = self.impact_doc[lo + depth: lo + depth + 1]
+        return float(self._weights(term, doc, self.impact_tf[lo + depth: lo + depth + 1])[0])
+
+    def search(self, query: str, k: int) -> list[int]:
+        """The at most ``k`` best documents for ``query``, best first (exact; see the class docstring).
+
+        Threshold algorithm with MaxScore's split: the heads of every impact-ordered list give real documents,
+        whose exact scores give a lower bound ``theta`` on the k-th best score; the terms whose maximum weights
+        sum (with their query multiplicity) below ``theta`` are *non-essential* (a document holding only those
+        cannot make the top k), so only the essential lists are read further, head first, until the k-th best
+        exact score beats the best score an unread document could reach. When that would read about as many
+        postings as scoring every document, every document is scored instead.
+        """
+        self.rank(np.zeros(0), k)  # validates k
+        query_terms = self._query_terms(query)
+        if k == 0 or not query_terms:
+            return []
+        terms = list(dict.fromkeys(query_terms))
+        slots = [terms.index(t) for t in query_terms]
+        mult = np.bincount(slots, minlength=len(terms))
+        lo = np.array([int(self.indptr[t]) for t in terms], dtype=np.int64)
+        length = np.array([int(self.indptr[t + 1]) for t in terms], dtype=np.int64) - lo
+        total = int(length.sum())
+        if total <= 8 * self.initial_depth:
+            return self._score_all_postings(terms, slots, lo, length, k)
+        top = [self._weight_at(t, 0) for t in terms]
+        depth = np.minimum(length, max(self.initial_depth, 2 * k))
+        cand = np.zeros(0, dtype=np.int32)
+        scores = np.zeros(0, dtype=np.float64)
+        essential = np.ones(len(terms), dtype=bool)
+        while True:
+            heads = [self.impact_doc[lo[j]: lo[j] + depth[j]] for j in range(len(terms)) if depth[j]]
+            new = np.setdiff1d(np.concatenate(heads), cand)  # sorted, unique
+            if len(new):
+                cand, scores = self._add_candidates(cand, scores, new, terms, slots)
+            nxt = [self._weight_at(t, int(d)) if essential[j] else top[j]
+                   for j, (t, d) in enumerate(zip(terms, depth))]
+            bound = 0.0  # the best score of a document in none of the heads, summed as a score is
+            for slot in slots:
+                bound += nxt[slot]
+            positive = int(np.count_nonzero(scores > 0))
+            theta = -np.partition(-scores, k - 1)[k - 1] if positive >= k else 0.0
+            if bound <= 0.0 or theta > bound:
+                order = np.lexsort((cand, -scores))[: min(k, positive)]
+                return [int(d) for d in cand[order]]
+            # Non-essential terms: the smallest maxima whose sum stays below theta.
+            essential[:] = True
+            by_max = sorted(range(len(terms)), key=lambda j: mult[j] * top[j])
+            partial = 0.0
+            for j in by_max:
+                partial += mult[j] * top[j]
+                if partial >= theta:
+                    break
+                essential[j] = False
+            todo = essential & (depth < length)
+            # Cost guard: reading the rest of the essential lists with random access into every list costs
+            # about len(terms) binary searches per posting; scoring every posting costs one pass.
+            remaining = int((length - depth)[todo].sum())
+            if not todo.any():  # every essential list is read: a document outside cand scores at most
+                bound = 0.0     # the non-essential maxima, summed as a score is
+                for slot in slots:
+                    bound += 0.0 if essential[slot] else top[slot]
+                if theta > bound:
+                    order = np.lexsort((cand, -scores))[: min(k, positive)]
+                    return [int(d) for d in cand[order]]
+            if remaining * len(terms) >= total or not todo.any():
+                return self._score_all_postings(terms, slots, lo, length, k, theta)
+            depth = self._deepen(terms, mult, depth, length, nxt, todo)
+
+    def _add_candidates(self, cand, scores, new, terms, slots):
+        per_term = [self._term_weights(t, new) for t in terms]
+        new_scores = np.zeros(len(new), dtype=np.float64)
+        for slot in slots:  # query order, repeated terms once per occurrence: BM25Okapi's summation
+            new_scores += per_term[slot]
+        return np.concatenate([cand, new]), np.concatenate([scores, new_scores])
+
+    def _score_all_postings(self, terms, slots, lo, length, k, theta: float = 0.0) -> list[int]:
+        """Exact top-k by scoring every posting of the query terms into a dense score vector.
+
+        ``theta`` is a lower bound on the k-th best score (the k-th best of documents already scored, 0.0 if
+        none): only the documents reaching it are ranked, instead of selecting among all ``len(self)``.
+        """
+        dense: dict[int, np.ndarray] = {}
+        out = np.zeros(len(self), dtype=np.float64)
+        for slot in slots:  # query order: BM25Okapi's summation (adding 0.0 for absent documents is exact)
+            if slot not in dense:
+                docs = self.post_doc[lo[slot]: lo[slot] + length[slot]]
+                weights = self._weights(terms[slot], docs, self.post_tf[lo[slot]: lo[slot] + length[slot]])
+                # bincount sums one weight per bin here (documents are unique within a list): exact.
+                dense[slot] = np.bincount(docs, weights, minlength=len(self))
+            out += dense[slot]
+        if theta > 0.0:
+            cand = np.flatnonzero(out >= theta)
+            return [int(cand[i]) for i in self.rank(out[cand], k)]
+        return self.rank(out, k)
+
+    def _deepen(self, terms: list[int], mult: np.ndarray, depth: np.ndarray, length: np.ndarray,
+                nxt: list[float], todo: np.ndarray) -> np.ndarray:
+        """Double the essential heads that lower the bound most per posting read (all of them on flat
+        stretches, where no head lowers it)."""
+        new = np.where(todo, np.minimum(2 * np.maximum(depth, 1), length), depth)
+        gain = np.zeros(len(terms))
+        for j in np.flatnonzero(todo):
+            gain[j] = mult[j] * (nxt[j] - self._weight_at(terms[j], int(new[j]))) / (new[j] - depth[j])
+        if gain.max() <= 0.0:
+            return np.where(todo, np.minimum(4 * np.maximum(depth, 1), length), depth)
+        return np.where(gain >= 0.5 * gain.max(), new, depth)
+
+
+class QuestionPool(QADataset):
+    """Questions over a corpus that stays out of memory (an index's document store, or a retrieval server).
+
+    Unlike :class:`~tasks.types.QADataset` it runs no checks over the documents (that would read them all);
+    questions' supporting titles are kept unresolved in ``meta``.
+    """
+
+    def __init__(self, documents: Sequence[Document], questions: list[Question], name: str) -> None:
+        if not questions:
+            raise ValueError(f"{name}: no questions")
+        self.documents, self.questions, self.name = documents, questions, name
+
+
+def _open_index(path: str) -> BM25Index:
+    return BM25Index(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CLI: memenv index build CORPUS OUT_DIR
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_command(args) -> int:
+    """``memenv index build``: build the index of ``args.corpus`` into ``args.out_dir`` and print a summary."""
+    params = BM25Params(k1=args.k1, b=args.b, epsilon=args.epsilon)
+    out = build_index(args.corpus, args.out_dir, params=params, chunk_docs=args.chunk_docs, workers=args.workers)
+    manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    print(f"indexed {manifest['n_docs']} documents, {manifest['n_terms']} terms, {manifest['n_postings']} "
+          f"postings in {manifest['build_seconds']['total']}s -> {out}")
+    return 0
+
+
+def register_cli(sub, run=build_command) -> None:
+    """Add ``memenv index build CORPUS OUT_DIR`` to the ``memenv`` command's subparsers (``run`` executes it)."""
+    index = sub.add_parser("index", help="build a disk-backed BM25 index of a corpus JSONL file")
+    actions = index.add_subparsers(dest="index_command", required=True)
+    build = actions.add_parser("build", help="index CORPUS (JSON Lines) into OUT_DIR")
+    build.add_argument("corpus", help="corpus JSONL: {id, title, text} or {id, contents} per line")
+    build.add_argument("out_dir", help="index directory to write (replaced atomically)")
+    build.add_argument("--k1", type=float, default=BM25Params.k1)
+    build.add_argument("--b", type=float, default=BM25Params.b)
+    build.add_argument("--epsilon", type=float, default=BM25Params.epsilon)
+    build.add_argument("--chunk-docs", type=int, default=32768, help="documents per chunk (bounds memory)")
+    build.add_argument("--workers", type=int, default=None, help="tokenising processes (default 2)")
+    build.set_defaults(func=run)
