@@ -48,12 +48,27 @@ def _strategy(ns: dict) -> None:
     assert ns["info"]["summary"]["peak_context_tokens"] <= 800
 
 
+def _index(ns: dict) -> None:
+    invocation = ns["info"]["invocation"]
+    assert invocation["tool"] == "search" and invocation["retrieved_ids"][0] == "1"  # Paris ranks first
+    assert "capital of France" in ns["obs"]
+
+
+def _server(ns: dict) -> None:
+    invocations = ns["info"]["invocation"]
+    assert list(invocations["tool"]) == ["search"] * 4
+    assert all("Paris" in text for text in invocations["tool_output"])
+
+
 def _sb3(ns: dict) -> None:
     assert ns["model"].num_timesteps == 128 and ns["model"].n_steps == 128
 
 
 CHECKS = {"sub_env_info": _vector_recipe, "<search>Wigei</search>": _quick_start, "make_strategy": _strategy,
-          "MaskablePPO": _sb3}
+          "MaskablePPO": _sb3, "build_index(": _index, "PrefetchSearches(": _server}
+
+# A block that talks to a retrieval server gets one: the test's own (tests/test_remote.py) on a free port.
+SERVER_URL = "http://127.0.0.1:8000/retrieve"
 
 
 def test_readme_has_the_snippets_and_every_rewrite_applies():
@@ -68,12 +83,29 @@ def test_readme_has_the_snippets_and_every_rewrite_applies():
 
 @pytest.mark.parametrize("index", range(len(readme_blocks())),
                          ids=[b.strip().splitlines()[0][:40] for b in readme_blocks()])
-def test_readme_snippet_runs(index):
+def test_readme_snippet_runs(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # files a snippet writes land here
     code = readme_blocks()[index]
+    if SERVER_URL in code:
+        _run_with_server(code, index)
+        return
     if "sb3_contrib" in code:
         pytest.importorskip("sb3_contrib")
     for old, new in SMALLER.items():
         code = code.replace(old, new)
+    _run(code, index)
+
+
+def _run_with_server(code: str, index: int) -> None:
+    from test_remote import RetrievalServer
+
+    Path("questions.jsonl").write_text('{"question": "Which city is the capital of France?", '
+                                       '"golden_answers": ["Paris"]}\n')
+    with RetrievalServer() as server:
+        _run(code.replace(SERVER_URL, server.url), index)
+
+
+def _run(code: str, index: int) -> None:
     torch = pytest.importorskip("torch") if "torch" in code else None
     threads = torch.get_num_threads() if torch else None
     ns: dict = {"__name__": f"readme_block_{index}"}
