@@ -38,7 +38,8 @@ import numpy as np
 from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.beam_scoring import make_judge, score_beam_answer
 from memenv.context import TokenCounter
-from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
+from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
+                                 parse_tool_call, run_store_call)
 from memenv.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.scoring import best_em_f1
@@ -53,7 +54,6 @@ from tasks.types import DataFormatError, Question
 
 __all__ = ["MemDialogBeamEnv"]
 
-MEMORY_MODES = ("rewrite", "tools")
 # The env's own invocation keys on a step that did not produce them (every step has every key, one type per
 # key, as vector envs batch them): no entry touched (ids start at 1), no question answered, nothing cut.
 NO_STEP_RESULT = {"entry_id": -1, "question_index": -1, "answer_score": [], "memory_truncated_tokens": 0}
@@ -182,9 +182,7 @@ class MemDialogBeamEnv(MemEnvBase):
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
                          memory_budget=None if memory_mode == "tools" else budget,
                          invalid_penalty=invalid_penalty, render_mode=render_mode)
-        if memory_mode == "tools" and not self.mode.uses_memory:
-            raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}; "
-                             "use memory_mode='rewrite' with other context modes")
+        check_tools_context(memory_mode, self.mode.uses_memory, context)
         self.n_questions = check_int("questions", questions, minimum=1, allow_none=True)
         self.search_k = check_int("search_k", search_k, minimum=1)
         self.max_tool_calls = check_int("max_tool_calls", max_tool_calls, minimum=1)
@@ -355,7 +353,7 @@ class MemDialogBeamEnv(MemEnvBase):
 
     def _sync_memory(self) -> None:
         if self.memory_mode == "tools":
-            self._memory = self.store.summary() + ("\n" + sanitize(self.store.render()) if self.show_store else "")
+            self._memory = self.store.view(self.show_store)
 
     # ------------------------------------------------------------------ questions
     def _select_questions(self, questions: list[Question]) -> list[Question]:
@@ -453,24 +451,10 @@ class MemDialogBeamEnv(MemEnvBase):
         tool, argument = call.name, call.argument
         tool_input = argument if call.entry_id is None else f"id={call.entry_id} {argument}".strip()
         try:
-            if tool == "mem_add":
-                entry_id = self.store.add(sanitize(argument))
-                output = f"added entry {entry_id} ({self.store._tokens[entry_id]} tokens)"
-                extra["entry_id"] = entry_id
-            elif tool == "mem_update":
-                self.store.update(call.entry_id, sanitize(argument))
-                output = f"updated entry {call.entry_id}"
-                extra["entry_id"] = call.entry_id
-            elif tool == "mem_delete":
-                self.store.delete(call.entry_id)
-                output = f"deleted entry {call.entry_id}"
-                extra["entry_id"] = call.entry_id
-            elif tool == "mem_search":
-                ids = self.store.search(argument, self.search_k)
-                if self._phase == "question":
-                    self._retrieved.extend(ids)
-                output = sanitize(self.store.render(ids)) if ids else "no matching entry"
-                extra["retrieved_ids"] = ids
+            if tool in STORE_TOOLS:
+                output, extra = run_store_call(self.store, call, self.search_k, sanitize)
+                if tool == "mem_search" and self._phase == "question":
+                    self._retrieved.extend(extra["retrieved_ids"])
             elif tool == "next":
                 self._next_session()
                 return True, None, tool, "", "next session" if self.reading else "chat finished; questions follow", extra

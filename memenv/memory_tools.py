@@ -8,6 +8,7 @@ exactly one tool call (optionally after one ``<think>…</think>``)::
     <mem_update id=N>TEXT</mem_update>   replace entry N's text
     <mem_delete id=N/>                   delete entry N
     <mem_search>QUERY</mem_search>       BM25 (memenv.search) over the entries: the best k as "[N] text"
+    <search>QUERY</search>               search the env's document collection (MemQA)
     <next/>                              done with this session: show the next one
     <answer>TEXT</answer>                answer the question shown
     <strategy>TEXT</strategy>            rewrite the memory-strategy text (cross-episode refinement)
@@ -29,15 +30,21 @@ import numpy as np
 from memenv.context import count_words
 from memenv.search import make_backend
 
-__all__ = ["TOOL_NAMES", "MemoryStore", "StoreError", "ToolCall", "format_tool_call", "parse_tool_call"]
+__all__ = ["MEMORY_MODES", "STORE_TOOLS", "TOOL_NAMES", "MemoryStore", "StoreError", "ToolCall", "check_tools_context",
+           "format_tool_call", "parse_tool_call", "run_store_call"]
 
-TOOL_NAMES = ("mem_add", "mem_update", "mem_delete", "mem_search", "next", "answer", "strategy")
+#: ``memory_mode=`` of the envs that offer both protocols: one memory rewrite per action, or the store's tools.
+MEMORY_MODES = ("rewrite", "tools")
+#: The calls that act on the store itself (:func:`run_store_call`); the others are the env's own.
+STORE_TOOLS = ("mem_add", "mem_update", "mem_delete", "mem_search")
+TOOL_NAMES = (*STORE_TOOLS, "search", "next", "answer", "strategy")
 _THINK = re.compile(r"\s*<think>.*?</think>", re.DOTALL)
 _CALLS = {
     "mem_add": re.compile(r"<mem_add>(.*)</mem_add>", re.DOTALL),
     "mem_update": re.compile(r"<mem_update\s+id\s*=\s*\"?(\w+)\"?\s*>(.*)</mem_update>", re.DOTALL),
     "mem_delete": re.compile(r"<mem_delete\s+id\s*=\s*\"?(\w+)\"?\s*/>"),
     "mem_search": re.compile(r"<mem_search>(.*)</mem_search>", re.DOTALL),
+    "search": re.compile(r"<search>(.*)</search>", re.DOTALL),
     "next": re.compile(r"<next\s*/>"),
     "answer": re.compile(r"<answer>(.*)</answer>", re.DOTALL),
     "strategy": re.compile(r"<strategy>(.*)</strategy>", re.DOTALL),
@@ -88,7 +95,7 @@ def parse_tool_call(text: object, allowed: tuple[str, ...] = TOOL_NAMES) -> Tool
                 return ToolCall(error="<mem_update>: empty text (use <mem_delete id=N/> to remove an entry)")
             return ToolCall(name, argument, int(raw_id))
         argument = match.group(1).strip() if match.groups() else ""
-        if name in ("mem_add", "mem_search") and not argument:
+        if name in ("mem_add", "mem_search", "search") and not argument:
             return ToolCall(error=f"<{name}>: empty {'text' if name == 'mem_add' else 'query'}")
         return ToolCall(name, argument)
     opened = _OPENING.findall(body)
@@ -104,6 +111,7 @@ def parse_tool_call(text: object, allowed: tuple[str, ...] = TOOL_NAMES) -> Tool
 def _usage(name: str) -> str:
     return {"mem_add": "<mem_add>text</mem_add>", "mem_update": "<mem_update id=N>text</mem_update>",
             "mem_delete": "<mem_delete id=N/>", "mem_search": "<mem_search>query</mem_search>",
+            "search": "<search>query</search>",
             "next": "<next/>", "answer": "<answer>text</answer>", "strategy": "<strategy>text</strategy>"}[name]
 
 
@@ -116,6 +124,13 @@ def format_tool_call(name: str, argument: str = "", entry_id: int | None = None)
     if name == "next":
         return "<next/>"
     return f"<{name}>{argument}</{name}>"
+
+
+def check_tools_context(memory_mode: str, uses_memory: bool, context: str) -> None:
+    """The tools protocol shows the store in the ``<memory>`` block: refuse it with other context modes."""
+    if memory_mode == "tools" and not uses_memory:
+        raise ValueError(f"memory_mode='tools' needs context='memory', got context={context!r}; "
+                         "use memory_mode='rewrite' with other context modes")
 
 
 class StoreError(ValueError):
@@ -213,3 +228,29 @@ class MemoryStore:
         """``[N] text`` lines for ``ids`` (default: every entry, oldest first)."""
         ids = list(self.entries) if ids is None else ids
         return "\n".join(f"[{i}] {self.entries[i]}" for i in ids)
+
+    def view(self, show_entries: bool) -> str:
+        """What an observation's ``<memory>`` block shows: the store's size, then (``show_entries``) every entry."""
+        return self.summary() + ("\n" + self.render() if show_entries and self.entries else "")
+
+
+def run_store_call(store: MemoryStore, call: ToolCall, k: int, clean: Callable[[str], str] = str) -> tuple[str, dict]:
+    """Apply a valid store call (one of :data:`STORE_TOOLS`) to ``store``: ``(tool output, invocation keys)``.
+
+    The keys are ``entry_id`` (the entry added, updated or deleted) or ``retrieved_ids`` (a search's hits,
+    best first). ``clean`` is applied to stored and shown text (envs pass :func:`memenv.base.sanitize`). Raises
+    :class:`StoreError` (store unchanged) for an unknown id or an entry over the budget.
+    """
+    if call.name == "mem_add":
+        entry_id = store.add(clean(call.argument))
+        return f"added entry {entry_id} ({store._tokens[entry_id]} tokens)", {"entry_id": entry_id}
+    if call.name == "mem_update":
+        store.update(call.entry_id, clean(call.argument))
+        return f"updated entry {call.entry_id}", {"entry_id": call.entry_id}
+    if call.name == "mem_delete":
+        store.delete(call.entry_id)
+        return f"deleted entry {call.entry_id}", {"entry_id": call.entry_id}
+    if call.name == "mem_search":
+        ids = store.search(call.argument, k)
+        return (clean(store.render(ids)) if ids else "no matching entry"), {"retrieved_ids": ids}
+    raise ValueError(f"run_store_call: <{call.name}> is not a store call ({', '.join(STORE_TOOLS)})")

@@ -3,6 +3,10 @@
 One episode composes N questions (objectives, MEM1 style). Each turn the policy sees the task, its own memory
 and the newest search result (context mode ``memory``), writes a new memory and either searches or answers
 all questions at once. Reward: mean F1 over the objectives, at the end.
+
+With ``memory_mode="tools"`` the memory is instead a :class:`memenv.memory_tools.MemoryStore` of numbered
+entries, and each action is exactly one call: a store tool (``<mem_add>``, ``<mem_update id=N>``,
+``<mem_delete id=N/>``, ``<mem_search>``), ``<search>`` over the corpus, or ``<answer>``.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from typing import Any
 
 from memenv.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
+from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
+                                 parse_tool_call, run_store_call)
 from memenv.protocol import parse_action
 from memenv.scoring import score_objectives, split_answers
 from memenv.index import BM25Index, QuestionPool
 from memenv.remote import RemoteRetriever, is_retriever_url, shared_retriever
 from memenv.search import BACKENDS, SearchBackend, make_backend
-from memenv.validation import ArgumentTypeError, check_choice, check_int, check_int_tuple, check_path, check_rate
+from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_int_tuple, check_path,
+                               check_rate)
 from tasks.corpus import load_questions_jsonl
 from tasks.types import Document, QADataset, Question
 from tasks.world import World, build_world, objective_capacity
@@ -35,7 +42,21 @@ INSTRUCTIONS = {
         "<search>query</search> or, when done, answer with <answer>answer 1; answer 2; ...</answer>, one answer "
         "per question, in order. You may note things in <memory>...</memory> before the tool call."
     ),
+    "tools": (
+        "Answer the questions below by searching a document collection. Your memory is a store of numbered "
+        "entries ({budget}): besides the newest search result, it is all you keep from earlier turns. Act with "
+        "exactly one tool call per turn: <search>query</search> searches the collection; <mem_add>text</mem_add>, "
+        "<mem_update id=N>text</mem_update> and <mem_delete id=N/> edit your store; <mem_search>query</mem_search> "
+        "searches it. When done, answer with <answer>answer 1; answer 2; ...</answer>, one answer per question, "
+        "in order."
+    ),
 }
+#: The calls of the tools protocol on MemQA.
+QA_TOOLS = (*STORE_TOOLS, "search", "answer")
+# The invocation keys of the tools mode on a step that did not produce them (every step has every key, one
+# type per key): no entry touched (ids start at 1), no store search.
+NO_STORE_RESULT = {"entry_id": -1, "retrieved_entries": []}
+DEFAULT_SEARCH_K = 8
 
 
 @functools.lru_cache(maxsize=8)
@@ -204,6 +225,13 @@ class MemQAEnv(MemEnvBase):
         index_path: a directory written by ``memenv index build`` (:mod:`memenv.index`): search it instead of
             indexing the corpus in memory; documents come from its store, questions from ``questions_path``;
             a ``corpus_path`` given too must be the indexed file (checked by fingerprint).
+        memory_mode: ``rewrite`` (default: one memory rewrite per action) or ``tools`` (a store of entries
+            edited with tool calls, one call per action; needs ``context="memory"``; ``memory_budget`` then
+            caps the store, and the default ``max_turns`` is ``(top_k + 3)`` times larger, as every stored
+            document costs a call).
+        search_k: tools mode: entries a ``<mem_search>`` returns (default 8).
+        show_store: tools mode: list every entry in the ``<memory>`` block (default True); ``False`` shows only
+            the store's size, so the agent must ``<mem_search>`` its store.
     """
 
     def __init__(
@@ -231,10 +259,25 @@ class MemQAEnv(MemEnvBase):
         invalid_penalty: float = 0.0,
         search_backend: str = "bm25",
         index_path: str | os.PathLike | None = None,
+        memory_mode: str = "rewrite",
+        search_k: int | None = None,
+        show_store: bool | None = None,
         render_mode: str | None = None,
     ) -> None:
+        self.memory_mode = check_choice("memory_mode", memory_mode, MEMORY_MODES)
+        tools = self.memory_mode == "tools"
+        memory_budget = check_int("memory_budget", memory_budget, minimum=0, allow_none=True)
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
-                         memory_budget=memory_budget, invalid_penalty=invalid_penalty, render_mode=render_mode)
+                         memory_budget=None if tools else memory_budget, invalid_penalty=invalid_penalty,
+                         render_mode=render_mode)
+        check_tools_context(self.memory_mode, self.mode.uses_memory, context)
+        for name, value in (("search_k", search_k), ("show_store", show_store)):
+            if value is not None and not tools:  # a knob of the other protocol would be ignored silently
+                raise ValueError(f"{name}={value!r} applies to memory_mode='tools' only; it has no effect with "
+                                 f"memory_mode={self.memory_mode!r}")
+        self.search_k = check_int("search_k", DEFAULT_SEARCH_K if search_k is None else search_k, minimum=1)
+        self.show_store = check_bool("show_store", True if show_store is None else show_store)
+        self.store_budget = memory_budget
         self.objectives, self.hops, self.comparison_rate = check_qa_task(objectives, hops, comparison_rate)
         self.top_k = check_int("top_k", top_k, minimum=1)
         self.max_turns = check_int("max_turns", max_turns, minimum=1, allow_none=True)
@@ -257,18 +300,26 @@ class MemQAEnv(MemEnvBase):
             self.documents = _sanitized_corpus(self.source)
             self.index = _search_index(self.source, search_backend)
         if self.max_turns is None:
-            self.max_turns = 2 * self.objectives * max(self.hops) + 2
+            # Tools: a document found costs a search, up to top_k adds and a store search or two.
+            per_document = self.top_k + 3 if tools else 1
+            self.max_turns = 2 * self.objectives * max(self.hops) * per_document + 2
         self._check_context_budget(self._compose_task([""] * self.objectives))
         self.questions: list[Question] = []
         self._task_text = ""
         self._last_result = ""
+        self._tool_result = ""  # tools mode: the newest store call's output, shown under the search result
+        self.store = MemoryStore(self.store_budget, self.count_tokens)
 
     # ------------------------------------------------------------------ text
     def _task_block(self) -> str:
         return self._task_text
 
     def _compose_task(self, questions: list[str]) -> str:
-        lines = [INSTRUCTIONS[self.mode.uses_memory]]
+        if self.memory_mode == "tools":
+            budget = "no limit" if self.store_budget is None else f"at most {self.store_budget} tokens"
+            lines = [INSTRUCTIONS["tools"].format(budget=budget)]
+        else:
+            lines = [INSTRUCTIONS[self.mode.uses_memory]]
         lines += [f"Question {i}: {sanitize(q)}" for i, q in enumerate(questions, 1)]
         return "<task>\n" + "\n".join(lines) + "\n</task>"
 
@@ -277,7 +328,8 @@ class MemQAEnv(MemEnvBase):
         head = f"[turns left: {turns_left}]"
         if notice:
             head += f"\n[{notice}]"
-        return f"<information>{head}\n{content}\n</information>"
+        result = f"\n[result] {self._tool_result}" if self._tool_result else ""
+        return f"<information>{head}\n{content}{result}\n</information>"
 
     def document(self, doc_id: str) -> Document:
         """The corpus document with id ``doc_id`` (as shown to the policy: sanitised text)."""
@@ -307,8 +359,13 @@ class MemQAEnv(MemEnvBase):
             self.questions = self.source.sample_questions(self.np_random, self.objectives)
         self._task_text = self._compose_task([q.question for q in self.questions])
         self._last_result = "No search results yet."
+        self._tool_result = ""
         self._turn = 0  # the information block shows the turns left of the new episode
         self._start_episode(self._information_block(self._last_result))
+        if self.memory_mode == "tools":
+            self.store = MemoryStore(self.store_budget, self.count_tokens)
+            self._memory = self.store.view(self.show_store)
+            self._render_obs()
         info = {
             "episode_id": self._episode_id,
             "questions": [q.question for q in self.questions],
@@ -318,27 +375,50 @@ class MemQAEnv(MemEnvBase):
         }
         return self._obs, info
 
+    def _parse(self, action: Any) -> tuple[str | None, str | None, str | None, str | None, dict[str, Any]]:
+        """Parse and, for a store call, apply ``action``: ``(error, tool, tool input, memory, extra)``; ``tool``
+        is ``search``/``answer`` for the env to run, a store call already run (output in ``extra``), or None."""
+        if self.memory_mode == "rewrite":
+            parsed = parse_action(action, require_memory=self.mode.uses_memory)
+            return parsed.error, parsed.tool, parsed.argument, parsed.memory, {}
+        extra: dict[str, Any] = dict(NO_STORE_RESULT)
+        call = parse_tool_call(action, QA_TOOLS)
+        if not call.valid or call.name not in STORE_TOOLS:
+            return call.error, call.name, call.argument if call.valid else None, None, extra
+        try:
+            output, result = run_store_call(self.store, call, self.search_k, sanitize)
+        except StoreError as err:
+            return f"<{call.name}>: {err}", None, None, None, extra
+        extra["retrieved_entries"] = result.pop("retrieved_ids", [])
+        extra.update(result, tool_output=output)
+        tool_input = call.argument if call.entry_id is None else f"id={call.entry_id} {call.argument}".strip()
+        return None, call.name, tool_input, None, extra
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         memory_before = self._begin_step()
-        parsed = parse_action(action, require_memory=self.mode.uses_memory)
-        reward, terminated, extra, scores = 0.0, False, {}, None
+        error, tool, argument, memory, extra = self._parse(action)
+        valid = error is None
+        reward, terminated, scores = 0.0, False, None
         tool_output, notice, memory_cut = "", None, 0
-        if not parsed.valid:
+        if not valid:
             reward = -self.invalid_penalty
-            notice = sanitize(f"invalid action, state unchanged: {parsed.error}")
+            notice = sanitize(f"invalid action, state unchanged: {error}")
             information = self._information_block(self._last_result, notice)
             tool_output = notice
         else:
-            if parsed.memory is not None:
-                memory_cut = self._set_memory(parsed.memory)
-            if parsed.tool == "search":
-                hits = self.retrieve(parsed.argument)
+            if memory is not None:
+                memory_cut = self._set_memory(memory)
+            if tool in STORE_TOOLS:
+                tool_output = self._tool_result = extra.pop("tool_output")
+                information = self._information_block(self._last_result)
+            elif tool == "search":
+                hits = self.retrieve(argument)
                 tool_output = self.format_documents(hits)
                 extra["retrieved_ids"] = [d.id for d in hits]
-                self._last_result = tool_output
+                self._last_result, self._tool_result = tool_output, ""
                 information = self._information_block(tool_output)
             else:  # answer
-                preds = split_answers(parsed.argument, len(self.questions))
+                preds = split_answers(argument, len(self.questions))
                 scores = score_objectives(preds, [q.answers for q in self.questions])
                 reward = float(scores["f1_mean"])
                 terminated = True
@@ -346,16 +426,21 @@ class MemQAEnv(MemEnvBase):
                 extra["answer_f1"], extra["answer_em"] = list(scores["f1"]), list(scores["em"])
                 information = self._information_block(tool_output)
         truncated = not terminated and self._turn >= self.max_turns
+        store_keys: dict[str, int] = {}
+        if self.memory_mode == "tools":
+            self._memory = self.store.view(self.show_store)
+            store_keys = {"store_entries": len(self.store), "store_tokens": self.store.used}
         snapshot = self._record(
-            action=action, memory_before=memory_before, tool=parsed.tool if parsed.valid else None,
-            tool_input=parsed.argument if parsed.valid else None, tool_output=tool_output, valid=parsed.valid,
-            error=parsed.error, reward=reward, memory_truncated_tokens=memory_cut, **extra,
+            action=action, memory_before=memory_before, tool=tool if valid else None,
+            tool_input=argument if valid else None, tool_output=tool_output, valid=valid,
+            error=error, reward=reward, memory_truncated_tokens=memory_cut, **extra, **store_keys,
         )
         self._advance(information, action if isinstance(action, str) else repr(action))
         info: dict[str, Any] = {"invocation": snapshot}
         if terminated or truncated:
             self._done = True
             scores = scores or score_objectives([""] * len(self.questions), [q.answers for q in self.questions])
-            answers = split_answers(parsed.argument, len(self.questions)) if terminated else []
-            info["summary"] = self._episode_info(scores["em"], scores["f1"], answers, terminated)
+            answers = split_answers(argument, len(self.questions)) if terminated else []
+            info["summary"] = self._episode_info(scores["em"], scores["f1"], answers, terminated,
+                                                 memory_mode=self.memory_mode, **store_keys)
         return self._obs, reward, terminated, truncated, info

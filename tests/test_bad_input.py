@@ -108,6 +108,7 @@ def _write_beam_folder(root: Path) -> str:
 # Every registered env family, with the kwargs it needs to build from the fixture files.
 ENVS = {
     "MemQA": ("MemQA-v0", {}),
+    "MemQA-tools": ("MemQA-v0", {"memory_mode": "tools"}),
     "MemQA-N4": ("MemQA-N4-v0", {}),
     "Hotpot": ("MemQA-Hotpot-v0", {"data_path": "hotpot"}),
     "Pair": ("MemQA-v0", {"corpus_path": "corpus", "questions_path": "questions", "objectives": 1}),
@@ -119,7 +120,8 @@ ENVS = {
     "BEAM-data": ("MemDialog-BEAM-v0", {"data_path": "beam"}),
 }
 BEAM_ENVS = ("BEAM", "BEAM-rewrite", "BEAM-data")
-TOOLS_ENVS = ("BEAM", "BEAM-data")  # memory_mode="tools": context="memory" only
+TOOLS_ENVS = ("BEAM", "BEAM-data", "MemQA-tools")  # memory_mode="tools": context="memory" only
+QA_ENVS = ("MemQA", "MemQA-tools", "MemQA-N4", "MemRead")  # the synthetic world's QA knobs
 
 
 def make(env: str, files: dict[str, str], **kwargs):
@@ -370,6 +372,22 @@ BEAM_CASES = [
     ({"data_path": "/nonexistent/beam"}, FileNotFoundError, ["data_path", "/nonexistent/beam"]),
 ]
 
+# MemQA's memory modes: the tools knobs, and the same knobs refused by the rewrite protocol.
+MEMQA_TOOLS_CASES = [
+    ({"memory_mode": "vector"}, ValueError, ["memory_mode", "'vector'", "'rewrite'", "'tools'"]),
+    ({"memory_mode": None}, TypeError, ["memory_mode"]),
+    ({"search_k": 0}, ValueError, ["search_k", ">= 1"]),
+    ({"search_k": True}, TypeError, ["search_k"]),
+    ({"search_k": 1.5}, TypeError, ["search_k"]),
+    ({"show_store": "yes"}, TypeError, ["show_store", "True or False"]),
+    ({"show_store": 1}, TypeError, ["show_store"]),
+]
+MEMQA_REWRITE_CASES = [
+    ({"memory_mode": "vector"}, ValueError, ["memory_mode", "'rewrite'", "'tools'"]),
+    ({"search_k": 4}, ValueError, ["search_k=4", "memory_mode='tools' only", "memory_mode='rewrite'"]),
+    ({"show_store": False}, ValueError, ["show_store=False", "memory_mode='tools' only"]),
+]
+
 TOOLS_CASES = [
     ({"context": "history"}, ValueError, ["memory_mode='tools'", "context='memory'", "'history'"]),
     ({"context": "none"}, ValueError, ["memory_mode='tools'", "context='memory'"]),
@@ -418,10 +436,14 @@ def _battery() -> list:
     cases = []
     for env in ENVS:
         family = [*COMMON_CASES]
-        if env in ("MemQA", "MemQA-N4", "MemRead"):
+        if env in QA_ENVS:
             family += QA_CASES
-        if env in ("MemQA", "MemQA-N4", "Hotpot", "Pair"):
+        if env in ("MemQA", "MemQA-tools", "MemQA-N4", "Hotpot", "Pair"):
             family += MEMQA_CASES
+        if env == "MemQA-tools":
+            family += MEMQA_TOOLS_CASES
+        if env in ("MemQA", "Hotpot"):
+            family += MEMQA_REWRITE_CASES
         if env == "MemRead":
             family += MEMREAD_CASES
         if env in ("MemDialog", "LoCoMo"):
@@ -456,7 +478,9 @@ def test_good_kwargs_at_the_boundaries_are_accepted(files, env: str) -> None:
         bounds.update(chat_tokens=4000, questions_per_ability=4, questions=2 * 4)
     if env == "BEAM-data":
         bounds.update(conversation=1, questions=2)
-    if env in ("MemQA", "MemQA-N4", "MemRead"):
+    if env == "MemQA-tools":
+        bounds.update(search_k=1, show_store=False)
+    if env in QA_ENVS:
         bounds.update(comparison_rate=1.0, lookalike_rate=0, hops=[1, 6], distractors=0, world_seed=2**40,
                       objectives=np.int64(1), corpus_size=50)
     if env in ("MemDialog", "LoCoMo"):
@@ -572,7 +596,7 @@ NASTY_ACTIONS = [
 ]
 
 
-@pytest.mark.parametrize("env, context", [(env, context) for env in ("MemQA", "MemRead", "MemDialog", "LoCoMo", *BEAM_ENVS)
+@pytest.mark.parametrize("env, context", [(env, context) for env in ("MemQA", "MemQA-tools", "MemRead", "MemDialog", "LoCoMo", *BEAM_ENVS)
                                           for context in ("memory", "none") if context == "memory" or env not in TOOLS_ENVS])
 def test_env_never_raises_on_action_text(files, env: str, context: str) -> None:
     made = make(env, files, context=context, max_turns=8)

@@ -45,7 +45,7 @@ def _kwargs(env_id: str, data_paths: dict[str, str]) -> dict:
 def _invocations(env_id: str, kwargs: dict, seed: int) -> list[dict]:
     """Every invocation of one episode: a malformed action, an empty memory rewrite, then the oracle."""
     env = gym.make(env_id, **kwargs)
-    policy = STRATEGY_FAMILIES[env_family(env_id)]["oracle"]()
+    policy = STRATEGY_FAMILIES[env_family(env_id, kwargs.get("memory_mode"))]["oracle"]()
     obs, _ = env.reset(seed=seed)
     policy.reset(env.unwrapped)
     found = []
@@ -59,10 +59,11 @@ def _invocations(env_id: str, kwargs: dict, seed: int) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("env_id", ["MemQA-v0", "MemQA-Hotpot-v0", "MemRead-v0", "MemDialog-v0",
-                                    "MemDialog-LoCoMo-v0"])
+@pytest.mark.parametrize("env_id", ["MemQA-v0", "MemQA-v0:memory_mode=tools", "MemQA-Hotpot-v0", "MemRead-v0",
+                                    "MemDialog-v0", "MemDialog-LoCoMo-v0"])
 def test_every_step_has_the_same_invocation_keys_and_types(env_id, data_paths):
-    kwargs = _kwargs(env_id, data_paths)
+    env_id, _, memory_mode = env_id.partition(":memory_mode=")
+    kwargs = {**_kwargs(env_id, data_paths), **({"memory_mode": memory_mode} if memory_mode else {})}
     steps = _invocations(env_id, kwargs, seed=1) + _invocations(env_id, kwargs, seed=2)
     tools = {s["tool"] for s in steps}
     assert "answer" in tools and None in tools and len(steps) >= 4  # the contract is checked on every kind
@@ -82,6 +83,33 @@ def test_every_step_has_the_same_invocation_keys_and_types(env_id, data_paths):
         assert any(s["retrieved_ids"] for s in steps)
     final = steps[-1]
     assert final["tool"] == "answer" and final["answer_f1"] and all(0.0 <= f <= 1.0 for f in final["answer_f1"])
+
+
+def test_memqa_tools_every_call_kind_has_the_rewrite_keys_plus_the_store_keys():
+    """MemQA's tools mode: every call kind (and invalid ones) gives the rewrite mode's keys plus the store's;
+    ``retrieved_ids`` stays the corpus search's documents, ``retrieved_entries`` the store search's entries."""
+    rewrite = _invocations("MemQA-v0", {}, seed=1)
+    env = gym.make("MemQA-v0", memory_mode="tools")
+    env.reset(seed=1)
+    script = ["not protocol text", "<memory>m</memory><search>x</search>", "<search>Wigei</search>",
+              "<mem_add>Wigei is a city.</mem_add>", "<mem_update id=1>Wigei lies in Wubuxora.</mem_update>",
+              "<mem_search>Wigei</mem_search>", "<mem_delete id=1/>", "<mem_delete id=1/>", "<answer>a; b</answer>"]
+    steps = [env.step(action)[4]["invocation"] for action in script]
+    assert [s["tool"] for s in steps] == [None, None, "search", "mem_add", "mem_update", "mem_search", "mem_delete",
+                                          None, "answer"]
+    keys = set(steps[0])
+    assert all(set(s) == keys for s in steps)
+    assert keys == set(rewrite[0]) | {"entry_id", "retrieved_entries", "store_entries", "store_tokens"}
+    for key in keys:
+        kinds = {type(s[key]) for s in steps} - {type(None)}
+        assert len(kinds) <= 1, (key, kinds)
+        if key not in NONE_ALLOWED:
+            assert all(s[key] is not None for s in steps), key
+    assert [s["entry_id"] for s in steps] == [-1, -1, -1, 1, 1, -1, 1, -1, -1]
+    assert [bool(s["retrieved_ids"]) for s in steps] == [s["tool"] == "search" for s in steps]
+    assert [s["retrieved_entries"] for s in steps] == [[], [], [], [], [], [1], [], [], []]
+    assert [s["store_entries"] for s in steps] == [0, 0, 0, 1, 1, 1, 0, 0, 0]
+    assert all(s["memory_truncated_tokens"] == 0 for s in steps)
 
 
 def _beam_invocations(memory_mode: str, seed: int) -> list[dict]:

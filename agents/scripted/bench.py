@@ -12,12 +12,17 @@ strategy, F1 and peak context tokens against the value: ``sweep.csv``, ``sweep_e
 ``sweep.png`` (two panels: F1 and peak context vs the value, one line per strategy).
 
     memenv bench --sweep objectives=1,2,4,8,16 --strategies relevance keep-all history -n 20
+
+A spec's ``memory_mode=tools`` picks the env family's tools-mode strategies (``MemQA-v0:memory_mode=tools``:
+``oracle``, ``rag``). Envs that take ``keep_snapshots`` run with ``False`` unless the spec sets it.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,10 +100,29 @@ def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
             return info["summary"], steps
 
 
-def resolve_strategy(name: str, env_id: str):
-    """A strategy by name: a scripted one (:func:`make_strategy`) or a served model ``openai:MODEL@URL``
-    (:class:`agents.served.ServedPolicy`)."""
-    return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id)
+def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
+    """A strategy by name: a scripted one (:func:`make_strategy`, for ``env_id`` in ``memory_mode``) or a served
+    model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`)."""
+    return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
+
+
+@functools.lru_cache(maxsize=None)
+def env_accepts(env_id: str, kwarg: str) -> bool:
+    """Whether the env ``env_id``'s constructor takes the keyword ``kwarg``."""
+    creator = gym.envs.registration.load_env_creator(gym.spec(env_id).entry_point)
+    return kwarg in inspect.signature(creator).parameters
+
+
+def bench_env_kwargs(spec: EnvSpec, policy) -> dict[str, Any]:
+    """The kwargs the bench makes ``spec``'s env with: the policy's context and env kwargs, then the spec's.
+
+    The bench reads only the episode summary's scores and counters, never its snapshots, so envs that take
+    ``keep_snapshots`` get ``False`` unless the spec sets it (a 10M-token BEAM chat would keep gigabytes).
+    """
+    kwargs = {"context": policy.context, **getattr(policy, "env_kwargs", {}), **spec.kwargs}
+    if "keep_snapshots" not in kwargs and env_accepts(spec.env_id, "keep_snapshots"):
+        kwargs["keep_snapshots"] = False
+    return kwargs
 
 
 def strategy_name(name: str) -> str:
@@ -122,15 +146,15 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     strategies = list(strategies)
     for spec in specs:  # fail before any work on a strategy an env family does not have
         for name in strategies:
-            policy = resolve_strategy(name, spec.env_id)
+            policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
             if is_served(name):
                 policy.client.check()  # a server that is down fails here, naming its URL
     rows, summary = [], []
     bar = tqdm(total=len(specs) * len(strategies) * episodes, desc="bench", unit="ep", disable=not progress)
     for spec in specs:
         for name in strategies:
-            policy = resolve_strategy(name, spec.env_id)
-            kwargs = {"context": policy.context, **getattr(policy, "env_kwargs", {}), **spec.kwargs}
+            policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
+            kwargs = bench_env_kwargs(spec, policy)
             env = gym.make(spec.env_id, **kwargs)
             steps, start = 0, time.perf_counter()
             cell = []
@@ -346,7 +370,7 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
     strategies = list(strategies)
     for spec in specs:
         with user_input(f"env {spec.label!r}"):
-            policies = [resolve_strategy(name, spec.env_id) for name in strategies]
+            policies = [resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode")) for name in strategies]
             for policy in policies:
                 if isinstance(policy, ServedPolicy):
                     try:

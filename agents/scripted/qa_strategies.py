@@ -424,25 +424,29 @@ STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
 
 
 # Strategies per environment family (the env id up to its first "-": "MemQA-v0" -> "MemQA"). Reading envs
-# (MemRead, MemDialog) register their own implementations of the same strategy names here.
+# (MemRead, MemDialog) register their own implementations of the same strategy names here; "FAMILY:tools" holds
+# a family's strategies for memory_mode="tools".
 STRATEGY_FAMILIES: dict[str, dict[str, Callable[[], ScriptedPolicy]]] = {"MemQA": STRATEGIES}
 
 
-def env_family(env_id: str) -> str:
+def env_family(env_id: str, memory_mode: str | None = None) -> str:
     """The strategy family of ``env_id``: the longest registered family it starts with ("MemDialog-BEAM-v0" ->
-    "MemDialog-BEAM"), else the id up to its first "-"."""
+    "MemDialog-BEAM"), else the id up to its first "-"; with ``memory_mode="tools"``, that family's tools-mode
+    family (``"MemQA:tools"``) where one is registered."""
     name = env_id.split(":")[-1]
-    for family in sorted(STRATEGY_FAMILIES, key=len, reverse=True):
-        if name.startswith(family + "-"):
-            return family
-    return name.split("-", 1)[0]
+    family = next((f for f in sorted(STRATEGY_FAMILIES, key=len, reverse=True) if name.startswith(f + "-")),
+                  name.split("-", 1)[0])
+    tools = f"{family}:tools"
+    return tools if memory_mode == "tools" and tools in STRATEGY_FAMILIES else family
 
 
-def make_strategy(name: str, env_id: str = "MemQA-v0", **kwargs: Any) -> ScriptedPolicy:
-    """A scripted strategy by name for the env ``env_id`` (see :data:`STRATEGY_FAMILIES`)."""
-    family = STRATEGY_FAMILIES.get(env_family(env_id))
+def make_strategy(name: str, env_id: str = "MemQA-v0", memory_mode: str | None = None,
+                  **kwargs: Any) -> ScriptedPolicy:
+    """A scripted strategy by name for the env ``env_id`` in ``memory_mode`` (see :data:`STRATEGY_FAMILIES`)."""
+    family = STRATEGY_FAMILIES.get(env_family(env_id, memory_mode))
     if family is None:
         raise ValueError(f"no scripted strategies for {env_id!r}; families: {', '.join(STRATEGY_FAMILIES)}")
     if name not in family:
-        raise ValueError(f"unknown strategy {name!r} for {env_id}: choose from {', '.join(family)}")
+        mode = "" if memory_mode is None else f" with memory_mode={memory_mode!r}"
+        raise ValueError(f"unknown strategy {name!r} for {env_id}{mode}: choose from {', '.join(family)}")
     return family[name](**kwargs)

@@ -28,7 +28,7 @@ from memenv.memory_tools import format_tool_call
 from memenv.search import tokenize
 from tasks.conversations import ABSTENTION_ANSWER
 
-__all__ = ["TOOL_STRATEGIES", "ToolReader", "read_tool_observation"]
+__all__ = ["TOOL_STRATEGIES", "ToolReader", "added_entry", "read_tool_observation", "result_entries"]
 
 _SESSION = re.compile(r"<information>\[session (\d+)/(\d+), ([^\]]*)\]", re.MULTILINE)
 _QUESTION = re.compile(r"<information>\[question (\d+)/(\d+)\][^\n]*\n(.*?)\nNow ", re.MULTILINE | re.DOTALL)
@@ -84,6 +84,17 @@ def read_tool_observation(observation: str) -> ToolView:
     if question:
         view.question = (int(question.group(1)), " ".join(question.group(3).split()))
     return view
+
+
+def added_entry(result: str) -> tuple[int, int] | None:
+    """``(id, tokens)`` of the entry a ``<mem_add>`` result reports, or None for any other result."""
+    added = _ADDED.match(result)
+    return None if added is None else (int(added.group(1)), int(added.group(2)))
+
+
+def result_entries(result: str) -> list[tuple[int, str]]:
+    """The ``(id, text)`` entries a ``<mem_search>`` result lists, in id order (= insertion order)."""
+    return sorted(((int(i), text) for i, text in _ENTRY.findall(result)), key=lambda e: e[0])
 
 
 def _stems(text: str) -> set[str]:
@@ -176,9 +187,9 @@ class _ToolPolicy(ScriptedPolicy):
     # the loop -------------------------------------------------------------------------------------
     def act(self, observation: str) -> str:
         view = read_tool_observation(observation)
-        added = _ADDED.match(view.result)
+        added = added_entry(view.result)
         if added and self._pending is not None:
-            self._entries[int(added.group(1))] = (int(added.group(2)), *self._pending)
+            self._entries[added[0]] = (added[1], *self._pending)
         self._pending = None
         if view.session is not None:
             if view.session[0] != self._session:
@@ -192,7 +203,7 @@ class _ToolPolicy(ScriptedPolicy):
                 # The question plus its topical stems, so "comics" also finds "comic" (BM25 does not stem).
                 return format_tool_call("mem_search", self.reader.query(question))
             # Entry ids grow with insertion, and every strategy stores in chat order: id order is time order.
-            entries = [text for _, text in sorted(_ENTRY.findall(view.result), key=lambda e: int(e[0]))]
+            entries = [text for _, text in result_entries(view.result)]
             return format_tool_call("answer", self.reader.answer(question, entries))
         return format_tool_call("next")
 
