@@ -596,7 +596,10 @@ NASTY_ACTIONS = [
 ]
 
 
-@pytest.mark.parametrize("env, context", [(env, context) for env in ("MemQA", "MemQA-tools", "MemRead", "MemDialog", "LoCoMo", *BEAM_ENVS)
+FUZZ_ENVS = ("MemQA", "MemQA-tools", "MemRead", "MemDialog", "LoCoMo", *BEAM_ENVS)
+
+
+@pytest.mark.parametrize("env, context", [(env, context) for env in FUZZ_ENVS
                                           for context in ("memory", "none") if context == "memory" or env not in TOOLS_ENVS])
 def test_env_never_raises_on_action_text(files, env: str, context: str) -> None:
     made = make(env, files, context=context, max_turns=8)
