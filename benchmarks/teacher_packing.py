@@ -12,7 +12,7 @@ Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
   share their task block.
 - ``random``: rollouts of the tiny random-init Qwen2 student at T=1 (GRPO-style: ``--groups`` task seeds x
   ``--group-size`` episodes each). It samples to ``--max-new-tokens`` on every turn, so responses have one
-  length and padding is ~3%: only the shared prefix can gain.
+  length (up to an early stop) and padding is a few % (6.5% measured): only the shared prefix can gain.
 
 In one run, alternating rounds, each packing of the same records is timed for
 
