@@ -1,8 +1,20 @@
 """Teacher scoring and actor forward+backward on packed invocations vs padded per-invocation batches.
 
-Records come from MemQA-v0 rollouts with 4 objectives (GRPO-style: ``--groups`` task seeds x ``--group-size``
-episodes each) of a tiny random-init Qwen2 student. In one run, alternating rounds, each packing of the same
-records is timed for
+Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
+
+- ``oracle`` (default): the records a trained policy would produce. The oracle strategy plays ``--episodes``
+  distinct task seeds (one episode each: the oracle is deterministic, so GRPO groups of it would be identical
+  invocations and inflate sharing); each invocation's prompt is encoded exactly as ``LLMPolicy.encode_prompt``
+  does, its response ids are the oracle action's ids, and its ``response_logprobs`` are the student's log-probs
+  of those ids, one sequence at a time (``agents.llm.policy.sequence_logprobs``): what a policy that sampled
+  these actions would have recorded, so RCE stays meaningful. Action lengths vary (a short search, a growing
+  memory rewrite) and prompts grow with the memory, as with a trained policy; the invocations of an episode
+  share their task block.
+- ``random``: rollouts of the tiny random-init Qwen2 student at T=1 (GRPO-style: ``--groups`` task seeds x
+  ``--group-size`` episodes each). It samples to ``--max-new-tokens`` on every turn, so responses have one
+  length (up to an early stop) and padding is a few % (6.5% measured): only the shared prefix can gain.
+
+In one run, alternating rounds, each packing of the same records is timed for
 
 - teacher scoring: a frozen teacher (wider than the student), no grad, full-vocabulary log-probs at the sampled
   action positions only (``distill.packing.action_hidden`` + the lm head in chunks), reported as invocation
@@ -18,7 +30,7 @@ layouts run with two exact CPU attentions: ``sdpa`` with the explicit 4D mask (t
 length^2) whatever the mask hides) and ``sdpa_blocks`` (each block of queries attends only its prefix and
 itself: ``distill.packing.attention_blocks``). The padded baseline uses sdpa with its mask.
 
-    python benchmarks/teacher_packing.py [--threads 1] [--rounds 3]
+    python benchmarks/teacher_packing.py [--source oracle|random] [--threads 1] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -32,19 +44,68 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _spread(values) -> str:
+    v = sorted(values)
+    return f"{v[0]} / {statistics.median(v):g} / {v[-1]}"
+
+
+def oracle_records(policy, env, seeds, progress: bool = True) -> list:
+    """One episode of the oracle strategy per task seed, as the :class:`InvocationRecord` s a policy that
+    sampled the oracle's actions would have written: prompts from ``policy.encode_prompt``, response ids from
+    ``policy.encode_action``, ``response_logprobs`` from the policy model, one sequence at a time (T=1)."""
+    from tqdm.auto import tqdm
+
+    from agents.llm.policy import sequence_logprobs
+    from agents.llm.records import InvocationRecord, memory_mask, tokenizer_fingerprint
+    from agents.scripted.qa_strategies import make_strategy
+
+    oracle = make_strategy("oracle", env.spec.id if env.spec is not None else "MemQA-v0")
+    fingerprint = tokenizer_fingerprint(policy.tokenizer)
+    records = []
+    for seed in tqdm(list(seeds), desc="oracle episodes", disable=not progress):
+        obs, _ = env.reset(seed=int(seed))
+        oracle.reset(env.unwrapped)
+        episode, turn, done = [], 0, False
+        while not done:
+            turn += 1
+            action = oracle.act(obs)
+            prompt, response = policy.encode_prompt(obs), policy.encode_action(action)
+            logprobs = sequence_logprobs(policy.model, prompt, response, 1.0).tolist()
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+            episode.append(InvocationRecord(
+                episode_id=f"oracle-seed{seed}", turn=turn, prompt_ids=prompt, response_ids=response,
+                response_logprobs=logprobs, action_mask=[1] * len(response),
+                memory_mask=memory_mask(response, policy.tokenizer), reward=float(reward), done=done,
+                terminated=bool(terminated), temperature=1.0, seed=int(seed), rollout_id="oracle",
+                snapshot={"turn": turn, "observation": obs, "action": action},
+                tokenizer_fingerprint=fingerprint))
+            obs = next_obs
+        total = sum(r.reward for r in episode)
+        for r in episode:
+            r.episode_return = total
+        records += episode
+    return records
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", type=int, default=3, help="task seeds (GRPO groups)")
-    p.add_argument("--group-size", type=int, default=4, help="episodes per task seed")
+    p.add_argument("--source", choices=("oracle", "random"), default="oracle",
+                   help="oracle: the oracle's actions scored by the student (trained-policy lengths); random: "
+                        "random-init student rollouts (equal response lengths)")
+    p.add_argument("--episodes", type=int, default=8, help="oracle: task seeds, one episode each")
+    p.add_argument("--groups", type=int, default=3, help="random: task seeds (GRPO groups)")
+    p.add_argument("--group-size", type=int, default=4, help="random: episodes per task seed")
     p.add_argument("--objectives", type=int, default=4)
-    p.add_argument("--max-turns", type=int, default=6, help="invocations per episode at most")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="invocations per episode at most (default: the env's for oracle, 6 for random)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="random: tokens sampled per invocation")
     p.add_argument("--hidden", type=int, default=128, help="student width (the teacher is twice as wide)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64, help="attention head size (64-128 in real checkpoints)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per forward pass, padding included")
-    p.add_argument("--row-lens", default="1,2,4", help="packed row lengths, in multiples of the longest invocation")
+    p.add_argument("--row-lens", default="1,3,8", help="packed row lengths, in multiples of the longest invocation")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="alternating timed rounds (the median is reported)")
     args = p.parse_args(argv)
@@ -60,7 +121,8 @@ def main(argv=None) -> int:
     from distill.reconstruct import aligned
 
     torch.set_num_threads(args.threads)
-    env_kw = {"objectives": args.objectives, "max_turns": args.max_turns}
+    max_turns = args.max_turns if args.max_turns is not None else (6 if args.source == "random" else None)
+    env_kw = {"objectives": args.objectives} | ({"max_turns": max_turns} if max_turns is not None else {})
     t0 = time.perf_counter()
     tok = build_tokenizer(task_texts("MemQA-v0", env_kw, episodes=30, seed=10**6), vocab_size=args.vocab,
                           split_spaces="suffix")
@@ -69,20 +131,30 @@ def main(argv=None) -> int:
     teacher = build_tiny_model(tok, hidden_size=2 * args.hidden, heads=max(1, 2 * args.hidden // args.head_dim),
                                seed=1, **size).eval().requires_grad_(False)
     policy = LLMPolicy(student, tok, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
-    envs = [gym.make("MemQA-v0", **env_kw) for _ in range(4)]
-    seeds = [s for s in range(args.groups) for _ in range(args.group_size)]
-    records = records_of(rollout(policy, envs, seeds, groups=seeds, progress=True))
+    if args.source == "oracle":
+        records = oracle_records(policy, gym.make("MemQA-v0", **env_kw), range(args.episodes))
+        source = f"oracle actions on {args.episodes} task seeds (one episode each), student log-probs"
+    else:
+        envs = [gym.make("MemQA-v0", **env_kw) for _ in range(4)]
+        seeds = [s for s in range(args.groups) for _ in range(args.group_size)]
+        records = records_of(rollout(policy, envs, seeds, groups=seeds, progress=True))
+        source = f"random-init student rollouts, {args.groups} groups x {args.group_size} episodes"
     sequences = aligned(records)
     n_tokens = sum(len(s) for s in sequences)
     n_actions = sum(len(r.response_ids) for r in records)
     longest = max(len(s) for s in sequences)
     recorded = torch.cat([torch.tensor(r.response_logprobs) for r in records])
     temps = torch.tensor([r.temperature for r in records])
-    print(f"records: {len(records)} invocations from {len(seeds)} episodes ({args.groups} groups x "
-          f"{args.group_size}), {n_tokens} tokens, {n_actions} action tokens, longest {longest}, "
-          f"vocab {len(tok)}; setup {time.perf_counter() - t0:.1f}s")
+    n_episodes = len({(r.rollout_id, r.episode_id) for r in records})
+    print(f"records: {len(records)} invocations from {n_episodes} episodes ({source}), {n_tokens} tokens, "
+          f"{n_actions} action tokens, longest {longest}, vocab {len(tok)}; setup {time.perf_counter() - t0:.1f}s")
+    print("lengths (min / median / max): prompt " + _spread(len(r.prompt_ids) for r in records)
+          + ", response " + _spread(len(r.response_ids) for r in records)
+          + ", invocation " + _spread(len(s) for s in sequences))
 
     padded = pack(sequences, "padded", token_budget=args.token_budget, pad_id=tok.pad_token_id)
+    print(f"padding share of the padded baseline: {1 - n_tokens / sum(b.n_slots for b in padded):.1%} of its "
+          f"{sum(b.n_slots for b in padded)} slots")
     layouts = {"padded": (padded, "sdpa")}  # name -> (batches, attention backend)
     for k in [float(x) for x in args.row_lens.split(",")]:
         for method in ("padding_free", "shared_prefix"):

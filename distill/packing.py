@@ -389,45 +389,85 @@ def attention_blocks(batch: PackedBatch) -> list[list[tuple[int, int, int, int]]
     return out
 
 
+@dataclass
+class _BlockPlan:
+    """How :func:`_sdpa_blocks_attention` runs one row: the block sizes (they tile the row, for one ``split``)
+    and per block ``(prefix block index or -1, additive mask or None)``; ``None`` entries are padding."""
+
+    sizes: list[int]
+    blocks: list[tuple[int, torch.Tensor | None] | None]
+
+
+def _block_plans(batch: PackedBatch, dtype: torch.dtype, device) -> list[_BlockPlan]:
+    """Per row, the plan of :func:`attention_blocks`, with each branch's ``[1, 1, n, prefix + n]`` additive mask
+    made once per forward (not once per layer)."""
+    plans = []
+    masks: dict[tuple[int, int], torch.Tensor] = {}  # (n, prefix) -> mask: equal shapes share one tensor
+    for blocks in attention_blocks(batch):
+        start_of = {a: k for k, (a, _, _, _) in enumerate(blocks)}
+        plan = _BlockPlan([b - a for a, b, _, _ in blocks], [])
+        for a, b, p0, p1 in blocks:
+            if p0 < 0:
+                plan.blocks.append(None)
+            elif p1 == p0:
+                plan.blocks.append((-1, None))
+            else:
+                n, p = b - a, p1 - p0
+                if (n, p) not in masks:
+                    allowed = torch.ones(n, p + n, dtype=torch.bool, device=device)
+                    allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+                    masks[n, p] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+                        ~allowed, torch.finfo(dtype).min)[None, None]
+                plan.blocks.append((start_of[p0], masks[n, p]))
+        plans.append(plan)
+    return plans
+
+
 def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_blocks=None, **kwargs):
     """Exact packed attention on CPU without the dense mask's O(L^2): each query block attends its prefix and,
-    causally, itself (:func:`attention_blocks`), through transformers' own sdpa per block."""
+    causally, itself (:func:`attention_blocks`), through transformers' own sdpa per block.
+
+    Rows are cut into their blocks with one ``unbind`` + ``split`` (not one slice per block): the backward of a
+    slice writes a zero tensor of the whole input per block, which made the backward O(blocks x row length)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if memenv_blocks is None:
         raise RuntimeError("sdpa_blocks attention needs the batch's blocks: call distill.packing.hidden_states")
+    heads, head_dim = query.shape[1], value.shape[-1]
     rows = []
-    for r, blocks in enumerate(memenv_blocks):
+    for plan, q_row, k_row, v_row in zip(memenv_blocks, query.unbind(0), key.unbind(0), value.unbind(0)):
+        qs, ks, vs = (t.split(plan.sizes, dim=1) for t in (q_row, k_row, v_row))
         pieces = []
-        for a, b, p0, p1 in blocks:
-            if p0 < 0:
-                pieces.append(query.new_zeros(1, b - a, query.shape[1], value.shape[-1]))
+        for k, block in enumerate(plan.blocks):
+            if block is None:  # padding: zero output, never scored
+                pieces.append(query.new_zeros(1, plan.sizes[k], heads, head_dim))
                 continue
-            q = query[r:r + 1, :, a:b]
-            if p1 == p0:
-                out, _ = sdpa_attention_forward(module, q, key[r:r + 1, :, a:b], value[r:r + 1, :, a:b], None,
-                                                is_causal=True, **kwargs)
+            prefix, mask = block
+            q = qs[k][None]
+            if prefix < 0:
+                out, _ = sdpa_attention_forward(module, q, ks[k][None], vs[k][None], None, is_causal=True, **kwargs)
             else:
-                k = torch.cat([key[r:r + 1, :, p0:p1], key[r:r + 1, :, a:b]], dim=2)
-                v = torch.cat([value[r:r + 1, :, p0:p1], value[r:r + 1, :, a:b]], dim=2)
-                n, p = b - a, p1 - p0
-                allowed = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
-                allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
-                mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
-                mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
-                out, _ = sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)
+                kk = torch.cat([ks[prefix], ks[k]], dim=1)[None]
+                vv = torch.cat([vs[prefix], vs[k]], dim=1)[None]
+                out, _ = sdpa_attention_forward(module, q, kk, vv, mask, is_causal=False, **kwargs)
             pieces.append(out)
         rows.append(torch.cat(pieces, dim=1))
     return torch.cat(rows, dim=0), None
 
 
+def _no_mask(*args, **kwargs):
+    """The mask builder of ``sdpa_blocks``: none (its attention takes the blocks, and transformers would
+    otherwise build a dense ``[R, 1, L, L]`` causal/packed mask per forward only to have it ignored)."""
+    return None
+
+
 def register_block_attention() -> str:
     """Register the ``sdpa_blocks`` attention implementation with transformers (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(SDPA_BLOCKS, _sdpa_blocks_attention)
-    AttentionMaskInterface.register(SDPA_BLOCKS, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(SDPA_BLOCKS, _no_mask)
     return SDPA_BLOCKS
 
 
@@ -467,7 +507,7 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     extra = {}
     if impl == SDPA_BLOCKS:
         register_block_attention()
-        extra["memenv_blocks"] = attention_blocks(batch)
+        extra["memenv_blocks"] = _block_plans(batch, next(model.parameters()).dtype, device)
     with _attention_implementation(model, impl) as active:
         mask = None if active == SDPA_BLOCKS else _mask_for(model, batch, active)
         out = body(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,

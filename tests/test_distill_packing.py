@@ -286,3 +286,39 @@ def test_packings_match_one_sequence_scoring_on_other_architectures_and_attentio
     for method in PACKINGS:
         got = torch.cat(score_records(model, records, method, row_len=900)["logprobs"])
         assert (got - ref).abs().max() <= 1e-4, method
+
+
+def test_sdpa_blocks_over_several_rows_with_padding_matches_the_dense_mask_with_gradients(monkeypatch):
+    import distill.packing as packing
+
+    model, tok, records = _rollout_records()
+    sequences = aligned(records)
+    # short rows: units split (each piece with its own prefix copy), several rows per batch, padded row ends
+    (batch,) = pack(sequences, "shared_prefix", records=records, row_len=400, token_budget=10**6)
+    assert batch.input_ids.shape[0] > 2 and batch.is_prefix.any() and (batch.unit_ids < 0).any()
+    plans = packing._block_plans(batch, torch.float32, torch.device("cpu"))
+    for plan, blocks in zip(plans, attention_blocks(batch)):
+        assert sum(plan.sizes) == batch.input_ids.shape[1]  # the blocks tile the row: one split per row
+        for (a, b, p0, p1), block in zip(blocks, plan.blocks):
+            if p0 >= 0 and p1 > p0:  # a branch: its prefix is the block that starts at p0, mask [n, p + n]
+                k, mask = block
+                assert blocks[k][:2] == (p0, p1) and mask.shape[-2:] == (b - a, p1 - p0 + b - a)
+    seen_masks = []
+    real = packing._sdpa_blocks_attention
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        seen_masks.append(attention_mask)
+        return real(module, query, key, value, attention_mask, **kw)
+
+    monkeypatch.setattr(packing, "_sdpa_blocks_attention", spy)
+    temps = torch.tensor([r.temperature for r in records])[batch.record_index]
+    out = {}
+    for backend in ("sdpa", "sdpa_blocks"):
+        lp = action_logprobs(model, batch, temps, backend=backend)
+        (lp * torch.linspace(0.5, 1.5, lp.numel())).sum().backward()
+        out[backend] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    # the block attention ran, and transformers built no dense [R, 1, L, L] mask for it
+    assert seen_masks and all(m is None for m in seen_masks)
+    assert torch.allclose(out["sdpa"][0], out["sdpa_blocks"][0], atol=1e-5)
+    assert torch.allclose(out["sdpa"][1], out["sdpa_blocks"][1], atol=1e-5, rtol=1e-4)
