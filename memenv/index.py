@@ -610,6 +610,14 @@ class BM25Index(SearchBackend):
         vocab = self.vocab
         return [vocab[t] for t in self.tokenizer(query) if t in vocab]
 
+    def _query_slots(self, query: str) -> tuple[list[int], list[int], np.ndarray]:
+        """The query's distinct known terms, each occurrence's index among them (query order), and each
+        one's multiplicity."""
+        query_terms = self._query_terms(query)
+        terms = list(dict.fromkeys(query_terms))
+        slots = [terms.index(t) for t in query_terms]
+        return terms, slots, np.bincount(slots, minlength=len(terms))
+
     def _weights(self, term: int, docs: np.ndarray, tf: np.ndarray) -> np.ndarray:
         return okapi_weights(self.idf[term], tf, self.doc_norm[docs], self.k1)
 
@@ -654,19 +662,20 @@ class BM25Index(SearchBackend):
         With block-max bounds (indexes built with ``range_max.npy``): every range of ``range_docs`` consecutive
         documents gets an upper bound on any of its documents' scores (the sum over the query terms of the
         term's largest weight in that range: stored, quantised upward, for common terms; computed from the
-        postings for rare ones). Ranges are scored exactly, best bound first, in doubling batches, until no
-        range left can reach the k-th best exact score found (ties included: a range whose bound equals it is
-        still scored, since a lower document index wins a tie). Without them, :meth:`search_threshold`.
+        postings for rare ones), in one vectorised pass over the ranges. Ranges are then scored exactly (binary
+        search of each range in the terms' doc-ordered lists, weights summed in query order, so scores are
+        bit-identical to :meth:`scores`), best bound first, in doubling chunks, until no range left can reach
+        the k-th best exact score found (ties included: a range whose bound equals it is still scored, since a
+        lower document index wins a tie). This is block-max pruning over fixed document ranges, as in Mallia
+        et al.'s block-max pruning (BMP, SIGIR 2024), with exact rather than quantised scores. Without the
+        bounds, :meth:`search_threshold`.
         """
         self.rank(np.zeros(0), k)  # validates k
         if self.range_max is None:
             return self.search_threshold(query, k)
-        query_terms = self._query_terms(query)
-        if k == 0 or not query_terms:
+        terms, slots, mult = self._query_slots(query)
+        if k == 0 or not terms:
             return []
-        terms = list(dict.fromkeys(query_terms))
-        slots = [terms.index(t) for t in query_terms]
-        mult = np.bincount(slots, minlength=len(terms))
         bound = self._range_bounds(terms, mult)
         # A first chunk of the best-bounded ranges gives a k-th best exact score (theta); then every range whose
         # bound still reaches it is scored, best bound first, in doubling chunks, theta rising as they go.
@@ -682,21 +691,21 @@ class BM25Index(SearchBackend):
                 break
         if len(ranges) > chunk:
             ranges = ranges[np.argpartition(-bound[ranges], chunk - 1)[:chunk]]
-        docs, scores = self._score_ranges(np.sort(ranges), terms, slots)
-        order = np.lexsort((docs, -scores))[:k]  # score descending, ties to the lower index
-        best_docs, best_scores = docs[order], scores[order]
-        theta = best_scores[k - 1] if len(best_scores) >= k else 0.0
-        bound[ranges] = -np.inf  # scored
-        # Relative slack: bounds are summed in float32 (and in another order than the exact float64 scores).
-        rest = np.flatnonzero(bound >= theta - self._slack * abs(theta)) if theta > 0.0 else \
-            np.flatnonzero(bound > 0.0)
-        rest = rest[np.argsort(-bound[rest], kind="stable")]
+        best_docs, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        rest, first = ranges, True
         while len(rest):
             docs, scores = self._score_ranges(np.sort(rest[:chunk]), terms, slots)
             docs, scores = np.concatenate([best_docs, docs]), np.concatenate([best_scores, scores])
-            order = np.lexsort((docs, -scores))[:k]
+            order = np.lexsort((docs, -scores))[:k]  # score descending, ties to the lower index
             best_docs, best_scores = docs[order], scores[order]
             theta = best_scores[k - 1] if len(best_scores) >= k else 0.0
+            if first:  # every other range still in reach, best bound first
+                bound[ranges] = -np.inf  # scored
+                # Relative slack: bounds are summed in float32 (and in another order than the exact scores).
+                rest = np.flatnonzero(bound >= theta - self._slack * abs(theta)) if theta > 0.0 else \
+                    np.flatnonzero(bound > 0.0)
+                rest, first = rest[np.argsort(-bound[rest], kind="stable")], False
+                continue
             rest = rest[chunk:]
             rest = rest[: np.count_nonzero(bound[rest] >= theta - self._slack * abs(theta))]  # sorted: a prefix
             chunk *= 2
@@ -764,12 +773,9 @@ class BM25Index(SearchBackend):
         postings as scoring every document, every document is scored instead.
         """
         self.rank(np.zeros(0), k)  # validates k
-        query_terms = self._query_terms(query)
-        if k == 0 or not query_terms:
+        terms, slots, mult = self._query_slots(query)
+        if k == 0 or not terms:
             return []
-        terms = list(dict.fromkeys(query_terms))
-        slots = [terms.index(t) for t in query_terms]
-        mult = np.bincount(slots, minlength=len(terms))
         lo = np.array([int(self.indptr[t]) for t in terms], dtype=np.int64)
         length = np.array([int(self.indptr[t + 1]) for t in terms], dtype=np.int64) - lo
         total = int(length.sum())
@@ -884,7 +890,8 @@ def _open_index(path: str) -> BM25Index:
 def build_command(args) -> int:
     """``memenv index build``: build the index of ``args.corpus`` into ``args.out_dir`` and print a summary."""
     params = BM25Params(k1=args.k1, b=args.b, epsilon=args.epsilon)
-    out = build_index(args.corpus, args.out_dir, params=params, chunk_docs=args.chunk_docs, workers=args.workers)
+    out = build_index(args.corpus, args.out_dir, params=params, chunk_docs=args.chunk_docs, workers=args.workers,
+                      range_docs=args.range_docs)
     manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     print(f"indexed {manifest['n_docs']} documents, {manifest['n_terms']} terms, {manifest['n_postings']} "
           f"postings in {manifest['build_seconds']['total']}s -> {out}")
@@ -903,4 +910,6 @@ def register_cli(sub, run=build_command) -> None:
     build.add_argument("--epsilon", type=float, default=BM25Params.epsilon)
     build.add_argument("--chunk-docs", type=int, default=32768, help="documents per chunk (bounds memory)")
     build.add_argument("--workers", type=int, default=None, help="tokenising processes (default 2)")
+    build.add_argument("--range-docs", type=int, default=8,
+                       help="documents per range of the block-max bounds that prune queries (default 8)")
     build.set_defaults(func=run)

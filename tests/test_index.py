@@ -204,9 +204,13 @@ def test_build_is_atomic_and_errors_name_the_record(tmp_path):
 
 def test_cli_index_build(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "c.jsonl", random_corpus(np.random.default_rng(4), 12))
-    assert cli_main(["index", "build", str(corpus), str(tmp_path / "out"), "--workers", "0", "--k1", "1.2"]) == 0
+    assert cli_main(["index", "build", str(corpus), str(tmp_path / "out"), "--workers", "0", "--k1", "1.2",
+                     "--range-docs", "3"]) == 0
     assert "indexed 12 documents" in capsys.readouterr().out
-    assert BM25Index(tmp_path / "out").k1 == 1.2
+    index = BM25Index(tmp_path / "out")
+    assert index.k1 == 1.2 and index.range_docs == 3 and index.range_max.shape[1] == 4  # ceil(12 / 3) ranges
+    with pytest.raises(ValueError, match="range_docs must be >= 1, got .*0"):
+        build_index(corpus, tmp_path / "bad", range_docs=0, progress=False)
 
 
 def test_memqa_over_an_index_matches_memqa_over_the_loaded_corpus(tmp_path):
