@@ -485,6 +485,22 @@ def _write_range_bounds(tmp: Path, indptr: np.ndarray, idf: np.ndarray, doc_norm
     del rows
 
 
+def _best_bounded(bound: np.ndarray, candidates: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` of ``candidates`` with the largest ``bound``, found among those within 10%, 20%, 40% of the
+    best one first (an argpartition of all of them costs more than most queries' whole remaining work)."""
+    values = bound[candidates]
+    top = float(values.max())
+    for share in (0.9, 0.8, 0.6):
+        near = np.flatnonzero(values >= top * share)
+        if len(near) >= n:
+            break
+    else:
+        near = np.arange(len(candidates))
+    if len(near) > n:
+        near = near[np.argpartition(-values[near], n - 1)[:n]]
+    return candidates[near]
+
+
 def _range_peaks(docs: np.ndarray, weights: np.ndarray, range_docs: int) -> tuple[np.ndarray, np.ndarray]:
     """The ranges (``doc // range_docs``) holding ``docs`` (ascending) and each one's largest weight, >= 0."""
     ranges = docs // range_docs
@@ -650,8 +666,10 @@ class BM25Index(SearchBackend):
         doc = self.impact_doc[lo + depth: lo + depth + 1]
         return float(self._weights(term, doc, self.impact_tf[lo + depth: lo + depth + 1])[0])
 
-    #: Block-max search: ranges scored in the first chunk (chunks double from there).
+    #: Block-max search: ranges scored in the first chunk (chunks double from there), and how few ranges left in
+    #: reach are sorted by bound rather than selected chunk by chunk.
     first_chunk = 16
+    sort_ranges = 2048
     #: Relative slack on the block-max bounds (float32 sums; a bound is widened by it and a range is still
     #: scored when its bound is within it of the k-th best score).
     _slack = 1e-5
@@ -677,39 +695,37 @@ class BM25Index(SearchBackend):
         if k == 0 or not terms:
             return []
         bound = self._range_bounds(terms, mult)
-        # A first chunk of the best-bounded ranges gives a k-th best exact score (theta); then every range whose
-        # bound still reaches it is scored, best bound first, in doubling chunks, theta rising as they go.
+        # Chunks of the best-bounded ranges (doubling) are scored exactly, raising the k-th best exact score
+        # theta, until no range left has a bound reaching it. Only when few ranges are left in reach are they
+        # sorted by bound; before that each chunk is selected from them in linear time.
         chunk = self.first_chunk
-        top = float(bound.max())
-        if top <= 0.0:  # a range whose bound is <= 0 holds no positive score
-            return []
-        # The first chunk: the best-bounded ranges, found among those within 10%, 20%, ... of the best bound
-        # (a full argpartition of every range's bound costs more than the whole rest of most queries).
-        for share in (0.9, 0.8, 0.6, 0.0):
-            ranges = np.flatnonzero(bound > top * share)
-            if len(ranges) >= chunk:
-                break
-        if len(ranges) > chunk:
-            ranges = ranges[np.argpartition(-bound[ranges], chunk - 1)[:chunk]]
         best_docs, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        rest, first = ranges, True
-        while len(rest):
-            docs, scores = self._score_ranges(np.sort(rest[:chunk]), terms, slots)
+        theta, rest, rest_bound = 0.0, None, None
+        while True:
+            # Relative slack: bounds are summed in float32 (and in another order than the exact scores).
+            cut = theta - self._slack * abs(theta)
+            if rest is not None:  # sorted by bound: the ranges still in reach are a prefix
+                keep = np.count_nonzero(rest_bound >= cut)
+                pick, rest, rest_bound = rest[:min(chunk, keep)], rest[chunk:keep], rest_bound[chunk:keep]
+            else:
+                # A range whose bound is <= 0 holds no positive score.
+                reach = np.flatnonzero(bound >= cut if theta > 0.0 else bound > 0.0)
+                if len(reach) <= self.sort_ranges:
+                    rest = reach[np.argsort(-bound[reach], kind="stable")]
+                    rest_bound = bound[rest]
+                    pick, rest, rest_bound = rest[:chunk], rest[chunk:], rest_bound[chunk:]
+                else:
+                    pick = _best_bounded(bound, reach, chunk)
+            if not len(pick):
+                return [int(d) for d in best_docs]
+            docs, scores = self._score_ranges(np.sort(pick), terms, slots)
             docs, scores = np.concatenate([best_docs, docs]), np.concatenate([best_scores, scores])
             order = np.lexsort((docs, -scores))[:k]  # score descending, ties to the lower index
             best_docs, best_scores = docs[order], scores[order]
             theta = best_scores[k - 1] if len(best_scores) >= k else 0.0
-            if first:  # every other range still in reach, best bound first
-                bound[ranges] = -np.inf  # scored
-                # Relative slack: bounds are summed in float32 (and in another order than the exact scores).
-                rest = np.flatnonzero(bound >= theta - self._slack * abs(theta)) if theta > 0.0 else \
-                    np.flatnonzero(bound > 0.0)
-                rest, first = rest[np.argsort(-bound[rest], kind="stable")], False
-                continue
-            rest = rest[chunk:]
-            rest = rest[: np.count_nonzero(bound[rest] >= theta - self._slack * abs(theta))]  # sorted: a prefix
+            bound[pick] = -np.inf  # scored
             chunk *= 2
-        return [int(d) for d in best_docs]
+
 
     def _range_bounds(self, terms: list[int], mult: np.ndarray) -> np.ndarray:
         """Per range of ``range_docs`` documents, an upper bound (float32) on the score of any of its documents."""
