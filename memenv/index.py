@@ -12,6 +12,10 @@
     impact_doc.npy     the same postings per term in impact order: BM25 weight descending, then document id
     impact_tf.npy      term frequencies beside impact_doc
     doc_norm.npy       float64 per document: k1 * (1 - b + b * |d| / avgdl)
+    term_max.npy       float64 per term: its largest BM25 weight (0.0 if none is positive)
+    range_row.npy      int32 per term: its row in range_max, or -1 (bounds computed from its postings at query time)
+    range_max.npy      uint8 (rows, ranges): per common term and per range of ``range_docs`` consecutive documents,
+                       an upper bound on the term's weight in that range, in 255ths of term_max (rounded up)
     docs.jsonl         the corpus records, byte for byte, one per line (the document store)
     doc_offsets.npy    int64, documents + 1: byte offsets of the records in docs.jsonl
 
@@ -25,7 +29,9 @@ and ``rank_bm25.BM25Okapi`` rank them (same tokeniser, same k1/b/epsilon arithme
 ties go to the lower document index) while reading only the heads of the query terms' impact-ordered
 posting lists: a threshold algorithm (Fagin's TA, with random access by binary search in the doc-ordered
 lists) stops as soon as the k-th best exact score among the documents seen beats the best score any unseen
-document could still reach.
+document could still reach. Indexes with ``range_max.npy`` (written since it was added) answer through
+block-max pruning over fixed document ranges instead (see :meth:`BM25Index.search`), which also bounds the
+queries made only of common terms that the threshold algorithm cannot prune.
 
 What is indexed is ``sanitize(title) + "\\n" + sanitize(text)`` (:func:`memenv.base.sanitize`), exactly the
 text MemQA indexes in memory, so an env over an index ranks as one over the loaded corpus.
@@ -205,6 +211,7 @@ def build_index(
     chunk_docs: int = 32768,
     merge_postings: int = 4_000_000,
     workers: int | None = None,
+    range_docs: int = 8,
     progress: bool = True,
 ) -> Path:
     """Index the corpus JSON Lines file ``corpus_path`` into the directory ``out_dir`` (replaced atomically).
@@ -214,14 +221,18 @@ def build_index(
         chunk_docs: documents tokenised per chunk (bounds the build's memory with ``merge_postings``).
         merge_postings: postings held at once while merging the chunks into the final lists.
         workers: tokenising processes (default: ``min(2, os.cpu_count())``; ``0`` or ``1``: this process).
+        range_docs: documents per range of the block-max bounds (smaller: tighter bounds, larger
+            ``range_max.npy``: one byte per range for each term found in at least an eighth as many documents as
+            there are ranges).
         progress: show tqdm bars (bytes read, then postings merged).
 
     Returns the index directory. Raises :class:`~tasks.types.DataFormatError` naming the file and line of a
     malformed record, or the lines of a repeated document id.
     """
     corpus_path, out_dir = Path(corpus_path), Path(out_dir)
-    if chunk_docs < 1 or merge_postings < 1:
-        raise ValueError(f"chunk_docs and merge_postings must be >= 1, got {chunk_docs}, {merge_postings}")
+    if chunk_docs < 1 or merge_postings < 1 or range_docs < 1:
+        raise ValueError(f"chunk_docs, merge_postings and range_docs must be >= 1, got {chunk_docs}, "
+                         f"{merge_postings}, {range_docs}")
     if not corpus_path.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus_path}")
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
@@ -229,7 +240,8 @@ def build_index(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.building-"))
     try:
-        manifest = _build_into(tmp, corpus_path, params, chunk_docs, merge_postings, workers, progress)
+        manifest = _build_into(tmp, corpus_path, params, chunk_docs, merge_postings, workers, range_docs,
+                               progress)
         if corpus_fingerprint(corpus_path) != fingerprint:
             raise IndexMismatchError(f"corpus file {corpus_path} changed while it was being indexed; build again")
         manifest["corpus"] = {"path": str(corpus_path.resolve()), "fingerprint": fingerprint}
@@ -254,7 +266,7 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
 
 
 def _build_into(tmp: Path, corpus_path: Path, params: BM25Params, chunk_docs: int, merge_postings: int,
-                workers: int, progress: bool) -> dict[str, Any]:
+                workers: int, range_docs: int, progress: bool) -> dict[str, Any]:
     started = time.perf_counter()
     vocab: dict[str, int] = {}
     df = np.zeros(1024, dtype=np.int64)
@@ -339,6 +351,8 @@ def _build_into(tmp: Path, corpus_path: Path, params: BM25Params, chunk_docs: in
     np.save(tmp / "doc_offsets.npy", doc_offsets)
     tf_dtype = np.dtype(np.uint16 if max_tf < 2**16 else np.uint32)
     _merge_runs(tmp, run_sizes, indptr, idf, doc_norm, params.k1, tf_dtype, merge_postings, progress)
+    merged_seconds = time.perf_counter() - started
+    _write_range_bounds(tmp, indptr, idf, doc_norm, params.k1, range_docs, progress)
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -351,7 +365,9 @@ def _build_into(tmp: Path, corpus_path: Path, params: BM25Params, chunk_docs: in
         "avgdl": avgdl,
         "average_idf": average_idf,
         "tf_dtype": tf_dtype.name,
+        "range_docs": range_docs,
         "build_seconds": {"tokenise": round(tokenise_seconds, 2),
+                          "range_bounds": round(time.perf_counter() - started - merged_seconds, 2),
                           "total": round(time.perf_counter() - started, 2)},
     }
 
@@ -426,6 +442,70 @@ def _merge_runs(tmp: Path, run_sizes: list[int], indptr: np.ndarray, idf: np.nda
         del run_tid
         for name in ("tid", "did", "tf"):
             (tmp / f"run_{name}.bin").unlink(missing_ok=True)
+
+
+def _write_range_bounds(tmp: Path, indptr: np.ndarray, idf: np.ndarray, doc_norm: np.ndarray, k1: float,
+                        range_docs: int, progress: bool) -> None:
+    """Write ``term_max``, ``range_row`` and ``range_max`` (see the module docstring) from the finished lists.
+
+    Only terms found in at least ``n_ranges // 8`` documents get a row (at most eight bytes per posting of theirs);
+    a rarer term's range bounds are cheaper to compute from its few postings at query time. Bounds are rounded
+    up (and widened by a relative 1e-9 against rounding), so they never fall below a real weight.
+    """
+    n_terms, n_docs = len(indptr) - 1, len(doc_norm)
+    n_ranges = -(-n_docs // range_docs)
+    df = np.diff(indptr)
+    post_doc = np.load(tmp / "post_doc.npy", mmap_mode="r")
+    post_tf = np.load(tmp / "post_tf.npy", mmap_mode="r")
+    impact_doc = np.load(tmp / "impact_doc.npy", mmap_mode="r")
+    impact_tf = np.load(tmp / "impact_tf.npy", mmap_mode="r")
+    term_max = np.zeros(n_terms, dtype=np.float64)
+    has = np.flatnonzero(df > 0)
+    heads = indptr[has]
+    term_max[has] = np.maximum(okapi_weights(idf[has], impact_tf[heads], doc_norm[impact_doc[heads]], k1), 0.0)
+    common = np.flatnonzero((df >= max(1, n_ranges // 8)) & (term_max > 0))
+    range_row = np.full(n_terms, -1, dtype=np.int32)
+    range_row[common] = np.arange(len(common), dtype=np.int32)
+    np.save(tmp / "term_max.npy", term_max)
+    np.save(tmp / "range_row.npy", range_row)
+    if not len(common):  # np.memmap cannot map an empty file
+        np.save(tmp / "range_max.npy", np.zeros((0, n_ranges), dtype=np.uint8))
+        return
+    rows = np.lib.format.open_memmap(tmp / "range_max.npy", mode="w+", dtype=np.uint8,
+                                     shape=(len(common), n_ranges))
+    padded = np.zeros(n_ranges, dtype=np.uint8)
+    for t in tqdm(common, desc="index: range bounds", unit="term", disable=not progress):
+        lo, hi = int(indptr[t]), int(indptr[t + 1])
+        ranges, peak = _range_peaks(post_doc[lo:hi], okapi_weights(idf[t], post_tf[lo:hi], doc_norm[post_doc[lo:hi]],
+                                                                     k1), range_docs)
+        padded[:] = 0
+        padded[ranges] = np.clip(np.ceil(peak / term_max[t] * 255.0 * (1 + 1e-9)), 0, 255)
+        rows[range_row[t]] = padded
+    rows.flush()
+    del rows
+
+
+def _best_bounded(bound: np.ndarray, candidates: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` of ``candidates`` with the largest ``bound``, found among those within 10%, 20%, 40% of the
+    best one first (an argpartition of all of them costs more than most queries' whole remaining work)."""
+    values = bound[candidates]
+    top = float(values.max())
+    for share in (0.9, 0.8, 0.6):
+        near = np.flatnonzero(values >= top * share)
+        if len(near) >= n:
+            break
+    else:
+        near = np.arange(len(candidates))
+    if len(near) > n:
+        near = near[np.argpartition(-values[near], n - 1)[:n]]
+    return candidates[near]
+
+
+def _range_peaks(docs: np.ndarray, weights: np.ndarray, range_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges (``doc // range_docs``) holding ``docs`` (ascending) and each one's largest weight, >= 0."""
+    ranges = docs // range_docs
+    starts = np.flatnonzero(np.concatenate([[True], ranges[1:] != ranges[:-1]]))
+    return ranges[starts], np.maximum(np.maximum.reduceat(weights, starts), 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -505,6 +585,13 @@ class BM25Index(SearchBackend):
         self.post_doc, self.post_tf = load("post_doc"), load("post_tf")
         self.impact_doc, self.impact_tf = load("impact_doc"), load("impact_tf")
         self._n_docs = int(self.manifest["n_docs"])
+        # Block-max bounds (absent from indexes built before they were added: those use the threshold algorithm).
+        self.range_docs = int(self.manifest.get("range_docs", 0))
+        if self.range_docs and (self.path / "range_max.npy").is_file():
+            self.term_max, self.range_row = load("term_max"), load("range_row")
+            self.range_max = load("range_max")
+        else:
+            self.range_docs, self.term_max, self.range_row, self.range_max = 0, None, None, None
         self.documents = DocumentStore(self.path / "docs.jsonl", load("doc_offsets"))
         self._vocab: dict[str, int] | None = None
 
@@ -539,6 +626,14 @@ class BM25Index(SearchBackend):
         vocab = self.vocab
         return [vocab[t] for t in self.tokenizer(query) if t in vocab]
 
+    def _query_slots(self, query: str) -> tuple[list[int], list[int], np.ndarray]:
+        """The query's distinct known terms, each occurrence's index among them (query order), and each
+        one's multiplicity."""
+        query_terms = self._query_terms(query)
+        terms = list(dict.fromkeys(query_terms))
+        slots = [terms.index(t) for t in query_terms]
+        return terms, slots, np.bincount(slots, minlength=len(terms))
+
     def _weights(self, term: int, docs: np.ndarray, tf: np.ndarray) -> np.ndarray:
         return okapi_weights(self.idf[term], tf, self.doc_norm[docs], self.k1)
 
@@ -571,8 +666,120 @@ class BM25Index(SearchBackend):
         doc = self.impact_doc[lo + depth: lo + depth + 1]
         return float(self._weights(term, doc, self.impact_tf[lo + depth: lo + depth + 1])[0])
 
+    #: Block-max search: ranges scored in the first chunk (chunks double from there), and how few ranges left in
+    #: reach are sorted by bound rather than selected chunk by chunk.
+    first_chunk = 16
+    sort_ranges = 2048
+    #: Relative slack on the block-max bounds (float32 sums; a bound is widened by it and a range is still
+    #: scored when its bound is within it of the k-th best score).
+    _slack = 1e-5
+
     def search(self, query: str, k: int) -> list[int]:
         """The at most ``k`` best documents for ``query``, best first (exact; see the class docstring).
+
+        With block-max bounds (indexes built with ``range_max.npy``): every range of ``range_docs`` consecutive
+        documents gets an upper bound on any of its documents' scores (the sum over the query terms of the
+        term's largest weight in that range: stored, quantised upward, for common terms; computed from the
+        postings for rare ones), in one vectorised pass over the ranges. Ranges are then scored exactly (binary
+        search of each range in the terms' doc-ordered lists, weights summed in query order, so scores are
+        bit-identical to :meth:`scores`), best bound first, in doubling chunks, until no range left can reach
+        the k-th best exact score found (ties included: a range whose bound equals it is still scored, since a
+        lower document index wins a tie). This is block-max pruning over fixed document ranges, as in Mallia
+        et al.'s block-max pruning (BMP, SIGIR 2024), with exact rather than quantised scores. Without the
+        bounds, :meth:`search_threshold`.
+        """
+        self.rank(np.zeros(0), k)  # validates k
+        if self.range_max is None:
+            return self.search_threshold(query, k)
+        terms, slots, mult = self._query_slots(query)
+        if k == 0 or not terms:
+            return []
+        bound = self._range_bounds(terms, mult)
+        # Chunks of the best-bounded ranges (doubling) are scored exactly, raising the k-th best exact score
+        # theta, until no range left has a bound reaching it. Only when few ranges are left in reach are they
+        # sorted by bound; before that each chunk is selected from them in linear time.
+        chunk = self.first_chunk
+        best_docs, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        theta, rest, rest_bound = 0.0, None, None
+        while True:
+            # Relative slack: bounds are summed in float32 (and in another order than the exact scores).
+            cut = theta - self._slack * abs(theta)
+            if rest is not None:  # sorted by bound: the ranges still in reach are a prefix
+                keep = np.count_nonzero(rest_bound >= cut)
+                pick, rest, rest_bound = rest[:min(chunk, keep)], rest[chunk:keep], rest_bound[chunk:keep]
+            else:
+                # A range whose bound is <= 0 holds no positive score.
+                reach = np.flatnonzero(bound >= cut if theta > 0.0 else bound > 0.0)
+                if len(reach) <= self.sort_ranges:
+                    rest = reach[np.argsort(-bound[reach], kind="stable")]
+                    rest_bound = bound[rest]
+                    pick, rest, rest_bound = rest[:chunk], rest[chunk:], rest_bound[chunk:]
+                else:
+                    pick = _best_bounded(bound, reach, chunk)
+            if not len(pick):
+                return [int(d) for d in best_docs]
+            docs, scores = self._score_ranges(np.sort(pick), terms, slots)
+            docs, scores = np.concatenate([best_docs, docs]), np.concatenate([best_scores, scores])
+            order = np.lexsort((docs, -scores))[:k]  # score descending, ties to the lower index
+            best_docs, best_scores = docs[order], scores[order]
+            theta = best_scores[k - 1] if len(best_scores) >= k else 0.0
+            bound[pick] = -np.inf  # scored
+            chunk *= 2
+
+
+    def _range_bounds(self, terms: list[int], mult: np.ndarray) -> np.ndarray:
+        """Per range of ``range_docs`` documents, an upper bound (float32) on the score of any of its documents."""
+        bound = np.zeros(self.range_max.shape[1], dtype=np.float32)
+        for j, t in enumerate(terms):
+            top = float(self.term_max[t]) * int(mult[j])
+            if top <= 0.0:
+                continue
+            row = int(self.range_row[t])
+            if row >= 0:
+                bound += self.range_max[row] * np.float32(top / 255.0 * (1 + self._slack))
+            else:  # a rare term: bounds from its few postings
+                lo, hi = int(self.indptr[t]), int(self.indptr[t + 1])
+                docs = self.post_doc[lo:hi]
+                ranges, peak = _range_peaks(docs, self._weights(t, docs, self.post_tf[lo:hi]), self.range_docs)
+                bound[ranges] += (peak * (int(mult[j]) * (1 + self._slack))).astype(np.float32)  # ranges are unique
+        return bound
+
+    def _score_ranges(self, ranges: np.ndarray, terms: list[int], slots: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Exact scores of the documents in ``ranges`` (ascending): ``(docs, scores)`` of those scoring > 0.
+
+        Each term's postings in those ranges are found by binary search in its doc-ordered list and summed into
+        a dense block per range in query order, as :meth:`scores` sums them (so the scores are bit-identical).
+        """
+        width = self.range_docs
+        first = ranges * width
+        # Needles of the lists' dtype: searchsorted would otherwise cast the whole (int32) list to int64.
+        lows, highs = first.astype(self.post_doc.dtype), (first + width).astype(self.post_doc.dtype)
+        per_term: list[np.ndarray | None] = []
+        for t in terms:
+            lo, hi = int(self.indptr[t]), int(self.indptr[t + 1])
+            docs = self.post_doc[lo:hi]
+            start = np.searchsorted(docs, lows)
+            count = np.searchsorted(docs, highs) - start
+            total = int(count.sum())
+            if not total:
+                per_term.append(None)
+                continue
+            # Positions start[i] .. start[i] + count[i] - 1 for every range i, in one array.
+            shift = np.repeat(start - np.cumsum(count) + count, count)
+            pos = np.arange(total) + shift
+            found = docs[pos]
+            local = found - np.repeat(first - np.arange(len(ranges)) * width, count)
+            weights = self._weights(t, found, self.post_tf[lo + pos])
+            per_term.append(np.bincount(local, weights, minlength=len(ranges) * width))  # one posting per bin
+        out = np.zeros(len(ranges) * width, dtype=np.float64)
+        for slot in slots:  # query order, as BM25Okapi sums (adding 0.0 for absent documents is exact)
+            if per_term[slot] is not None:
+                out += per_term[slot]
+        hit = np.flatnonzero(out > 0.0)
+        return (np.repeat(first, width) + np.tile(np.arange(width), len(ranges)))[hit], out[hit]
+
+    def search_threshold(self, query: str, k: int) -> list[int]:
+        """:meth:`search` without block-max bounds (the only way for an index built before they were added).
 
         Threshold algorithm with MaxScore's split: the heads of every impact-ordered list give real documents,
         whose exact scores give a lower bound ``theta`` on the k-th best score; the terms whose maximum weights
@@ -582,12 +789,9 @@ class BM25Index(SearchBackend):
         postings as scoring every document, every document is scored instead.
         """
         self.rank(np.zeros(0), k)  # validates k
-        query_terms = self._query_terms(query)
-        if k == 0 or not query_terms:
+        terms, slots, mult = self._query_slots(query)
+        if k == 0 or not terms:
             return []
-        terms = list(dict.fromkeys(query_terms))
-        slots = [terms.index(t) for t in query_terms]
-        mult = np.bincount(slots, minlength=len(terms))
         lo = np.array([int(self.indptr[t]) for t in terms], dtype=np.int64)
         length = np.array([int(self.indptr[t + 1]) for t in terms], dtype=np.int64) - lo
         total = int(length.sum())
@@ -702,7 +906,8 @@ def _open_index(path: str) -> BM25Index:
 def build_command(args) -> int:
     """``memenv index build``: build the index of ``args.corpus`` into ``args.out_dir`` and print a summary."""
     params = BM25Params(k1=args.k1, b=args.b, epsilon=args.epsilon)
-    out = build_index(args.corpus, args.out_dir, params=params, chunk_docs=args.chunk_docs, workers=args.workers)
+    out = build_index(args.corpus, args.out_dir, params=params, chunk_docs=args.chunk_docs, workers=args.workers,
+                      range_docs=args.range_docs)
     manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     print(f"indexed {manifest['n_docs']} documents, {manifest['n_terms']} terms, {manifest['n_postings']} "
           f"postings in {manifest['build_seconds']['total']}s -> {out}")
@@ -721,4 +926,6 @@ def register_cli(sub, run=build_command) -> None:
     build.add_argument("--epsilon", type=float, default=BM25Params.epsilon)
     build.add_argument("--chunk-docs", type=int, default=32768, help="documents per chunk (bounds memory)")
     build.add_argument("--workers", type=int, default=None, help="tokenising processes (default 2)")
+    build.add_argument("--range-docs", type=int, default=8,
+                       help="documents per range of the block-max bounds that prune queries (default 8)")
     build.set_defaults(func=run)

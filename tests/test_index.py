@@ -37,14 +37,27 @@ def indexed_texts(records: list[dict]) -> list[str]:
     return [f"{sanitize(r['title'])}\n{sanitize(r['text'])}" for r in records]
 
 
-@pytest.mark.parametrize("chunk_docs,merge_postings,workers", [(1000, 10**6, 0), (17, 40, 0), (29, 7, 2)])
-def test_rankings_and_scores_identical_to_rank_bm25(tmp_path, chunk_docs, merge_postings, workers):
+def without_range_bounds(index: BM25Index) -> BM25Index:
+    """The index as one built before block-max bounds were added: search falls back to the threshold
+    algorithm."""
+    index.range_docs, index.term_max, index.range_row, index.range_max = 0, None, None, None
+    return index
+
+
+@pytest.mark.parametrize("chunk_docs,merge_postings,workers,range_docs",
+                         [(1000, 10**6, 0, 64), (17, 40, 0, 1), (29, 7, 2, 8)])
+@pytest.mark.parametrize("method", ["block-max", "threshold"])
+def test_rankings_and_scores_identical_to_rank_bm25(tmp_path, chunk_docs, merge_postings, workers, range_docs,
+                                                    method):
     rng = np.random.default_rng(chunk_docs)
     records = random_corpus(rng, 150)
     corpus = write_jsonl(tmp_path / "c.jsonl", records)
     build_index(corpus, tmp_path / "idx", chunk_docs=chunk_docs, merge_postings=merge_postings, workers=workers,
-                progress=False)
+                range_docs=range_docs, progress=False)
     index = BM25Index(tmp_path / "idx", corpus_path=corpus)
+    assert index.range_docs == range_docs and index.range_max is not None
+    if method == "threshold":
+        without_range_bounds(index)
     reference = make_backend("rank_bm25", indexed_texts(records))
     for _ in range(120):
         query = " ".join(rng.choice(WORDS + ["t2", "unknown"], int(rng.integers(1, 7))))  # repeats included
@@ -64,7 +77,7 @@ def test_early_termination_matches_exhaustive_on_zipf_corpora(tmp_path):
     records = [{"id": str(i), "text": " ".join(rng.choice(vocab, int(rng.integers(5, 40)), p=p / p.sum()))}
                for i in range(2500)]
     build_index(write_jsonl(tmp_path / "z.jsonl", records), tmp_path / "z", progress=False, workers=0)
-    index = BM25Index(tmp_path / "z")
+    index = without_range_bounds(BM25Index(tmp_path / "z"))
     reference = make_backend("bm25", indexed_texts([{"title": "", **r} for r in records]))
     for depth in (1, 4, 64):
         index.initial_depth = depth
@@ -73,6 +86,67 @@ def test_early_termination_matches_exhaustive_on_zipf_corpora(tmp_path):
             for k in (1, 3, 10):
                 assert index.search(query, k) == SearchBackend.rank(index.scores(query), k) \
                     == reference.search(query, k), (query, k, depth)
+
+
+def zipf_index(tmp_path, n_docs: int, seed: int, range_docs: int):
+    rng = np.random.default_rng(seed)
+    vocab = [f"w{i}" for i in range(300)]
+    p = 1 / np.arange(1, 301) ** 1.05
+    p /= p.sum()
+    records = [{"id": str(i), "text": " ".join(rng.choice(vocab, int(rng.integers(5, 40)), p=p))}
+               for i in range(n_docs)]
+    build_index(write_jsonl(tmp_path / "z.jsonl", records), tmp_path / "z", progress=False, workers=0,
+                range_docs=range_docs)
+    return BM25Index(tmp_path / "z"), records, vocab, p, rng
+
+
+@pytest.mark.parametrize("range_docs,first_chunk", [(4, 1), (16, 16), (64, 3)])
+def test_block_max_search_matches_exhaustive_on_common_term_queries(tmp_path, range_docs, first_chunk):
+    """Block-max pruning is exact on the queries the threshold algorithm could not prune: only very common
+    terms (each in a large share of the documents, so every range holds them), repeated terms included."""
+    index, records, vocab, p, rng = zipf_index(tmp_path, 3000, range_docs, range_docs)
+    index.first_chunk = first_chunk
+    df = np.diff(index.indptr)
+    assert (index.range_row >= 0).any()  # stored rows, and (smaller ranges: more of them) bounds computed
+    assert (index.range_row[df > 0] < 0).any() == (range_docs < 64)  # from the postings of rarer terms
+    common = [t for t in vocab if t in index.vocab and df[index.vocab[t]] > len(records) // 4]
+    assert len(common) >= 5
+    reference = make_backend("bm25", indexed_texts([{"title": "", **r} for r in records]))
+    queries = [" ".join(rng.choice(common, int(rng.integers(1, 7)))) for _ in range(80)]
+    queries += [" ".join(rng.choice(vocab, int(rng.integers(1, 6)), p=p)) for _ in range(40)]
+    for query in queries:
+        for k in (1, 3, 10, 50):
+            assert index.search(query, k) == SearchBackend.rank(index.scores(query), k) \
+                == reference.search(query, k), (query, k)
+
+
+def test_range_bounds_are_upper_bounds_of_every_score(tmp_path):
+    """Each range's bound is at least every score in it, and at most the sum of the terms' largest weights in it
+    plus the quantisation step (1/255 of a term's maximum) of the stored rows."""
+    index, records, vocab, p, rng = zipf_index(tmp_path, 1000, 3, 8)
+    n_ranges, width = index.range_max.shape[1], index.range_docs
+
+    def per_range_max(values: np.ndarray) -> np.ndarray:
+        padded = np.zeros(n_ranges * width)
+        padded[: len(values)] = values
+        return padded.reshape(n_ranges, width).max(axis=1)
+
+    for _ in range(30):
+        query = " ".join(rng.choice(vocab, int(rng.integers(1, 6)), p=p))
+        query_terms = index._query_terms(query)
+        terms = list(dict.fromkeys(query_terms))
+        mult = np.bincount([terms.index(t) for t in query_terms], minlength=len(terms))
+        bound = index._range_bounds(terms, mult)
+        assert np.all(bound >= per_range_max(index.scores(query))), query
+        tight = np.zeros(n_ranges)
+        for j, t in enumerate(terms):
+            lo, hi = index.indptr[t], index.indptr[t + 1]
+            weights = np.zeros(len(records))
+            weights[index.post_doc[lo:hi]] = index._weights(t, index.post_doc[lo:hi], index.post_tf[lo:hi])
+            tight += mult[j] * per_range_max(weights)
+        step = (mult * index.term_max[terms] * (index.range_row[terms] >= 0)).sum() / 255
+        assert bound.dtype == np.float32 and np.all(bound >= tight), query
+        assert np.all(bound <= tight * (1 + 1e-4) + step), query
 
 
 def test_document_store_and_manifest(tmp_path):
@@ -130,9 +204,13 @@ def test_build_is_atomic_and_errors_name_the_record(tmp_path):
 
 def test_cli_index_build(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "c.jsonl", random_corpus(np.random.default_rng(4), 12))
-    assert cli_main(["index", "build", str(corpus), str(tmp_path / "out"), "--workers", "0", "--k1", "1.2"]) == 0
+    assert cli_main(["index", "build", str(corpus), str(tmp_path / "out"), "--workers", "0", "--k1", "1.2",
+                     "--range-docs", "3"]) == 0
     assert "indexed 12 documents" in capsys.readouterr().out
-    assert BM25Index(tmp_path / "out").k1 == 1.2
+    index = BM25Index(tmp_path / "out")
+    assert index.k1 == 1.2 and index.range_docs == 3 and index.range_max.shape[1] == 4  # ceil(12 / 3) ranges
+    with pytest.raises(ValueError, match="range_docs must be >= 1, got .*0"):
+        build_index(corpus, tmp_path / "bad", range_docs=0, progress=False)
 
 
 def test_memqa_over_an_index_matches_memqa_over_the_loaded_corpus(tmp_path):
