@@ -90,7 +90,8 @@ class ExperimentConfig:
     eval_episodes: int = 400
     max_new_tokens: int = 64
     num_envs: int = 16
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = 1  # torch threads per process (see workers)
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # arm runs in parallel processes
     timing_rounds: int = 3
     diagnose_episodes: int = 16
     progress: bool = True
@@ -99,7 +100,7 @@ class ExperimentConfig:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms:
             raise ValueError(f"arms must be a non-empty subset of {list(ARMS)}, got {list(self.arms)}")
-        for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads"):
+        for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads", "workers"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
@@ -510,6 +511,39 @@ def plot_curves(cfg: ExperimentConfig, path: Path) -> None:
     plt.close(fig)
 
 
+def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict, teacher: dict) -> dict:
+    """Every (arm, seed) run; ``cfg.workers`` > 1 runs them in that many processes (one torch thread each by
+    default). Why processes, not threads: on a shared 2-core machine a 2-thread tiny-model step was several
+    times *slower* than a 1-thread one (every op waits for the thread that lost its core), while two 1-thread
+    processes each keep their own pace."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc="arms x seeds", unit="run", disable=not cfg.progress)
+    results = {}
+    todo = [j for j in jobs if _done(Path(cfg.out) / "arms" / j[0] / f"seed{j[1]}") is None]
+    for job in jobs:
+        if job not in todo:
+            results[job] = run_arm(cfg, *job, student, teacher)  # cached: reads result.json
+            bar.update(1)
+    if cfg.workers == 1 or len(todo) <= 1:
+        for job in todo:
+            results[job] = run_arm(cfg, *job, student, teacher)
+            bar.update(1)
+    else:
+        quiet = replace(cfg, progress=False)  # one bar (this one), not one per worker
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that already ran torch threads
+        with ProcessPoolExecutor(max_workers=min(cfg.workers, len(todo)), mp_context=ctx) as pool:
+            futures = {pool.submit(run_arm, quiet, *job, student, teacher): job for job in todo}
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                bar.update(1)
+    bar.close()
+    return results
+
+
 def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
     """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``."""
     import torch
@@ -530,11 +564,10 @@ def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
     start = pd.read_csv(out / "student" / "start_eval.csv")
     timing = actor_timing(cfg, student)
     jobs = [(arm, s) for arm in cfg.arms for s in range(cfg.seeds)]
-    runs: dict[str, list[dict]] = {arm: [] for arm in cfg.arms}
-    ends: dict[str, list[pd.DataFrame]] = {arm: [] for arm in cfg.arms}
-    for arm, seed in tqdm(jobs, desc="arms x seeds", unit="run", disable=not cfg.progress):
-        runs[arm].append(run_arm(cfg, arm, seed, student, teacher))
-        ends[arm].append(pd.read_csv(out / "arms" / arm / f"seed{seed}" / "end_eval.csv"))
+    results = _run_arms(cfg, jobs, student, teacher)
+    runs = {arm: [results[(arm, s)] for s in range(cfg.seeds)] for arm in cfg.arms}
+    ends = {arm: [pd.read_csv(out / "arms" / arm / f"seed{s}" / "end_eval.csv") for s in range(cfg.seeds)]
+            for arm in cfg.arms}
     diagnostics = persistent_diagnostics(cfg) if "opd_persistent" in cfg.arms else None
     table = results_table(cfg, start, ends, runs, timing)
     goals = targets(table, ends)
@@ -549,7 +582,8 @@ def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
 def _run(args: argparse.Namespace) -> int:
     from memenv.cli import user_input
 
-    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads")
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
+                                                               "workers")
                                  if getattr(args, k) is not None}
     overrides["progress"] = not args.quiet
     if args.arms:
@@ -585,7 +619,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--eval-episodes", dest="eval_episodes", type=positive_int, default=None,
                    help="held-out episodes, the same seeds at start and end (default 400; quick 100)")
     m.add_argument("--arms", nargs="+", choices=list(ARMS), default=None, help="default: all four")
-    m.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: every core)")
+    m.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default 1)")
+    m.add_argument("--workers", type=positive_int, default=None,
+                   help="arm runs in parallel processes (default: one per core)")
     m.add_argument("--teacher-minutes", dest="teacher_minutes", type=float, default=None,
                    help="teacher SFT budget in minutes (default 60; quick 3)")
     m.add_argument("--teacher-clock", dest="teacher_clock", choices=["cpu", "wall"], default=None,

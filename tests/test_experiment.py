@@ -47,7 +47,7 @@ def _tiny(out):
                             student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None,
                                               sft_episodes=4),
                             vocab=400, tokenizer_episodes=8, seeds=2, updates=1, tasks_per_update=1, group_size=2,
-                            eval_episodes=4, max_new_tokens=10, num_envs=4, threads=1, timing_rounds=1,
+                            eval_episodes=4, max_new_tokens=10, num_envs=4, threads=1, workers=2, timing_rounds=1,
                             diagnose_episodes=2, progress=False)
 
 
