@@ -193,7 +193,8 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig) -> pd.DataFrame:
     env_fn = make_env_fn(cfg)
     envs = [env_fn() for _ in range(cfg.num_envs)]
     seeds = eval_seeds(cfg.eval_episodes)
-    episodes = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds)
+    episodes = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
+                       progress=cfg.progress)
     for env in envs:
         env.close()
     return pd.DataFrame({"seed": seeds, "f1": [ep.f1 for ep in episodes],

@@ -97,20 +97,6 @@ def test_masked_tokens_leave_loss_and_normaliser():
     assert none["loss"].item() == 0.0
 
 
-class ToyNever(gym.Env):
-    """One turn, reward 0 whatever the action: every GRPO group has zero variance."""
-
-    observation_space = gym.spaces.Text(100)
-    action_space = gym.spaces.Text(100)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return "say yes", {}
-
-    def step(self, action):
-        return "say yes", 0.0, True, False, {}
-
-
 @pytest.mark.parametrize("drop", [True, False])
 def test_grpo_update_skips_zero_variance_groups(tmp_path, drop):
     tok = toy_tokenizer()
@@ -194,6 +180,13 @@ class ToyYes(gym.Env):
 
     def step(self, action):
         return "say yes", float("yes" in action), True, False, {}
+
+
+class ToyNever(ToyYes):
+    """One turn, reward 0 whatever the action: every GRPO group has zero variance."""
+
+    def step(self, action):
+        return "say yes", 0.0, True, False, {}
 
 
 def _success(model, tok, n=128):
