@@ -225,6 +225,22 @@ def _trained(out: Path):
     return load_pretrained(latest_checkpoint(out))
 
 
+def _sft_finished(out: Path, spec: ModelSpec) -> dict[str, Any] | None:
+    """The last metrics row of an SFT run whose latest checkpoint already spent its steps or time budget (a
+    resume would rebuild the demonstrations only to take one more step), else None."""
+    from agents.llm.training import latest_checkpoint, load_trainer_state
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return None
+    state = load_trainer_state(ckpt)
+    spent = state.get("elapsed", (0.0, 0.0))[0 if spec.sft_clock == "wall" else 1]
+    if int(state["step"]) < spec.sft_steps and not (spec.sft_minutes and spent >= spec.sft_minutes * 60):
+        return None
+    rows = pd.read_csv(out / "metrics.csv")
+    return rows[rows["step"] <= int(state["step"])].iloc[-1].to_dict()
+
+
 def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     """SFT the teacher (resumes a partial run), then evaluate it; cached in ``OUT/teacher/result.json``."""
     from agents.llm.sft import train_sft
@@ -234,11 +250,12 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     if (res := _done(out)) is not None:
         return res
     timer = Timer()
-    row = train_sft(_sft_config(cfg, cfg.teacher, out))
+    row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out))
     lm, tok = _trained(out)
     ev = evaluate_per_seed(lm, tok, cfg)
-    res = {"path": str(latest_checkpoint(out).resolve()), "steps": row.get("step"),
-           "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(ev.f1.mean()), "em": float(ev.em.mean()),
+    res = {"path": str(latest_checkpoint(out).resolve()), "steps": int(row.get("step")),
+           "train_cpu_seconds": row.get("cpu_seconds"), "train_wall_seconds": row.get("seconds"),
+           "f1": float(ev.f1.mean()), "em": float(ev.em.mean()),
            "f1_se": float(ev.f1.std(ddof=1) / math.sqrt(len(ev))), "stage_cpu_seconds": timer.cpu(),
            "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.teacher)}
     _write_json(out / "result.json", res)

@@ -90,6 +90,13 @@ def test_miniature_run_table_pairing_and_resume(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == stamps
     pd.testing.assert_frame_equal(again, table)
     assert json.loads((out / "experiment.json").read_text())["seeds"] == 2
+    # a finished SFT whose result.json is missing is evaluated again, not trained again
+    teacher = json.loads((out / "teacher" / "result.json").read_text())
+    metrics = (out / "teacher" / "metrics.csv").read_bytes()
+    (out / "teacher" / "result.json").unlink()
+    run_experiment(cfg)
+    assert (out / "teacher" / "metrics.csv").read_bytes() == metrics
+    assert json.loads((out / "teacher" / "result.json").read_text())["f1"] == teacher["f1"]
 
 
 def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
