@@ -11,7 +11,8 @@ import gymnasium as gym  # noqa: E402
 from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss, train_rl  # noqa: E402
+from agents.llm.ppo import (PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
+                            train_rl, zero_variance_groups)
 from agents.llm.records import InvocationRecord  # noqa: E402
 from agents.llm.rollout import Episode, rollout  # noqa: E402
 from agents.llm.training import ActorCritic, collate  # noqa: E402
@@ -60,6 +61,55 @@ def test_group_advantages_and_broadcast():
                                                             pytest.approx([1.0] * 3, abs=1e-5)]
     assert eps[1].records[0].token_advantages == pytest.approx([-1.0] * 4, abs=1e-5)
     assert eps[1].records[0].advantage == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_std_floor_bounds_advantages_of_near_equal_groups():
+    returns, groups = [0.5, 0.5, 0.5, 0.6], ["a"] * 4
+    std = 0.0433012702  # population std of the group
+    plain = group_advantages(returns, groups, eps=0.0)
+    assert plain == pytest.approx([-0.025 / std] * 3 + [0.075 / std])  # |A| up to 1.73 for a 0.1 reward gap
+    floored = group_advantages(returns, groups, eps=0.0, std_floor=0.1)
+    assert floored == pytest.approx([-0.25, -0.25, -0.25, 0.75])
+    # a floor below the std changes nothing
+    assert group_advantages(returns, groups, eps=0.0, std_floor=0.01) == pytest.approx(plain)
+    with pytest.raises(ValueError, match="adv_std_floor"):
+        PPOConfig(algo="grpo", adv_std_floor=-1.0)
+
+
+def test_zero_variance_groups_found():
+    assert zero_variance_groups([1, 1, 0, 1, 0.3, 0.3, 0, 0], [0, 0, 1, 1, 2, 2, 3, 3]) == {0, 2, 3}
+    assert zero_variance_groups([1, 0], ["g", "g"]) == set()
+
+
+def test_masked_tokens_leave_loss_and_normaliser():
+    torch.manual_seed(0)
+    logp, old, adv = torch.randn(6), torch.randn(6), torch.randn(6)
+    ent, ref = torch.rand(6), torch.randn(6)
+    mask = torch.tensor([True, False, True, True, False, False])
+    masked = ppo_loss(logp, old, adv, entropy=ent, ent_coef=0.1, ref_logp=ref, kl_coef=0.2, mask=mask)
+    subset = ppo_loss(logp[mask], old[mask], adv[mask], entropy=ent[mask], ent_coef=0.1, ref_logp=ref[mask],
+                      kl_coef=0.2)
+    for key in ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "clipfrac"):
+        assert masked[key].item() == pytest.approx(subset[key].item(), abs=1e-6), key
+    # the plain token mean over all six differs (the dropped tokens would dilute it)
+    assert ppo_loss(logp, old, adv)["pg_loss"].item() != pytest.approx(subset["pg_loss"].item(), abs=1e-4)
+    none = ppo_loss(logp, old, adv, mask=torch.zeros(6, dtype=torch.bool))
+    assert none["loss"].item() == 0.0
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_grpo_update_skips_zero_variance_groups(tmp_path, drop):
+    tok = toy_tokenizer()
+    model = tiny_model(tok, seed=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = PPOConfig(algo="grpo", out_dir=str(tmp_path), updates=1, episodes_per_update=8, group_size=4, lr=1e-2,
+                    max_new_tokens=3, num_envs=4, eval_every=0, save_every=100, progress=False, epochs=1,
+                    num_minibatches=2, ent_coef=0.1, grpo_drop_zero_variance=drop)
+    row = train_rl(cfg, model=model, tokenizer=tok, env_fn=ToyNever)
+    assert row["zero_variance_groups"] == 2
+    moved = any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    # dropped: no loss and no optimizer step; kept: the entropy bonus alone moves the weights
+    assert moved is (not drop)
 
 
 def test_ppo_loss_hand_computed():
@@ -130,6 +180,13 @@ class ToyYes(gym.Env):
 
     def step(self, action):
         return "say yes", float("yes" in action), True, False, {}
+
+
+class ToyNever(ToyYes):
+    """One turn, reward 0 whatever the action: every GRPO group has zero variance."""
+
+    def step(self, action):
+        return "say yes", 0.0, True, False, {}
 
 
 def _success(model, tok, n=128):

@@ -15,8 +15,12 @@ Credit assignment (how the terminal reward reaches earlier invocations of the sa
   searches. The episode end (answer or turn limit) is terminal: value 0 after it (the remaining turns are part
   of the observation, so the turn limit is part of the state, not a time-out). ``gamma``/``lam`` are per token.
 - **GRPO** (no value head): each task seed is played ``group_size`` times; a trajectory's advantage is its
-  return minus the group mean, divided by the group std (population std; ``grpo_std_norm=False`` skips the
-  division), broadcast to every action token of every invocation of that trajectory.
+  return minus the group mean, divided by the group std (population std, floored at ``adv_std_floor`` so a group
+  whose rewards barely differ does not get huge advantages; ``grpo_std_norm=False`` skips the division),
+  broadcast to every action token of every invocation of that trajectory. A group whose rewards are all equal
+  carries no learning signal: with ``grpo_drop_zero_variance`` (default) its tokens get no policy-gradient,
+  entropy or KL loss and are left out of the token-mean normaliser (otherwise they dilute every other group's
+  gradient); the count is logged as ``zero_variance_groups``.
 
 Loss per action token, averaged over all action tokens of the minibatch (token-mean):
 ``max(-A r, -A clip(r, 1-eps, 1+eps)) + vf_coef * 0.5 * max((V-R)^2, (V_clip-R)^2) - ent_coef * H
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 
 from agents.llm.policy import LLMPolicy
+from agents.llm.precision import host_line
 from agents.llm.records import InvocationRecord
 from agents.llm.rollout import records_of, rollout
 from agents.llm.training import (
@@ -91,6 +96,8 @@ class PPOConfig(RunConfig):
     value_detach: bool = False  # value head on detached hidden states (the critic does not move the LM)
     norm_adv: bool = True  # PPO: whiten token advantages over the rank's batch
     grpo_std_norm: bool = True
+    adv_std_floor: float = 0.0  # GRPO: divide by max(group std, floor) (0: the plain std)
+    grpo_drop_zero_variance: bool = True  # GRPO: groups with equal rewards contribute no loss and no tokens
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
     recompute_old_logprobs: bool = False  # old log-probs from the training forward, not the records' behaviour ones
     minibatch_unit: str = "invocation"  # "invocation" | "episode" (whole episodes: a persistent reconstruction)
@@ -104,6 +111,8 @@ class PPOConfig(RunConfig):
             raise ValueError(f"minibatch_unit must be 'invocation' or 'episode', got {self.minibatch_unit!r}")
         if self.algo == "grpo" and (self.group_size < 2 or self.episodes_per_update % self.group_size):
             raise ValueError("GRPO needs group_size >= 2 dividing episodes_per_update")
+        if self.adv_std_floor < 0:
+            raise ValueError(f"adv_std_floor must be >= 0, got {self.adv_std_floor}")
         if self.num_minibatches > self.episodes_per_update:
             raise ValueError("num_minibatches must not exceed episodes_per_update")
 
@@ -158,21 +167,31 @@ def episode_gae(records: Sequence[InvocationRecord], values: Sequence[Sequence[f
 
 
 def group_advantages(returns: Sequence[float], groups: Sequence[Any], std_norm: bool = True,
-                     eps: float = 1e-6) -> list[float]:
-    """GRPO: ``(R_i - mean_g) / (std_g + eps)`` per group g (population std), or ``R_i - mean_g``."""
+                     eps: float = 1e-6, std_floor: float = 0.0) -> list[float]:
+    """GRPO: ``(R_i - mean_g) / (max(std_g, std_floor) + eps)`` per group g (population std), or
+    ``R_i - mean_g``."""
     returns = np.asarray(returns, dtype=np.float64)
     out = np.zeros_like(returns)
     keys = list(groups)
     for g in dict.fromkeys(keys):
         idx = np.array([i for i, k in enumerate(keys) if k == g])
         centred = returns[idx] - returns[idx].mean()
-        out[idx] = centred / (returns[idx].std() + eps) if std_norm else centred
+        out[idx] = centred / (max(returns[idx].std(), std_floor) + eps) if std_norm else centred
     return out.tolist()
 
 
-def grpo_assign(episodes, std_norm: bool = True) -> None:
+def zero_variance_groups(returns: Sequence[float], groups: Sequence[Any], tol: float = 1e-9) -> set:
+    """The groups whose returns are all equal (within ``tol``): no relative signal to learn from."""
+    by_group: dict[Any, list[float]] = {}
+    for r, g in zip(returns, groups):
+        by_group.setdefault(g, []).append(float(r))
+    return {g for g, rs in by_group.items() if max(rs) - min(rs) <= tol}
+
+
+def grpo_assign(episodes, std_norm: bool = True, std_floor: float = 0.0) -> None:
     """Trajectory advantage of each episode, broadcast to all action tokens of its invocations."""
-    adv = group_advantages([ep.reward for ep in episodes], [ep.group for ep in episodes], std_norm)
+    adv = group_advantages([ep.reward for ep in episodes], [ep.group for ep in episodes], std_norm,
+                           std_floor=std_floor)
     for ep, a in zip(episodes, adv):
         for rec in ep.records:
             rec.advantage = float(a)
@@ -183,32 +202,42 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, c
              values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
              returns: torch.Tensor | None = None, clip_vf: float | None = 0.2, vf_coef: float = 0.5,
              entropy: torch.Tensor | None = None, ent_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
-             kl_coef: float = 0.0) -> dict[str, torch.Tensor]:
-    """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc."""
+             kl_coef: float = 0.0, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc.
+
+    ``mask`` (bool, same length): only these tokens count, in the loss terms and in the token-mean's
+    denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0."""
+    if mask is None:
+        mean = torch.mean
+    else:
+        keep = mask.to(logp.device, torch.float32)
+
+        def mean(x):
+            return (x * keep).sum() / keep.sum().clamp(min=1.0)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
-    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+    pg = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)))
     out = {"pg_loss": pg}
     loss = pg
     if values is not None:
         v_unclipped = (values - returns) ** 2
         if clip_vf is not None:
             v_clipped = (old_values + (values - old_values).clamp(-clip_vf, clip_vf) - returns) ** 2
-            v_loss = 0.5 * torch.max(v_unclipped, v_clipped).mean()
+            v_loss = 0.5 * mean(torch.max(v_unclipped, v_clipped))
         else:
-            v_loss = 0.5 * v_unclipped.mean()
+            v_loss = 0.5 * mean(v_unclipped)
         out["v_loss"] = v_loss
         loss = loss + vf_coef * v_loss
     if entropy is not None:
-        out["entropy"] = entropy.mean()
+        out["entropy"] = mean(entropy)
         loss = loss - ent_coef * out["entropy"]
     if ref_logp is not None:
         d = ref_logp - logp
-        out["kl_ref"] = (d.exp() - d - 1).mean()
+        out["kl_ref"] = mean(d.exp() - d - 1)
         loss = loss + kl_coef * out["kl_ref"]
     with torch.no_grad():
-        out["approx_kl"] = ((ratio - 1) - log_ratio).mean()
-        out["clipfrac"] = ((ratio - 1).abs() > clip).float().mean()
+        out["approx_kl"] = mean((ratio - 1) - log_ratio)
+        out["clipfrac"] = mean(((ratio - 1).abs() > clip).float())
     out["loss"] = loss
     return out
 
@@ -330,6 +359,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dist = init_distributed()
+    if dist.main and cfg.progress:  # RL rollouts and updates always compute in fp32 (no autocast)
+        print(host_line("none", dist.device) + " (RL passes run fp32)", flush=True)
     out = Path(cfg.out_dir)
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -404,7 +435,11 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                 episode_gae(ep.records, old_values[k0:k0 + len(ep.records)], cfg.gamma, cfg.lam)
                 k0 += len(ep.records)
         else:
-            grpo_assign(episodes, cfg.grpo_std_norm)
+            grpo_assign(episodes, cfg.grpo_std_norm, cfg.adv_std_floor)
+        flat = zero_variance_groups([ep.reward for ep in episodes], [ep.group for ep in episodes]) \
+            if cfg.algo == "grpo" else set()
+        dropped = {id(r) for ep in episodes if ep.group in flat for r in ep.records} \
+            if cfg.grpo_drop_zero_variance else set()
         if not cfg.recompute_old_logprobs:
             old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
         ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] if ref is not None else None
@@ -421,6 +456,12 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                 if not part:
                     continue
                 mb = [records[i] for i in part]
+                mask = None
+                if dropped:
+                    mask = torch.tensor([id(r) not in dropped for r in mb for m in r.action_mask if m],
+                                        device=dist.device)
+                    if not bool(mask.any()) and extra_loss is None:
+                        continue  # nothing to learn from this minibatch: no optimizer step (Adam would still move)
                 actor_out = forward(train_model, mb, temperature=temperature, entropy=True)
                 logp, ent, values = actor_out.logp, actor_out.entropy, actor_out.values
                 adv = _flat(mb, "token_advantages").to(dist.device)
@@ -435,7 +476,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                     kw["ref_logp"] = torch.tensor([v for i in part for v in ref_logps[i]], device=dist.device)
                     kw["kl_coef"] = cfg.kl_coef
                 old_logp = torch.tensor([v for i in part for v in old_logps[i]], device=dist.device)
-                losses = ppo_loss(logp, old_logp, adv, clip=cfg.clip, entropy=ent, ent_coef=cfg.ent_coef, **kw)
+                losses = ppo_loss(logp, old_logp, adv, clip=cfg.clip, entropy=ent, ent_coef=cfg.ent_coef, mask=mask,
+                                  **kw)
                 if extra_loss is not None:
                     term, extra_stats = extra_loss(mb, actor_out)
                     losses["loss"] = losses["loss"] + term
@@ -450,7 +492,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                 for k, v in losses.items():
                     stats.setdefault(k, []).append(float(v.detach()))
                 stats.setdefault("grad_norm", []).append(float(grad_norm))
-            if cfg.target_kl is not None:
+            if cfg.target_kl is not None and stats.get("approx_kl"):
                 kl = dist.mean({"kl": float(np.mean(stats["approx_kl"][-cfg.num_minibatches:]))})["kl"]
                 if kl > cfg.target_kl:
                     stop_early = True
@@ -464,7 +506,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
             "invalid_rate": float(sum(ep.info.get("invalid_actions", 0) for ep in episodes) / max(1, len(records))),
             "response_tokens": sampled / max(1, len(records)),
             "memory_tokens": sum(sum(r.memory_mask) for r in records) / max(1, len(records)),
-            "adv_mean": adv_mean, "rollout_s": rollout_s, "update_s": t0() - rollout_s,
+            "adv_mean": adv_mean, "zero_variance_groups": float(len(flat)), "rollout_s": rollout_s, "update_s": t0() - rollout_s,
             "sampled_tokens_per_s": sampled / max(1e-9, rollout_s),
             **{k: float(np.mean(v)) for k, v in stats.items()}, **hook_stats,
         }))
@@ -516,4 +558,5 @@ def param_checksum(module: torch.nn.Module) -> str:
 
 
 __all__ = ["PPOConfig", "train_rl", "gae", "episode_gae", "group_advantages", "grpo_assign", "ppo_loss",
+           "zero_variance_groups",
            "param_checksum", "task_seeds", "ActorOutput", "ActorForward", "LossHook", "collate_forward"]

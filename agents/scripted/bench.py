@@ -100,9 +100,22 @@ def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
             return info["summary"], steps
 
 
+def is_model_path(name: str) -> bool:
+    """A local checkpoint folder (``config.json`` inside): run as a greedy LLM policy."""
+    return (Path(name) / "config.json").is_file()
+
+
 def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
-    """A strategy by name: a scripted one (:func:`make_strategy`, for ``env_id`` in ``memory_mode``) or a served
-    model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`)."""
+    """A strategy by name: a scripted one (:func:`make_strategy`, for ``env_id`` in ``memory_mode``), a served
+    model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`) or a local checkpoint folder
+    (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
+    if is_model_path(name):
+        try:  # optional dependency: torch/transformers only when a model is benchmarked
+            from agents.llm.strategy import CheckpointStrategy
+        except ImportError as err:
+            raise CommandError(f"--strategies {name}: a model checkpoint needs the LLM stack "
+                               f"(pip install -e '.[llm]'): {err}") from err
+        return CheckpointStrategy(name)
     return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
 
 
@@ -129,9 +142,9 @@ def strategy_name(name: str) -> str:
     """argparse type of ``--strategies``: a scripted strategy or ``openai:MODEL@URL``."""
     if is_served(name):
         ServedSpec.parse(name)
-    elif name not in ALL_STRATEGY_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(ALL_STRATEGY_NAMES)} "
-                                         f"or openai:MODEL@URL")
+    elif name not in ALL_STRATEGY_NAMES and not is_model_path(name):
+        raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(ALL_STRATEGY_NAMES)}, "
+                                         f"openai:MODEL@URL or a local checkpoint folder (with config.json)")
     return name
 
 
@@ -422,8 +435,9 @@ def register_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
                                    formatter_class=HelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
-                        help=f"memory strategies to run: {' '.join(ALL_STRATEGY_NAMES)}, or openai:MODEL@URL "
-                             "(an OpenAI-compatible completions server)")
+                        help=f"memory strategies to run: {' '.join(ALL_STRATEGY_NAMES)}, openai:MODEL@URL "
+                             "(an OpenAI-compatible completions server), or PATH: a local checkpoint folder "
+                             "(config.json; a greedy LLM policy, e.g. a memenv train/experiment checkpoint)")
     parser.add_argument("--envs", nargs="+", default=None, metavar="SPEC",
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
                              f"with --sweep: {' '.join(SWEEP_ENVS)})")
