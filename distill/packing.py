@@ -48,7 +48,8 @@ from typing import Sequence
 
 import torch
 
-from distill.reconstruct import TokenSequence, episode_key
+from agents.llm.records import tokenizer_fingerprint
+from distill.reconstruct import TokenSequence, episode_key, reconstruct
 
 PACKINGS = ("padded", "padding_free", "shared_prefix")
 BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
@@ -585,8 +586,6 @@ def check_records(records, model, tokenizer=None) -> None:
     invocation longer than the model's max positions, or a tokenizer fingerprint that differs from
     ``tokenizer``'s (or, without ``tokenizer``, from the other records'). Records without a fingerprint
     (written before the field existed) are not fingerprint-checked."""
-    from agents.llm.records import tokenizer_fingerprint
-
     if records is None or len(records) == 0:
         raise ValueError("no records to score: the record list is empty")
     vocab, max_pos = model_limits(model)
@@ -637,8 +636,6 @@ def score_records(model, records, method: str = "padded", *, reconstruction: str
 
     Returns ``logprobs`` and ``argmax`` (per-record tensors, at each record's temperature), ``tokens`` (real
     tokens run), ``slots`` (tokens run, padding included) and ``batches``."""
-    from distill.reconstruct import reconstruct
-
     check_records(records, model, tokenizer)
     sequences = reconstruct(records, reconstruction, tokenizer)
     check_sequences(sequences, records, model)
