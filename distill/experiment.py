@@ -314,9 +314,14 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     from distill.trainer import train_memopd
 
     out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
-    if (res := _done(out)) is not None:
-        return res
     run_cfg = arm_config(cfg, arm, seed, student, teacher)
+    settings = {k: v for k, v in asdict(run_cfg).items() if k not in ("out_dir", "progress", "threads", "resume")}
+    if (res := _done(out)) is not None:
+        if res.get("settings", settings) != settings:  # a cached run of another configuration is not this arm
+            changed = sorted(k for k in settings if res["settings"].get(k) != settings[k])
+            raise ValueError(f"{out / 'result.json'} was trained with other settings ({', '.join(changed)}): "
+                             "use another --out, or delete that folder to retrain it")
+        return res
     lm, tok = load_pretrained(student["path"])
     timer = Timer()
     if ARMS[arm][1] is None:
@@ -329,7 +334,7 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     metrics = pd.read_csv(out / "metrics.csv")
     res = {"arm": arm, "seed": seed, "train_cpu_seconds": train_cpu, "f1": float(ev.f1.mean()),
            "em": float(ev.em.mean()), "update_s": float(metrics["update_s"].mean()),
-           "rollout_s": float(metrics["rollout_s"].mean())}
+           "rollout_s": float(metrics["rollout_s"].mean()), "settings": settings}
     _write_json(out / "result.json", res)
     return res
 
