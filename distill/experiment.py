@@ -527,6 +527,7 @@ def plot_curves(cfg: ExperimentConfig, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for arm in cfg.arms:
+        color = f"C{list(ARMS).index(arm)}"  # one colour per arm in both panels
         frames = [pd.read_csv(p) for p in sorted((Path(cfg.out) / "arms" / arm).glob("seed*/metrics.csv"))]
         frames = [f[f["update"] > 0] for f in frames]
         if not frames:
@@ -534,14 +535,16 @@ def plot_curves(cfg: ExperimentConfig, path: Path) -> None:
         n = min(len(f) for f in frames)
         f1 = np.stack([f["f1"].to_numpy(float)[:n] for f in frames])
         x = frames[0]["update"].to_numpy()[:n]
-        axes[0].plot(x, f1.mean(0), label=ARMS[arm][0])
-        axes[0].fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), alpha=0.2)
+        axes[0].plot(x, f1.mean(0), label=ARMS[arm][0], color=color)
+        axes[0].fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), alpha=0.2, color=color)
         if "distill_loss" in frames[0]:
             dl = np.stack([f["distill_loss"].to_numpy(float)[:n] for f in frames])
-            axes[1].plot(x, dl.mean(0), label=ARMS[arm][0])
+            axes[1].plot(x, dl.mean(0), label=ARMS[arm][0], color=color)
     axes[0].set(xlabel="update", ylabel="training-batch F1 (sampled)", title="reward")
-    axes[1].set(xlabel="update", ylabel="reverse KL to the teacher", title="on-policy distillation loss")
+    axes[1].set(xlabel="update", ylabel="reverse KL to the teacher",
+                title="on-policy distillation loss (each arm on its own reconstruction)")
     axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
