@@ -314,9 +314,14 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     from distill.trainer import train_memopd
 
     out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
-    if (res := _done(out)) is not None:
-        return res
     run_cfg = arm_config(cfg, arm, seed, student, teacher)
+    settings = {k: v for k, v in asdict(run_cfg).items() if k not in ("out_dir", "progress", "threads", "resume")}
+    if (res := _done(out)) is not None:
+        if res.get("settings", settings) != settings:  # a cached run of another configuration is not this arm
+            changed = sorted(k for k in settings if res["settings"].get(k) != settings[k])
+            raise ValueError(f"{out / 'result.json'} was trained with other settings ({', '.join(changed)}): "
+                             "use another --out, or delete that folder to retrain it")
+        return res
     lm, tok = load_pretrained(student["path"])
     timer = Timer()
     if ARMS[arm][1] is None:
@@ -329,7 +334,7 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     metrics = pd.read_csv(out / "metrics.csv")
     res = {"arm": arm, "seed": seed, "train_cpu_seconds": train_cpu, "f1": float(ev.f1.mean()),
            "em": float(ev.em.mean()), "update_s": float(metrics["update_s"].mean()),
-           "rollout_s": float(metrics["rollout_s"].mean())}
+           "rollout_s": float(metrics["rollout_s"].mean()), "settings": settings}
     _write_json(out / "result.json", res)
     return res
 
@@ -433,10 +438,18 @@ def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, li
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
-def targets(table: pd.DataFrame, ends: dict[str, list[pd.DataFrame]]) -> list[dict[str, Any]]:
-    """The paper's three targets, measured (``met`` is a bool, ``value`` the figure, ``target`` the bar)."""
+def targets(table: pd.DataFrame, ends: dict[str, list[pd.DataFrame]], teacher: dict | None = None,
+            student: dict | None = None) -> list[dict[str, Any]]:
+    """The set-up conditions and the paper's three targets, measured (``met`` a bool, ``value`` the figure).
+    A gain counts only when it exceeds 3 standard errors; a ratio to a gain that is not positive is undefined."""
     by = table.set_index("arm")
     out = []
+    if teacher is not None:
+        out.append({"target": "teacher held-out F1 >= 0.6", "value": teacher["f1"], "met": teacher["f1"] >= 0.6,
+                    "detail": f"± {teacher['f1_se']:.3f}"})
+    if student is not None:
+        out.append({"target": "student start F1 <= 0.3", "value": student["f1"], "met": student["f1"] <= 0.3,
+                    "detail": f"± {student['f1_se']:.3f}"})
     if {"memopd", "opd_persistent"} <= set(by.index):
         ratio = by.loc["memopd", "end_f1"] / max(1e-9, by.loc["opd_persistent", "end_f1"])
         diff = compare_arms(ends["memopd"], ends["opd_persistent"])
@@ -444,9 +457,14 @@ def targets(table: pd.DataFrame, ends: dict[str, list[pd.DataFrame]]) -> list[di
                     "detail": f"end F1 difference {diff['mean']:+.3f} ± {diff['se']:.3f} (paired SE, z {diff['z']:.1f})"})
     if {"memopd", "rl"} <= set(by.index):
         g_m, g_r = by.loc["memopd", "gain_f1"], by.loc["rl", "gain_f1"]
-        ratio = g_m / g_r if g_r > 0 else math.inf if g_m > 0 else math.nan
-        out.append({"target": "MemOPD gain >= 2x RL-alone gain", "value": ratio, "met": bool(g_m > 0 and ratio >= 2),
-                    "detail": f"gains {g_m:+.3f} vs {g_r:+.3f}"})
+        significant = bool(by.loc["memopd", "gain_f1_z"] > 3)
+        ratio = g_m / g_r if g_r > 0 else math.nan
+        out.append({"target": "MemOPD gain >= 2x RL-alone gain", "value": ratio,
+                    "met": significant and (g_r <= 0 or ratio >= 2),
+                    "detail": f"gains {g_m:+.3f} ± {by.loc['memopd', 'gain_f1_se']:.3f} vs {g_r:+.3f} ± "
+                              f"{by.loc['rl', 'gain_f1_se']:.3f}" + ("" if g_r > 0 else "; RL-alone gain not positive: "
+                                                                    "ratio undefined")
+                              + ("" if significant else "; MemOPD gain not > 3 SE")})
     for arm, row in by.iterrows():
         if row["gain_f1"] > 0:
             out.append({"target": f"{arm}: gain > 3 SE", "value": row["gain_f1_z"], "met": bool(row["gain_f1_z"] > 3),
@@ -509,6 +527,7 @@ def plot_curves(cfg: ExperimentConfig, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for arm in cfg.arms:
+        color = f"C{list(ARMS).index(arm)}"  # one colour per arm in both panels
         frames = [pd.read_csv(p) for p in sorted((Path(cfg.out) / "arms" / arm).glob("seed*/metrics.csv"))]
         frames = [f[f["update"] > 0] for f in frames]
         if not frames:
@@ -516,14 +535,16 @@ def plot_curves(cfg: ExperimentConfig, path: Path) -> None:
         n = min(len(f) for f in frames)
         f1 = np.stack([f["f1"].to_numpy(float)[:n] for f in frames])
         x = frames[0]["update"].to_numpy()[:n]
-        axes[0].plot(x, f1.mean(0), label=ARMS[arm][0])
-        axes[0].fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), alpha=0.2)
+        axes[0].plot(x, f1.mean(0), label=ARMS[arm][0], color=color)
+        axes[0].fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), alpha=0.2, color=color)
         if "distill_loss" in frames[0]:
             dl = np.stack([f["distill_loss"].to_numpy(float)[:n] for f in frames])
-            axes[1].plot(x, dl.mean(0), label=ARMS[arm][0])
+            axes[1].plot(x, dl.mean(0), label=ARMS[arm][0], color=color)
     axes[0].set(xlabel="update", ylabel="training-batch F1 (sampled)", title="reward")
-    axes[1].set(xlabel="update", ylabel="reverse KL to the teacher", title="on-policy distillation loss")
+    axes[1].set(xlabel="update", ylabel="reverse KL to the teacher",
+                title="on-policy distillation loss (each arm on its own reconstruction)")
     axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
@@ -588,7 +609,7 @@ def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
             for arm in cfg.arms}
     diagnostics = persistent_diagnostics(cfg) if "opd_persistent" in cfg.arms else None
     table = results_table(cfg, start, ends, runs, timing)
-    goals = targets(table, ends)
+    goals = targets(table, ends, teacher, student)
     write_atomic(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     write_text_atomic(out / "results.md", format_markdown(cfg, table, teacher, student, timing, diagnostics, host,
                                                           goals))

@@ -1,6 +1,7 @@
 """``memenv experiment memopd``: paired statistics on known numbers; a miniature end-to-end run (table
 structure, the same held-out seeds at start and end, figures recomputable from the per-seed CSVs, resume)."""
 
+import dataclasses
 import json
 import math
 
@@ -90,6 +91,9 @@ def test_miniature_run_table_pairing_and_resume(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == stamps
     pd.testing.assert_frame_equal(again, table)
     assert json.loads((out / "experiment.json").read_text())["seeds"] == 2
+    # cached arms of another configuration are refused, naming the file and the setting
+    with pytest.raises(ValueError, match="updates"):
+        run_experiment(dataclasses.replace(cfg, updates=2))
     # a finished SFT whose result.json is missing is evaluated again, not trained again
     teacher = json.loads((out / "teacher" / "result.json").read_text())
     metrics = (out / "teacher" / "metrics.csv").read_bytes()

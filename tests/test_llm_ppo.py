@@ -89,8 +89,11 @@ def test_masked_tokens_leave_loss_and_normaliser():
     masked = ppo_loss(logp, old, adv, entropy=ent, ent_coef=0.1, ref_logp=ref, kl_coef=0.2, mask=mask)
     subset = ppo_loss(logp[mask], old[mask], adv[mask], entropy=ent[mask], ent_coef=0.1, ref_logp=ref[mask],
                       kl_coef=0.2)
-    for key in ("loss", "pg_loss", "entropy", "kl_ref", "approx_kl", "clipfrac"):
+    for key in ("loss", "pg_loss", "entropy", "kl_ref"):
         assert masked[key].item() == pytest.approx(subset[key].item(), abs=1e-6), key
+    full = ppo_loss(logp, old, adv)
+    for key in ("approx_kl", "clipfrac"):  # diagnostics of the policy's move: every token
+        assert masked[key].item() == pytest.approx(full[key].item(), abs=1e-6), key
     # the plain token mean over all six differs (the dropped tokens would dilute it)
     assert ppo_loss(logp, old, adv)["pg_loss"].item() != pytest.approx(subset["pg_loss"].item(), abs=1e-4)
     none = ppo_loss(logp, old, adv, mask=torch.zeros(6, dtype=torch.bool))

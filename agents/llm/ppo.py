@@ -206,7 +206,8 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, c
     """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc.
 
     ``mask`` (bool, same length): only these tokens count, in the loss terms and in the token-mean's
-    denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0."""
+    denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0. The
+    ``approx_kl`` / ``clipfrac`` diagnostics still cover every token."""
     if mask is None:
         mean = torch.mean
     else:
@@ -236,8 +237,9 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, c
         out["kl_ref"] = mean(d.exp() - d - 1)
         loss = loss + kl_coef * out["kl_ref"]
     with torch.no_grad():
-        out["approx_kl"] = mean((ratio - 1) - log_ratio)
-        out["clipfrac"] = mean(((ratio - 1).abs() > clip).float())
+        # diagnostics of how far the policy moved: over every token, masked or not (target_kl reads it)
+        out["approx_kl"] = ((ratio - 1) - log_ratio).mean()
+        out["clipfrac"] = ((ratio - 1).abs() > clip).float().mean()
     out["loss"] = loss
     return out
 
