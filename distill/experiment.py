@@ -586,7 +586,6 @@ def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict,
 def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
     """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``."""
     import torch
-    from tqdm.auto import tqdm
 
     from agents.llm.precision import host_line, resolve_autocast
 
