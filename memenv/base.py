@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -180,6 +180,19 @@ class MemEnvBase(gym.Env):
             memory, dropped = truncate_right(memory, self.memory_budget, self.token_counter)
         self._memory = memory
         return dropped
+
+    def _close_step(self, snapshot: dict[str, Any], information: str, action: Any, reward: float,
+                    terminated: bool, truncated: bool, summary: Callable[[], dict[str, Any]]):
+        """The common end of a step: forget kept snapshots unless ``keep_snapshots``, advance the observation,
+        and return the step tuple whose info carries the invocation (and ``summary()`` once the episode ends)."""
+        if not getattr(self, "keep_snapshots", True):
+            self._snapshots.clear()
+        self._advance(information, action if isinstance(action, str) else repr(action))
+        info: dict[str, Any] = {"invocation": snapshot}
+        if terminated or truncated:
+            self._done = True
+            info["summary"] = summary()
+        return self._obs, reward, terminated, truncated, info
 
     def _advance(self, information: str, action_text: str) -> None:
         """Append this turn to the transcript and build the next observation."""

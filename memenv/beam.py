@@ -541,14 +541,8 @@ class MemDialogBeamEnv(MemEnvBase):
             valid=valid, error=error, reward=reward, phase=phase, index=index, store_entries=len(self.store),
             store_tokens=self.store.used, **{**NO_STEP_RESULT, **extra},
         )
-        if not self.keep_snapshots:
-            self._snapshots.clear()
-        self._advance(information, action if isinstance(action, str) else repr(action))
-        info: dict[str, Any] = {"invocation": snapshot}
-        if terminated or truncated:
-            self._done = True
-            info["summary"] = self._episode_summary(terminated)
-        return self._obs, reward, terminated, truncated, info
+        return self._close_step(snapshot, information, action, reward, terminated, truncated,
+                                lambda: self._episode_summary(terminated))
 
     def _episode_summary(self, answered: bool) -> dict[str, Any]:
         scores = {r["id"]: r for r in self._results}

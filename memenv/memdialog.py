@@ -330,14 +330,8 @@ class MemDialogEnv(MemEnvBase):
             valid=valid, error=error, reward=reward, memory_truncated_tokens=memory_cut,
             phase=shown[0], index=shown[1], **extra,
         )
-        if not self.keep_snapshots:
-            self._snapshots.clear()
-        self._advance(information, action if isinstance(action, str) else repr(action))
-        info: dict[str, Any] = {"invocation": snapshot}
-        if terminated or truncated:
-            self._done = True
-            info["summary"] = self._episode_summary(terminated)
-        return self._obs, reward, terminated, truncated, info
+        return self._close_step(snapshot, information, action, reward, terminated, truncated,
+                                lambda: self._episode_summary(terminated))
 
     def _episode_summary(self, answered: bool) -> dict[str, Any]:
         em = [e for e, _ in self._scores]

@@ -256,17 +256,13 @@ class MemReadEnv(MemEnvBase):
             valid=valid, error=parsed_error, reward=reward, memory_truncated_tokens=memory_cut,
             chunk=shown_chunk, chunks=self.n_chunks, **extra,
         )
-        if not self.keep_snapshots:
-            self._snapshots.clear()
-        self._advance(information, action if isinstance(action, str) else repr(action))
-        info: dict[str, Any] = {"invocation": snapshot}
-        if terminated or truncated:
-            self._done = True
-            scores = scores or score_objectives([""] * len(self.questions), [q.answers for q in self.questions])
-            info["summary"] = self._episode_info(
-                scores["em"], scores["f1"], answers, terminated,
+        def summary() -> dict[str, Any]:
+            final = scores or score_objectives([""] * len(self.questions), [q.answers for q in self.questions])
+            return self._episode_info(
+                final["em"], final["f1"], answers, terminated,
                 doc_tokens=self.plan.total_tokens, chunks=self.plan.n_chunks,
                 chunks_read=min(self._chunk, self.n_chunks), chunk_tokens=self.chunk_tokens,
                 gold_chunks=self.plan.gold_chunks,
             )
-        return self._obs, reward, terminated, truncated, info
+
+        return self._close_step(snapshot, information, action, reward, terminated, truncated, summary)
