@@ -110,13 +110,20 @@ def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`) or a local checkpoint folder
     (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
     if is_model_path(name):
-        try:  # optional dependency: torch/transformers only when a model is benchmarked
-            from agents.llm.strategy import CheckpointStrategy
-        except ImportError as err:
-            raise CommandError(f"--strategies {name}: a model checkpoint needs the LLM stack "
-                               f"(pip install -e '.[llm]'): {err}") from err
-        return CheckpointStrategy(name)
+        return _checkpoint_strategy(str(Path(name).resolve()))
     return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_strategy(path: str):
+    """One loaded checkpoint per folder: the set-up check, the pre-run check and every env of the run share it
+    (it is greedy and resets per episode), so the weights are read once."""
+    try:  # optional dependency: torch/transformers only when a model is benchmarked
+        from agents.llm.strategy import CheckpointStrategy
+    except ImportError as err:
+        raise CommandError(f"--strategies {path}: a model checkpoint needs the LLM stack "
+                           f"(pip install -e '.[llm]'): {err}") from err
+    return CheckpointStrategy(path)
 
 
 @functools.lru_cache(maxsize=None)
