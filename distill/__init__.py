@@ -20,6 +20,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+#: What ``memenv distill diagnose`` compares (here, not in :mod:`distill.diagnose`, so that registering the
+#: command loads no torch): the aligned reference, two packings of it, and the persistent-history control.
+DIAGNOSE_METHODS = ("aligned", "padding_free", "shared_prefix", "persistent")
+
 _EXPORTS = {
     "MemOPDConfig": "distill.trainer",
     "train_memopd": "distill.trainer",
@@ -32,7 +36,7 @@ _EXPORTS = {
     "diagnose": "distill.diagnose",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "DIAGNOSE_METHODS"])
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.cli import apply_set
+from distill import DIAGNOSE_METHODS
 from memenv.cli import CommandError, parse_kwargs
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
@@ -126,8 +127,6 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv distill`` and ``memenv distill diagnose`` (entry point group ``memenv.commands``)."""
-    from distill.diagnose import DIAGNOSE_METHODS
-
     p = subparsers.add_parser("distill", help="MemOPD: PPO/GRPO + on-policy distillation from a teacher",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", help="teacher checkpoint folder (must share the student's tokenizer)")

@@ -22,9 +22,9 @@ from typing import Sequence
 
 import torch
 
+from distill import DIAGNOSE_METHODS
 from distill.packing import score_records
 
-DIAGNOSE_METHODS = ("aligned", "padding_free", "shared_prefix", "persistent")
 _PLAN = {  # method -> (reconstruction, packing)
     "aligned": ("aligned", "padded"),
     "padding_free": ("aligned", "padding_free"),

@@ -218,11 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_index(sub, run=_index_build)  # `memenv index build`: part of memenv itself, no entry point needed
     for name, loader in _commands().items():
         try:
-            register = loader()
-        except ImportError as exc:  # an optional layer that is not installed
-            sub.add_parser(name, help=f"(unavailable: {exc})")
-            continue
-        register(sub)
+            loader()(sub)
+        except ImportError as exc:  # an optional layer (torch, transformers) that is not installed
+            if name not in sub.choices:
+                sub.add_parser(name, help=f"(unavailable: {exc})")
     return parser
 
 
