@@ -29,6 +29,11 @@ _FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "a
 USER_ERRORS = (ValueError, TypeError, LookupError, OSError, gym.error.Error)
 
 
+# Optional dependencies -> the extra that installs them (a command that needs a missing one says so).
+OPTIONAL_MODULES = {"torch": "llm", "transformers": "llm", "tokenizers": "llm", "trl": "trl",
+                    "stable_baselines3": "sb3", "sb3_contrib": "sb3", "bm25s": "bench"}
+
+
 class CommandError(Exception):
     """A user's mistake on the command line: :func:`main` prints ``memenv CMD: error: MESSAGE`` and returns 2."""
 
@@ -242,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except CommandError as exc:
         print(f"memenv {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_MODULES.get((exc.name or "").split(".")[0])
+        if extra is None:  # not an optional dependency: a bug
+            raise
+        print(f"memenv {args.command}: error: needs {exc.name}, which is not installed: "
+              f"pip install -e '.[{extra}]'", file=sys.stderr)
         return 2
 
 
