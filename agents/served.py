@@ -15,21 +15,18 @@ library is used (``urllib``). ``OPENAI_API_KEY`` is sent as a bearer token when 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from memenv.http import HTTPStatusError, UnreachableError, request_json
+
 PREFIX = "openai:"
 DEFAULT_STOP = ("</search>", "</answer>")
 _OPEN_TAG = re.compile(r"<(search|answer)>")
-_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 class ServerError(RuntimeError):
@@ -88,28 +85,17 @@ class CompletionsClient:
 
     def _request(self, path: str, body: dict | None, retries: int | None = None) -> dict:
         url = self.spec.api_base + path
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         retries = self.retries if retries is None else retries
-        for attempt in range(retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read().decode("utf-8"))
-            except urllib.error.HTTPError as err:
-                detail = err.read().decode("utf-8", "replace")[:300]
-                if err.code not in _RETRY_STATUS:
-                    raise ServerError(f"{url} answered HTTP {err.code}: {detail}") from err
-                last = f"HTTP {err.code}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-                last = str(getattr(err, "reason", err))
-        raise ServerError(f"OpenAI-compatible server at {self.spec.url} is not answering ({last}; "
-                          f"{retries + 1} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix the URL")
+        try:
+            return request_json(url, body, headers=headers, timeout=self.timeout, retries=retries,
+                                backoff=self.backoff)
+        except HTTPStatusError as err:
+            raise ServerError(f"{url} answered HTTP {err.status}: {err.detail}") from err
+        except UnreachableError as err:
+            raise ServerError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.reason}; "
+                              f"{err.attempts} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix "
+                              "the URL") from err
 
     def check(self) -> None:
         """One cheap request (``GET /v1/models``, retried once) so a server that is down fails before any work."""

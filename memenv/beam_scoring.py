@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from scipy.stats import kendalltau
 
+from memenv.http import HTTPStatusError, UnreachableError, request_json
 from memenv.scoring import f1_score, normalize_answer
 from tasks.conversations import is_abstention_answer
 from tasks.types import Question
@@ -164,29 +162,18 @@ class OpenAIJudge:
 
     def _post(self, body: dict[str, Any]) -> str:
         endpoint = self.url.rstrip("/") + "/chat/completions"
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode()
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(endpoint, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    payload = json.loads(response.read().decode())
-                return str(payload["choices"][0]["message"]["content"])
-            except urllib.error.HTTPError as err:
-                last = err
-                if err.code < 500 and err.code != 429:
-                    raise JudgeError(f"judge at {endpoint} refused the request: HTTP {err.code} {err.reason}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-                last = err
-            except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
-                raise JudgeError(f"judge at {endpoint} sent an unexpected response ({err!r}); expected "
-                                 "an OpenAI chat/completions object") from None
-        raise JudgeError(f"judge at {endpoint} unreachable after {self.retries + 1} tries: {last}")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            payload = request_json(endpoint, body, headers=headers, timeout=self.timeout, retries=self.retries,
+                                   backoff=self.backoff)
+            return str(payload["choices"][0]["message"]["content"])
+        except HTTPStatusError as err:
+            raise JudgeError(f"judge at {endpoint} refused the request: HTTP {err.status} {err.reason}") from None
+        except UnreachableError as err:
+            raise JudgeError(f"judge at {endpoint} unreachable after {err.attempts} tries: {err.reason}") from None
+        except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
+            raise JudgeError(f"judge at {endpoint} sent an unexpected response ({err!r}); expected "
+                             "an OpenAI chat/completions object") from None
 
 
 def make_judge(spec: str | None) -> OpenAIJudge | None:

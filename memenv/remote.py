@@ -19,9 +19,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from memenv.http import HTTPStatusError, UnreachableError, request_json
 from memenv.protocol import parse_action
 from tasks.corpus import split_contents
 from tasks.types import Document
@@ -90,34 +88,25 @@ class RemoteRetriever:
         self.requests_sent = 0
 
     def _post(self, queries: list[str], k: int) -> list[Any]:
-        body = json.dumps({"queries": queries, "topk": k, "return_scores": True}).encode()
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-            try:
-                self.requests_sent += 1
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    payload = json.loads(response.read())
-                break
-            except urllib.error.HTTPError as e:
-                if e.code < 500:  # the server understood and refused: retrying will not help
-                    raise RetrieverError(f"retrieval server {self.url} answered HTTP {e.code} {e.reason}") from e
-                last = e
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = e
-            except json.JSONDecodeError as e:
-                raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON ({e.msg})") from e
-        else:
-            reason = getattr(last, "reason", last)
-            raise RetrieverError(f"retrieval server {self.url} is unreachable after {self.retries + 1} attempts "
-                                 f"(timeout {self.timeout}s): {reason}") from last
+        try:
+            payload = request_json(self.url, {"queries": queries, "topk": k, "return_scores": True},
+                                   timeout=self.timeout, retries=self.retries, backoff=self.backoff,
+                                   on_attempt=self._count_request)
+        except HTTPStatusError as e:  # the server understood and refused: retrying will not help
+            raise RetrieverError(f"retrieval server {self.url} answered HTTP {e.status} {e.reason}") from e
+        except UnreachableError as e:
+            raise RetrieverError(f"retrieval server {self.url} is unreachable after {e.attempts} attempts "
+                                 f"(timeout {self.timeout}s): {e.reason}") from e
+        except json.JSONDecodeError as e:
+            raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON ({e.msg})") from e
         result = payload.get("result") if isinstance(payload, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             raise RetrieverError(f"{self.url}: expected {{'result': [...]}} with {len(queries)} lists, got "
                                  f"{str(payload)[:200]}")
         return result
+
+    def _count_request(self) -> None:
+        self.requests_sent += 1
 
     def retrieve(self, queries: Sequence[str], k: int) -> list[list[Document]]:
         """The top ``k`` documents of each query, best first, in one request per ``max_batch`` queries."""
