@@ -485,20 +485,20 @@ def _write_range_bounds(tmp: Path, indptr: np.ndarray, idf: np.ndarray, doc_norm
     del rows
 
 
-def _best_bounded(bound: np.ndarray, candidates: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` of ``candidates`` with the largest ``bound``, found among those within 10%, 20%, 40% of the
-    best one first (an argpartition of all of them costs more than most queries' whole remaining work)."""
-    values = bound[candidates]
-    top = float(values.max())
+def _best_bounded(bound: np.ndarray, n: int) -> np.ndarray:
+    """The indices of the ``n`` largest values of ``bound``, found among those within 10%, 20%, 40% of the best
+    one first (an argpartition of all of them costs more than most queries' whole remaining work). ``bound``
+    must hold more than ``n`` positive values."""
+    top = float(bound.max())
     for share in (0.9, 0.8, 0.6):
-        near = np.flatnonzero(values >= top * share)
+        near = np.flatnonzero(bound >= top * share)
         if len(near) >= n:
             break
     else:
-        near = np.arange(len(candidates))
+        near = np.flatnonzero(bound > 0.0)
     if len(near) > n:
-        near = near[np.argpartition(-values[near], n - 1)[:n]]
-    return candidates[near]
+        near = near[np.argpartition(-bound[near], n - 1)[:n]]
+    return near
 
 
 def _range_peaks(docs: np.ndarray, weights: np.ndarray, range_docs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -709,13 +709,14 @@ class BM25Index(SearchBackend):
                 pick, rest, rest_bound = rest[:min(chunk, keep)], rest[chunk:keep], rest_bound[chunk:keep]
             else:
                 # A range whose bound is <= 0 holds no positive score.
-                reach = np.flatnonzero(bound >= cut if theta > 0.0 else bound > 0.0)
-                if len(reach) <= self.sort_ranges:
+                in_reach = bound >= cut if theta > 0.0 else bound > 0.0
+                if np.count_nonzero(in_reach) <= self.sort_ranges:
+                    reach = np.flatnonzero(in_reach)
                     rest = reach[np.argsort(-bound[reach], kind="stable")]
                     rest_bound = bound[rest]
                     pick, rest, rest_bound = rest[:chunk], rest[chunk:], rest_bound[chunk:]
-                else:
-                    pick = _best_bounded(bound, reach, chunk)
+                else:  # more than `chunk` in reach: the best bounds are all in reach
+                    pick = _best_bounded(bound, chunk)
             if not len(pick):
                 return [int(d) for d in best_docs]
             docs, scores = self._score_ranges(np.sort(pick), terms, slots)
@@ -730,13 +731,14 @@ class BM25Index(SearchBackend):
     def _range_bounds(self, terms: list[int], mult: np.ndarray) -> np.ndarray:
         """Per range of ``range_docs`` documents, an upper bound (float32) on the score of any of its documents."""
         bound = np.zeros(self.range_max.shape[1], dtype=np.float32)
+        scaled = np.empty_like(bound)  # one buffer for every common term's row (no temporary per term)
         for j, t in enumerate(terms):
             top = float(self.term_max[t]) * int(mult[j])
             if top <= 0.0:
                 continue
             row = int(self.range_row[t])
             if row >= 0:
-                bound += self.range_max[row] * np.float32(top / 255.0 * (1 + self._slack))
+                bound += np.multiply(self.range_max[row], np.float32(top / 255.0 * (1 + self._slack)), out=scaled)
             else:  # a rare term: bounds from its few postings
                 lo, hi = int(self.indptr[t]), int(self.indptr[t + 1])
                 docs = self.post_doc[lo:hi]
@@ -747,36 +749,42 @@ class BM25Index(SearchBackend):
     def _score_ranges(self, ranges: np.ndarray, terms: list[int], slots: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Exact scores of the documents in ``ranges`` (ascending): ``(docs, scores)`` of those scoring > 0.
 
-        Each term's postings in those ranges are found by binary search in its doc-ordered list and summed into
-        a dense block per range in query order, as :meth:`scores` sums them (so the scores are bit-identical).
+        Each term's postings in those ranges are found by one binary search of the ranges' edges in its
+        doc-ordered list; then every term's postings are weighted and summed into a dense ``[term, document]``
+        block at once (a fixed number of numpy calls per chunk, not per term), and the terms' rows are added in
+        query order, as :meth:`scores` sums them (so the scores are bit-identical).
         """
-        width = self.range_docs
+        width, n = self.range_docs, len(ranges)
         first = ranges * width
-        # Needles of the lists' dtype: searchsorted would otherwise cast the whole (int32) list to int64.
-        lows, highs = first.astype(self.post_doc.dtype), (first + width).astype(self.post_doc.dtype)
-        per_term: list[np.ndarray | None] = []
+        # Needles of the lists' dtype (searchsorted would otherwise cast the whole int32 list to int64), the
+        # ranges' starts and ends interleaved: ascending, so one call finds both.
+        edges = np.empty(2 * n, dtype=self.post_doc.dtype)
+        edges[0::2], edges[1::2] = first, first + width
+        starts, counts, base = [], [], []
         for t in terms:
             lo, hi = int(self.indptr[t]), int(self.indptr[t + 1])
-            docs = self.post_doc[lo:hi]
-            start = np.searchsorted(docs, lows)
-            count = np.searchsorted(docs, highs) - start
-            total = int(count.sum())
-            if not total:
-                per_term.append(None)
-                continue
-            # Positions start[i] .. start[i] + count[i] - 1 for every range i, in one array.
-            shift = np.repeat(start - np.cumsum(count) + count, count)
-            pos = np.arange(total) + shift
-            found = docs[pos]
-            local = found - np.repeat(first - np.arange(len(ranges)) * width, count)
-            weights = self._weights(t, found, self.post_tf[lo + pos])
-            per_term.append(np.bincount(local, weights, minlength=len(ranges) * width))  # one posting per bin
-        out = np.zeros(len(ranges) * width, dtype=np.float64)
+            found = np.searchsorted(self.post_doc[lo:hi], edges)
+            starts.append(found[0::2] + lo)
+            counts.append(found[1::2] - found[0::2])
+        start, count = np.concatenate(starts), np.concatenate(counts)
+        total = int(count.sum())
+        if not total:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        # Global positions start[i] .. start[i] + count[i] - 1 of every (term, range) pair, in one array.
+        pos = np.arange(total) + np.repeat(start - np.cumsum(count) + count, count)
+        docs = self.post_doc[pos]
+        per_term = np.repeat(np.arange(len(terms)), [int(c.sum()) for c in counts])
+        weights = okapi_weights(self.idf[np.asarray(terms)][per_term], self.post_tf[pos], self.doc_norm[docs],
+                                self.k1)
+        # Cell of each posting: its term's row, then its document's place among the ranges' documents.
+        local = docs - np.repeat(np.tile(first - np.arange(n) * width, len(terms)), count)
+        block = np.bincount(per_term * (n * width) + local, weights,  # one posting per cell
+                            minlength=len(terms) * n * width).reshape(len(terms), n * width)
+        out = np.zeros(n * width, dtype=np.float64)
         for slot in slots:  # query order, as BM25Okapi sums (adding 0.0 for absent documents is exact)
-            if per_term[slot] is not None:
-                out += per_term[slot]
+            out += block[slot]
         hit = np.flatnonzero(out > 0.0)
-        return (np.repeat(first, width) + np.tile(np.arange(width), len(ranges)))[hit], out[hit]
+        return (np.repeat(first, width) + np.tile(np.arange(width), n))[hit], out[hit]
 
     def search_threshold(self, query: str, k: int) -> list[int]:
         """:meth:`search` without block-max bounds (the only way for an index built before they were added).
