@@ -56,7 +56,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memenv.base import sanitize
-from memenv.search import SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize
+from memenv.search import (STOPWORDS, SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize,
+                           word_tokens)
 from tasks.corpus import RecordLocation, document_from_record
 from tasks.types import DataFormatError, Document, QADataset, Question
 
@@ -128,8 +129,9 @@ def _iter_line_chunks(f, path: Path, chunk_docs: int, bar: tqdm) -> Iterator[tup
     numbers: list[int] = []
     lines: list[bytes] = []
     seen_record = False
+    read = 0
     for number, raw in enumerate(f, start=1):
-        bar.update(len(raw))
+        read += len(raw)
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         line = raw.rstrip(b"\r\n")
@@ -142,8 +144,11 @@ def _iter_line_chunks(f, path: Path, chunk_docs: int, bar: tqdm) -> Iterator[tup
         numbers.append(number)
         lines.append(line)
         if len(lines) >= chunk_docs:
+            bar.update(read)  # per chunk: a bar update per line costs a second per million lines
+            read = 0
             yield numbers, lines
             numbers, lines = [], []
+    bar.update(read)
     if lines:
         yield numbers, lines
 
@@ -154,15 +159,15 @@ def _tokenize_chunk(job: tuple[str, list[int], list[bytes]]) -> dict[str, Any]:
     Returns the chunk's terms in order of first appearance, the unique (local term, document) pairs sorted by
     term then document with their counts, document lengths and 64-bit hashes of the document ids.
     """
-    path, numbers, lines = job
-    vocab: dict[str, int] = {}
-    term_ids: list[int] = []
+    path_text, numbers, lines = job
+    path = Path(path_text)
+    tokens: list[str] = []  # the chunk's tokens, document after document
     lengths = np.zeros(len(lines), dtype=np.int64)
     id_hash = np.zeros(len(lines), dtype=np.uint64)
     for i, raw in enumerate(lines):
-        loc = RecordLocation(Path(path), numbers[i])
+        loc = RecordLocation(path, numbers[i])
         try:
-            rec = json.loads(raw)
+            rec = json.loads(raw.decode("utf-8"))  # decoded here: json would sniff the encoding of bytes
         except json.JSONDecodeError as e:
             loc.fail(f"invalid JSON: {e.msg} at column {e.colno}")
         except UnicodeDecodeError as e:
@@ -170,15 +175,32 @@ def _tokenize_chunk(job: tuple[str, list[int], list[bytes]]) -> dict[str, Any]:
         if not isinstance(rec, dict):
             loc.fail(f"expected a JSON object, got {type(rec).__name__}")
         doc = document_from_record(rec, loc)
-        tokens = tokenize(f"{sanitize(doc.title)}\n{sanitize(doc.text)}")
-        lengths[i] = len(tokens)
-        term_ids.extend(vocab.setdefault(t, len(vocab)) for t in tokens)
+        text = f"{doc.title}\n{doc.text}"
+        # sanitize() only swaps characters outside the env's charset for U+FFFD; on ASCII text those are
+        # control characters, which split tokens either way, so only non-ASCII text needs it.
+        doc_tokens = word_tokens(text if text.isascii() else f"{sanitize(doc.title)}\n{sanitize(doc.text)}")
+        lengths[i] = len(doc_tokens)
+        tokens += doc_tokens
         id_hash[i] = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
-    tids = np.asarray(term_ids, dtype=np.int64)
-    dids = np.repeat(np.arange(len(lines), dtype=np.int64), lengths)
-    keys, tf = np.unique(tids * len(lines) + dids, return_counts=True)
-    ltid, did = np.divmod(keys, len(lines))
-    return {"terms": list(vocab), "ltid": ltid.astype(np.int32), "did": did.astype(np.int32),
+    # Local term ids in order of first appearance, mapped in C (dict.fromkeys keeps first-seen order; the
+    # bound __getitem__ in map() avoids a Python frame per token). Stopwords are dropped after mapping, by
+    # term: what tokenize() drops, without a Python test per token.
+    words = list(dict.fromkeys(tokens))
+    local_id = {t: i for i, t in enumerate(words)}
+    word_ids = np.fromiter(map(local_id.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+    is_term = np.fromiter((w not in STOPWORDS for w in words), dtype=bool, count=len(words))
+    term_of_word = np.cumsum(is_term) - 1  # first-seen order among the kept words
+    terms = [w for w, keep in zip(words, is_term) if keep]
+    word_doc = np.repeat(np.arange(len(lines), dtype=np.int64), lengths)
+    kept = is_term[word_ids]
+    tids, dids = term_of_word[word_ids[kept]], word_doc[kept]
+    lengths = np.bincount(dids, minlength=len(lines))
+    # Unique (term, document) pairs with counts: a sort and run boundaries (np.unique costs ~3x a sort).
+    keys = np.sort(tids * len(lines) + dids)
+    first = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]])) if len(keys) else np.zeros(0, np.int64)
+    tf = np.diff(np.append(first, len(keys)))
+    ltid, did = np.divmod(keys[first], len(lines))
+    return {"terms": terms, "ltid": ltid.astype(np.int32), "did": did.astype(np.int32),
             "tf": tf.astype(np.uint32), "lengths": lengths.astype(np.int32), "id_hash": id_hash}
 
 

@@ -54,6 +54,20 @@ STOPWORDS: frozenset[str] = frozenset(
 )
 
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
+#: ASCII bytes -> themselves for [a-z0-9] (after lower()), a space for every other byte: on ASCII text
+#: ``lower().translate(...).split()`` gives exactly the runs of [a-z0-9] (what _TOKEN_RE finds), ~2x faster.
+_ASCII_TOKEN_BYTES = bytes(c if chr(c).isascii() and (chr(c).islower() or chr(c).isdigit()) else 0x20
+                           for c in range(256))
+
+
+def word_tokens(text: str) -> list[str]:
+    """:func:`tokenize` before its stopword filter: every run of ``[a-z0-9]`` of the folded text."""
+    if text.isascii():
+        # Fast path (most corpus text): NFKD is the identity on ASCII and casefold equals lower.
+        return text.encode("ascii").lower().translate(_ASCII_TOKEN_BYTES).decode("ascii").split()
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    # Combining marks are what NFKD splits accents into; removing them strips the accents.
+    return _TOKEN_RE.findall("".join(ch for ch in decomposed if not unicodedata.combining(ch)))
 
 
 def tokenize(text: str) -> list[str]:
@@ -67,14 +81,7 @@ def tokenize(text: str) -> list[str]:
     >>> tokenize("What is the Café of Zoë's 2nd-floor?")
     ['cafe', 'zoe', 's', '2nd', 'floor']
     """
-    if text.isascii():
-        # Fast path (most corpus text): NFKD is the identity on ASCII and casefold equals lower.
-        folded = text.lower()
-    else:
-        decomposed = unicodedata.normalize("NFKD", text.casefold())
-        # Combining marks are what NFKD splits accents into; removing them strips the accents.
-        folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    return [tok for tok in _TOKEN_RE.findall(folded) if tok not in STOPWORDS]
+    return [tok for tok in word_tokens(text) if tok not in STOPWORDS]
 
 
 class SearchBackend(abc.ABC):

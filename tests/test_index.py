@@ -15,7 +15,7 @@ import memenv  # noqa: F401 - registers the environments
 from memenv.base import sanitize
 from memenv.cli import main as cli_main
 from memenv.index import BM25Index, IndexMismatchError, build_index
-from memenv.search import SearchBackend, make_backend
+from memenv.search import SearchBackend, make_backend, tokenize
 from tasks.corpus import load_corpus_jsonl
 from tasks.types import DataFormatError
 
@@ -237,3 +237,25 @@ def test_memqa_over_an_index_matches_memqa_over_the_loaded_corpus(tmp_path):
         gym.make("MemQA-v0", index_path=tmp_path / "idx", corpus_path=corpus, questions_path=questions)
     with pytest.raises(ValueError, match="needs questions_path="):
         gym.make("MemQA-v0", index_path=tmp_path / "idx")
+
+
+def test_build_tokenises_each_document_as_tokenize_does(tmp_path):
+    """The build's chunk tokeniser (ASCII fast path, sanitize only for non-ASCII, stopwords dropped per term
+    after mapping) counts exactly what tokenize() of the sanitised title and text gives, document by document."""
+    from memenv.index import _tokenize_chunk
+
+    texts = ["the of and", "Zoë's 2nd-floor \x01ctrl\x7f nbsp\u00a0x \ufb01ne", "A an THE", "ﬁsh ǅ Ⅻ 𝐀bc x²",
+             "x", "Alpha beta alpha\tALPHA", "\u2028line\u0085sep café CAFE", "beta the gamma the"]
+    records = [{"id": f"d{i}", "title": "T" if i % 2 else "", "text": t} for i, t in enumerate(texts)]
+    lines = [json.dumps(r).encode() for r in records]
+    chunk = _tokenize_chunk(("c.jsonl", list(range(1, len(lines) + 1)), lines))
+    counts = {}
+    for t, d, tf in zip(chunk["ltid"], chunk["did"], chunk["tf"]):
+        counts[(chunk["terms"][t], int(d))] = int(tf)
+    expected = {}
+    for d, text in enumerate(indexed_texts(records)):
+        for tok in tokenize(text):
+            expected[(tok, d)] = expected.get((tok, d), 0) + 1
+    assert counts == expected
+    assert list(chunk["lengths"]) == [len(tokenize(t)) for t in indexed_texts(records)]
+    assert chunk["terms"] == list(dict.fromkeys(t for text in indexed_texts(records) for t in tokenize(text)))

@@ -18,6 +18,7 @@ from memenv.search import (
     SearchBackend,
     make_backend,
     tokenize,
+    word_tokens,
 )
 
 VOCAB = [f"w{i}" for i in range(40)]
@@ -284,3 +285,17 @@ def test_backends_pickle(corpus: list[str]) -> None:
         backend = make_backend(name, corpus)
         clone = pickle.loads(pickle.dumps(backend))
         assert np.array_equal(clone.scores("w1 w2 w30"), backend.scores("w1 w2 w30"))
+
+
+def test_ascii_fast_path_equals_the_regular_expression_on_every_ascii_character() -> None:
+    """tokenize() translates ASCII text byte by byte instead of running the regex: the same tokens, for
+    every ASCII character (controls, punctuation, digits, both cases) in random strings."""
+    import re
+
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in range(128)] + ["the ", "of ", "A "]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        expected = [t for t in re.findall(r"[a-z0-9]+", text.lower()) if t not in STOPWORDS]
+        assert tokenize(text) == expected, repr(text)
+    assert word_tokens("The Cat_sat") == ["the", "cat", "sat"]  # before the stopword filter
