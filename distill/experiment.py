@@ -44,7 +44,11 @@ from agents.files import write_atomic, write_text_atomic
 from memenv.cli import HelpFormatter, positive_int
 
 ENV_ID = "MemQA-v0"
-ENV_KWARGS = {"objectives": 2, "hops": 1, "comparison_rate": 0.0}
+# One document per search (top_k=1; the oracle searches by exact title, so its evidence is always the top hit):
+# a turn's context stays ~3x shorter than with top_k=3, so a CPU trains ~1.6x more SFT steps per CPU-second and
+# the tiny teacher learns the task within its budget. Memory still matters: the first answer must be kept while
+# the second is looked up.
+ENV_KWARGS = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "top_k": 1}
 ARMS = {  # name -> (label, MemOPD fields; None: GRPO alone)
     "rl": ("GRPO alone", None),
     "opd_persistent": ("GRPO + OPD, persistent history", {"reconstruction": "persistent", "credit": "none"}),
@@ -74,8 +78,14 @@ class ExperimentConfig:
     out: str = "runs/memopd"
     env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(ENV_KWARGS))
     teacher: ModelSpec = field(default_factory=ModelSpec)
-    student: ModelSpec = field(default_factory=lambda: ModelSpec(hidden=64, layers=2, heads=4, sft_steps=300,
+    student: ModelSpec = field(default_factory=lambda: ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150,
                                                                  sft_minutes=None))
+    # The weak start: the student's SFT runs in rounds of student.sft_steps until greedy F1 on probe seeds
+    # (neither training nor held-out seeds) reaches student_start_f1, or student_max_steps are spent. A start
+    # with no reward at all gives GRPO nothing to learn from (every group has zero variance).
+    student_start_f1: float = 0.15
+    student_max_steps: int = 1500
+    probe_episodes: int = 100
     vocab: int = 8192
     tokenizer_episodes: int = 200
     arms: tuple[str, ...] = tuple(ARMS)
@@ -90,7 +100,8 @@ class ExperimentConfig:
     eval_episodes: int = 400
     max_new_tokens: int = 64
     num_envs: int = 16
-    threads: int = 1  # torch threads per process (see workers)
+    threads: int = 1  # torch threads per process of the arms (see workers)
+    sft_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # teacher and student SFT run alone
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # arm runs in parallel processes
     timing_rounds: int = 3
     diagnose_episodes: int = 16
@@ -100,7 +111,8 @@ class ExperimentConfig:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms:
             raise ValueError(f"arms must be a non-empty subset of {list(ARMS)}, got {list(self.arms)}")
-        for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads", "workers"):
+        for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads", "workers",
+                     "sft_threads", "probe_episodes", "student_max_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
@@ -113,7 +125,7 @@ class ExperimentConfig:
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
     """The ``--quick`` smoke run (<= 10 CPU-minutes): small models, 2 seeds, 3 updates, 100 held-out episodes."""
     base = dict(out=out, teacher=ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150, sft_minutes=3.0,
-                                           sft_episodes=300),
+                                           sft_episodes=300), student_max_steps=30, probe_episodes=16,
                 student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=30, sft_minutes=None, sft_episodes=300),
                 vocab=2048, tokenizer_episodes=60, seeds=2, updates=3, tasks_per_update=2, eval_episodes=100,
                 timing_rounds=1, diagnose_episodes=8)
@@ -183,16 +195,20 @@ def make_env_fn(cfg: ExperimentConfig):
     return lambda: gym.make(ENV_ID, **cfg.env_kwargs)
 
 
-def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig) -> pd.DataFrame:
-    """Greedy held-out episodes on seeds :func:`agents.llm.training.eval_seeds` (never trained on): one row per
-    seed with ``f1, em, peak_context_tokens, turns``."""
+#: Seeds of the student's weak-start probe: neither SFT seeds (0..episodes-1) nor held-out seeds (10**7 + i).
+PROBE_SEED_BASE = 2 * 10**7
+
+
+def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None) -> pd.DataFrame:
+    """Greedy episodes on ``seeds`` (default: the held-out seeds :func:`agents.llm.training.eval_seeds`, never
+    trained on): one row per seed with ``f1, em, peak_context_tokens, turns``."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollout import rollout
     from agents.llm.training import eval_seeds
 
     env_fn = make_env_fn(cfg)
     envs = [env_fn() for _ in range(cfg.num_envs)]
-    seeds = eval_seeds(cfg.eval_episodes)
+    seeds = eval_seeds(cfg.eval_episodes) if seeds is None else list(seeds)
     episodes = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
                        progress=cfg.progress)
     for env in envs:
@@ -213,7 +229,7 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
                      prompt_loss_weight=1.0, prompt_loss_fraction=0.3, eval_every=0, save_every=250,
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
-                     budget_clock=spec.sft_clock, threads=cfg.threads, tiny_hidden=spec.hidden,
+                     budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
                      num_envs=cfg.num_envs, resume=True, progress=cfg.progress)
 
@@ -276,14 +292,26 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     if not (init / "config.json").exists():
         save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
                                          heads=cfg.student.heads), tok, init)
-    row = train_sft(_sft_config(cfg, cfg.student, out / "sft", model=str(init)))
-    lm, tok = _trained(out / "sft")
+    probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
+    steps, probes = cfg.student.sft_steps, []
+    while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
+        spec = replace(cfg.student, sft_steps=steps)
+        row = _sft_finished(out / "sft", spec) or train_sft(_sft_config(cfg, spec, out / "sft", model=str(init)))
+        lm, tok = _trained(out / "sft")
+        probe = float(evaluate_per_seed(lm, tok, cfg, probe_seeds).f1.mean())
+        probes.append({"steps": steps, "probe_f1": probe})
+        _log(cfg, f"student after {steps} SFT steps: probe F1 {probe:.3f} (weak-start target "
+                  f"{cfg.student_start_f1})")
+        if probe >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
+            break
+        steps = min(steps + cfg.student.sft_steps, cfg.student_max_steps)
     ev = evaluate_per_seed(lm, tok, cfg)
     write_atomic(out / "start_eval.csv", lambda tmp: ev.to_csv(tmp, index=False))
     res = {"path": str(latest_checkpoint(out / "sft").resolve()), "steps": row.get("step"),
            "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(ev.f1.mean()), "em": float(ev.em.mean()),
            "f1_se": float(ev.f1.std(ddof=1) / math.sqrt(len(ev))),
-           "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.student)}
+           "parameters": sum(p.numel() for p in lm.parameters()), "probes": probes,
+           **asdict(replace(cfg.student, sft_steps=steps))}
     _write_json(out / "result.json", res)
     return res
 
@@ -621,7 +649,7 @@ def _run(args: argparse.Namespace) -> int:
     from memenv.cli import user_input
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
-                                                               "workers")
+                                                               "workers", "student_start_f1")
                                  if getattr(args, k) is not None}
     overrides["progress"] = not args.quiet
     if args.arms:
@@ -665,7 +693,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--teacher-clock", dest="teacher_clock", choices=["cpu", "wall"], default=None,
                    help="clock of that budget (default cpu: process CPU time, all threads)")
     m.add_argument("--student-steps", dest="student_steps", type=positive_int, default=None,
-                   help="weak-start SFT steps of the student (default 300; quick 30)")
+                   help="student SFT steps per weak-start round (default 150; quick 30)")
+    m.add_argument("--student-start-f1", dest="student_start_f1", type=float, default=None,
+                   help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(func=_run)
 

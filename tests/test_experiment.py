@@ -47,6 +47,7 @@ def _tiny(out):
                                               sft_episodes=4),
                             student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None,
                                               sft_episodes=4),
+                            student_max_steps=4, probe_episodes=2, sft_threads=1,
                             vocab=400, tokenizer_episodes=8, seeds=2, updates=1, tasks_per_update=1, group_size=2,
                             eval_episodes=4, max_new_tokens=10, num_envs=4, threads=1, workers=2, timing_rounds=1,
                             diagnose_episodes=2, progress=False)
@@ -66,6 +67,10 @@ def test_miniature_run_table_pairing_and_resume(tmp_path):
     assert (saved.seeds == 2).all() and (saved.updates == 1).all() and (saved.eval_episodes == 4).all()
     start = pd.read_csv(out / "student" / "start_eval.csv")
     assert list(start.seed) == eval_seeds(4)
+    # weak start: SFT rounds of 2 steps until the probe F1 reaches 0.15 (a 16-wide model does not) or 4 steps
+    student = json.loads((out / "student" / "result.json").read_text())
+    assert [p["steps"] for p in student["probes"]] == [2, 4] and student["sft_steps"] == 4
+    assert all(p["probe_f1"] < 0.15 for p in student["probes"])
     for arm in ARMS:
         ends = [pd.read_csv(out / "arms" / arm / f"seed{s}" / "end_eval.csv") for s in range(2)]
         for end in ends:
