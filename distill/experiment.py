@@ -115,6 +115,12 @@ class ExperimentConfig:
                      "sft_threads", "probe_episodes", "student_max_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.distill_coef >= 0:
+            raise ValueError(f"distill_coef must be >= 0, got {self.distill_coef}")
+        if not 0 <= self.student_start_f1 <= 1:
+            raise ValueError(f"student_start_f1 must be in [0, 1], got {self.student_start_f1}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
         for spec in (self.teacher, self.student):
@@ -649,12 +655,13 @@ def _run(args: argparse.Namespace) -> int:
     from memenv.cli import user_input
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
-                                                               "workers", "student_start_f1")
+                                                               "workers", "student_start_f1", "lr",
+                                                               "distill_coef")
                                  if getattr(args, k) is not None}
     overrides["progress"] = not args.quiet
     if args.arms:
         overrides["arms"] = tuple(args.arms)
-    with user_input("memenv experiment memopd"):
+    with user_input():
         cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
         if args.teacher_minutes is not None or args.teacher_clock is not None:
             cfg.teacher = replace(cfg.teacher, **({"sft_minutes": args.teacher_minutes}
@@ -696,6 +703,9 @@ def register_cli(subparsers) -> None:
                    help="student SFT steps per weak-start round (default 150; quick 30)")
     m.add_argument("--student-start-f1", dest="student_start_f1", type=float, default=None,
                    help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
+    m.add_argument("--lr", type=float, default=None, help="learning rate of every arm (default 1e-4)")
+    m.add_argument("--distill-coef", dest="distill_coef", type=float, default=None,
+                   help="lambda of the distillation loss in the OPD arms (default 1.0)")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(func=_run)
 

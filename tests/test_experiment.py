@@ -115,4 +115,10 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["experiment", "memopd", "--out", str(tmp_path / "x"), "--seeds", "0"])
     assert err.value.code == 2 and "--seeds" in capsys.readouterr().err
+    for option, value, name in (("--lr", "0", "lr must be > 0"), ("--distill-coef", "-1", "distill_coef"),
+                                ("--student-start-f1", "1.5", "student_start_f1")):
+        assert main(["experiment", "memopd", "--out", str(tmp_path / "x"), option, value]) == 2
+        assert capsys.readouterr().err.strip() == f"memenv experiment: error: {name}" + (
+            {"lr must be > 0": ", got 0.0", "distill_coef": " must be >= 0, got -1.0",
+             "student_start_f1": " must be in [0, 1], got 1.5"}[name])
     assert not (tmp_path / "x").exists()
