@@ -97,6 +97,9 @@ class ExperimentConfig:
     kl_coef: float = 0.02
     temperature: float = 0.7
     distill_coef: float = 1.0
+    # Attention of the packed (shared-prefix) forwards of the OPD arms: sdpa_blocks is exact (tested against the
+    # dense mask) and avoids the dense [L, L] mask, which cost more than the shared prefix saved on CPU.
+    attention_backend: str = "sdpa_blocks"
     eval_episodes: int = 400
     max_new_tokens: int = 64
     num_envs: int = 16
@@ -115,6 +118,10 @@ class ExperimentConfig:
                      "sft_threads", "probe_episodes", "student_max_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        from distill.packing import BACKENDS
+
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}; got {self.attention_backend!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not self.distill_coef >= 0:
@@ -337,7 +344,7 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     if fields is None:
         return PPOConfig(**common)
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
-                        **fields)
+                        attention_backend=cfg.attention_backend, **fields)
 
 
 def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]) -> dict:
@@ -390,7 +397,8 @@ def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 1
 
 def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame:
     """Actor forward+backward CPU seconds on one update's records of the start student: padded vs
-    shared-prefix packing, for each reconstruction (median of ``timing_rounds``), and the longest scored
+    shared-prefix packing (the dense-mask default and the arms' ``attention_backend``), for each reconstruction
+    (median of ``timing_rounds``), and the longest scored
     sequence (peak tokens the actor and the teacher see per sequence)."""
     import torch
 
@@ -409,8 +417,10 @@ def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame
     rows = []
     for reconstruction in ("aligned", "persistent"):
         peak = max(len(s) for s in reconstruct(records, reconstruction, tok))
-        for packing in ("padded", "shared_prefix"):
-            forward = PackedActorForward(ScoringLayout(reconstruction, packing, 4096), tok)
+        layouts = dict.fromkeys([("padded", "auto"), ("shared_prefix", "auto"),
+                                 ("shared_prefix", cfg.attention_backend)])
+        for packing, backend in layouts:
+            forward = PackedActorForward(ScoringLayout(reconstruction, packing, 4096, backend), tok)
             times = []
             for _ in range(cfg.timing_rounds):
                 t0 = time.process_time()
@@ -418,7 +428,8 @@ def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame
                 (out.logp.sum() + out.entropy.sum()).backward()
                 times.append(time.process_time() - t0)
                 module.zero_grad(set_to_none=True)
-            rows.append({"reconstruction": reconstruction, "packing": packing, "records": len(records),
+            rows.append({"reconstruction": reconstruction, "packing": packing, "backend": backend,
+                         "records": len(records),
                          "action_tokens": int(out.logp.numel()), "peak_scored_tokens": peak,
                          "actor_cpu_s": float(np.median(times)), "threads": torch.get_num_threads()})
     table = pd.DataFrame(rows)
@@ -460,13 +471,14 @@ def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, li
     for arm, arm_ends in ends.items():
         fields = ARMS[arm][1]
         reconstruction = fields["reconstruction"] if fields else "aligned"
-        t = timing[timing.reconstruction == reconstruction].set_index("packing")
+        t = timing[timing.reconstruction == reconstruction].set_index(["packing", "backend"])
         rows.append({"arm": arm, "label": ARMS[arm][0], "seeds": len(arm_ends), "updates": cfg.updates,
                      "eval_episodes": len(start), **arm_summary(start, arm_ends),
                      "peak_context_tokens": float(np.mean([e.peak_context_tokens.max() for e in arm_ends])),
                      "peak_scored_tokens": int(t["peak_scored_tokens"].iloc[0]),
-                     "actor_s_padded": float(t.loc["padded", "actor_cpu_s"]),
-                     "actor_s_packed": float(t.loc["shared_prefix", "actor_cpu_s"]) if fields else math.nan,
+                     "actor_s_padded": float(t.loc[("padded", "auto"), "actor_cpu_s"]),
+                     "actor_s_packed": (float(t.loc[("shared_prefix", cfg.attention_backend), "actor_cpu_s"])
+                                        if fields else math.nan),
                      "update_s": float(np.mean([r["update_s"] for r in runs[arm]])),
                      "train_cpu_min": float(np.mean([r["train_cpu_seconds"] for r in runs[arm]]) / 60)})
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

@@ -46,13 +46,14 @@ def _cfg(tmp_path, **kw):
     return MemOPDConfig(**base)
 
 
-@pytest.mark.parametrize("packing", ["padded", "padding_free", "shared_prefix"])
-def test_packed_forward_reproduces_sampling_and_the_collate_forward(packing):
+@pytest.mark.parametrize("packing,backend", [("padded", "auto"), ("padding_free", "auto"),
+                                             ("shared_prefix", "auto"), ("shared_prefix", "sdpa_blocks")])
+def test_packed_forward_reproduces_sampling_and_the_collate_forward(packing, backend):
     tok = memqa_tokenizer()
     model = tiny_model(tok, seed=1)
     records = _records(model, tok)
     ac = ActorCritic(model, value_head=True)
-    fwd = PackedActorForward(ScoringLayout("aligned", packing, token_budget=300), tok, chunk=7)
+    fwd = PackedActorForward(ScoringLayout("aligned", packing, token_budget=300, backend=backend), tok, chunk=7)
     out = fwd(ac, records, temperature=1.0, entropy=True)
     ref = collate_forward(tok.pad_token_id, "cpu")(ac, records, temperature=1.0, entropy=True)
     behaviour = torch.tensor([x for r in records for x in r.response_logprobs])
@@ -182,6 +183,9 @@ def test_config_rejects_bad_options_and_a_missing_teacher(tmp_path):
         _cfg(tmp_path, credit="both")
     with pytest.raises(ValueError, match="lambda"):
         _cfg(tmp_path, distill_coef=-1)
+    with pytest.raises(ValueError, match="attention_backend must be one of auto, sdpa, sdpa_blocks"):
+        _cfg(tmp_path, attention_backend="dense")
+    assert _cfg(tmp_path, attention_backend="sdpa_blocks").layout().backend == "sdpa_blocks"
     assert _cfg(tmp_path, reconstruction="persistent").minibatch_unit == "episode"
     with pytest.raises(ValueError, match="needs a teacher"):
         train_memopd(_cfg(tmp_path))
