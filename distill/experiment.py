@@ -84,7 +84,7 @@ class ExperimentConfig:
     # (neither training nor held-out seeds) reaches student_start_f1, or student_max_steps are spent. A start
     # with no reward at all gives GRPO nothing to learn from (every group has zero variance).
     student_start_f1: float = 0.15
-    student_max_steps: int = 1500
+    student_max_steps: int = 3000
     probe_episodes: int = 100
     vocab: int = 8192
     tokenizer_episodes: int = 200
@@ -232,7 +232,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
                          "turns": [ep.turns for ep in episodes]})
 
 
-def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None):
+def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
     from agents.llm.sft import SFTConfig
 
     return SFTConfig(env_id=ENV_ID, env_kwargs=dict(cfg.env_kwargs), out_dir=str(out), model=model, seed=0,
@@ -244,7 +244,7 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
-                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress)
+                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress, **overrides)
 
 
 def _trained(out: Path):
@@ -295,7 +295,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     """A smaller model on the teacher's tokenizer, weakly SFT'd; its per-seed start evaluation is saved."""
     from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
     from agents.llm.sft import train_sft
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.training import latest_checkpoint, load_trainer_state
 
     out = Path(cfg.out) / "student"
     if (res := _done(out)) is not None:
@@ -306,18 +306,28 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
         save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
                                          heads=cfg.student.heads), tok, init)
     probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
-    steps, probes = cfg.student.sft_steps, []
+    probes_path = out / "probes.json"
+    probes = json.loads(probes_path.read_text()) if probes_path.exists() else []
+    round_steps = cfg.student.sft_steps
+    done = latest_checkpoint(out / "sft")
+    done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
+    # A resumed run continues at the first round boundary at or after its last checkpoint.
+    steps = min(max(round_steps, -(-done_steps // round_steps) * round_steps), cfg.student_max_steps)
     while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
         spec = replace(cfg.student, sft_steps=steps)
-        row = _sft_finished(out / "sft", spec) or train_sft(_sft_config(cfg, spec, out / "sft", model=str(init)))
+        # A constant learning rate after warm-up (min_lr_ratio 1): a cosine over each round's end would spend
+        # every later round near its floor.
+        row = _sft_finished(out / "sft", spec) or train_sft(_sft_config(cfg, spec, out / "sft", model=str(init),
+                                                                        min_lr_ratio=1.0))
         lm, tok = _trained(out / "sft")
-        probe = float(evaluate_per_seed(lm, tok, cfg, probe_seeds).f1.mean())
-        probes.append({"steps": steps, "probe_f1": probe})
-        _log(cfg, f"student after {steps} SFT steps: probe F1 {probe:.3f} (weak-start target "
+        if not probes or probes[-1]["steps"] != steps:
+            probes.append({"steps": steps, "probe_f1": float(evaluate_per_seed(lm, tok, cfg, probe_seeds).f1.mean())})
+            write_text_atomic(probes_path, json.dumps(probes))
+        _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} (weak-start target "
                   f"{cfg.student_start_f1})")
-        if probe >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
+        if probes[-1]["probe_f1"] >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
             break
-        steps = min(steps + cfg.student.sft_steps, cfg.student_max_steps)
+        steps = min(steps + round_steps, cfg.student_max_steps)
     ev = evaluate_per_seed(lm, tok, cfg)
     write_atomic(out / "start_eval.csv", lambda tmp: ev.to_csv(tmp, index=False))
     res = {"path": str(latest_checkpoint(out / "sft").resolve()), "steps": row.get("step"),
@@ -667,7 +677,8 @@ def _run(args: argparse.Namespace) -> int:
     from memenv.cli import user_input
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
-                                                               "workers", "student_start_f1", "lr",
+                                                               "workers", "student_start_f1", "student_max_steps",
+                                                               "lr",
                                                                "distill_coef")
                                  if getattr(args, k) is not None}
     overrides["progress"] = not args.quiet
@@ -713,6 +724,8 @@ def register_cli(subparsers) -> None:
                    help="clock of that budget (default cpu: process CPU time, all threads)")
     m.add_argument("--student-steps", dest="student_steps", type=positive_int, default=None,
                    help="student SFT steps per weak-start round (default 150; quick 30)")
+    m.add_argument("--student-max-steps", dest="student_max_steps", type=positive_int, default=None,
+                   help="at most this many student SFT steps in all (default 3000; quick 30)")
     m.add_argument("--student-start-f1", dest="student_start_f1", type=float, default=None,
                    help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
     m.add_argument("--lr", type=float, default=None, help="learning rate of every arm (default 1e-4)")
