@@ -122,3 +122,45 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
             {"lr must be > 0": ", got 0.0", "distill_coef": " must be >= 0, got -1.0",
              "student_start_f1": " must be in [0, 1], got 1.5"}[name])
     assert not (tmp_path / "x").exists()
+
+
+def test_arm_workers_end_when_the_experiment_process_is_killed(tmp_path):
+    """A worker started with _exit_with_parent exits on its own once its parent is gone (SIGKILL, so no
+    executor shutdown runs), instead of training on as an orphan."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc")
+    script = (
+        "import multiprocessing, os, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from distill.experiment import _exit_with_parent\n"
+        "if __name__ == '__main__':\n"
+        "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
+        "                               initializer=_exit_with_parent, initargs=(os.getpid(), 0.05))\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    pool.submit(time.sleep, 120)\n"
+        "    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    try:
+        worker = int(parent.stdout.readline())
+        assert alive(worker)
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 15
+        while alive(worker) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker), "the arm worker outlived the killed experiment process"
+    finally:
+        parent.kill()
