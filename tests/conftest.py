@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,6 +65,13 @@ TINY_HOTPOT = [
         ],
     },
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sb3_logs_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Stable-Baselines3's default logger makes a folder ``SB3-<date>`` in the system temp dir on every
+    ``learn()`` without a logger; ``$SB3_LOGDIR`` sends those into pytest's own temp dir instead."""
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3_logs")))
 
 
 @pytest.fixture
