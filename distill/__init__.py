@@ -23,6 +23,17 @@ from typing import Any
 #: What ``memenv distill diagnose`` compares (here, not in :mod:`distill.diagnose`, so that registering the
 #: command loads no torch): the aligned reference, two packings of it, and the persistent-history control.
 DIAGNOSE_METHODS = ("aligned", "padding_free", "shared_prefix", "persistent")
+#: Attention implementations of the packed forwards (:func:`distill.packing.hidden_states`); here for the same
+#: reason, so that configurations are checked without loading torch.
+ATTENTION_BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
+
+
+def check_attention_backend(value: str, name: str = "attention_backend") -> str:
+    """``value`` if it names one of :data:`ATTENTION_BACKENDS`, else a ValueError naming ``name`` and the options."""
+    if value not in ATTENTION_BACKENDS:
+        raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}; got {value!r}")
+    return value
+
 
 _EXPORTS = {
     "MemOPDConfig": "distill.trainer",
@@ -36,7 +47,7 @@ _EXPORTS = {
     "diagnose": "distill.diagnose",
 }
 
-__all__ = sorted([*_EXPORTS, "DIAGNOSE_METHODS"])
+__all__ = sorted([*_EXPORTS, "DIAGNOSE_METHODS", "ATTENTION_BACKENDS", "check_attention_backend"])
 
 
 def __getattr__(name: str) -> Any:

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from agents.files import write_atomic, write_text_atomic
+from distill import check_attention_backend
 from memenv.cli import HelpFormatter, positive_int
 
 ENV_ID = "MemQA-v0"
@@ -119,10 +120,7 @@ class ExperimentConfig:
                      "sft_threads", "probe_episodes", "student_max_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        from distill.packing import BACKENDS
-
-        if self.attention_backend not in BACKENDS:
-            raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}; got {self.attention_backend!r}")
+        check_attention_backend(self.attention_backend)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not self.distill_coef >= 0:

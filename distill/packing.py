@@ -49,10 +49,10 @@ from typing import Sequence
 import torch
 
 from agents.llm.records import tokenizer_fingerprint
+from distill import check_attention_backend
 from distill.reconstruct import TokenSequence, episode_key, reconstruct
 
 PACKINGS = ("padded", "padding_free", "shared_prefix")
-BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
 SDPA_BLOCKS = "sdpa_blocks"  # attention implementation registered by register_block_attention
 
 
@@ -332,8 +332,7 @@ def _attn_impl(model) -> str:
 
 def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
     """The attention implementation :func:`hidden_states` will use for ``batch`` (see the module doc)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_attention_backend(backend, "backend")
     if backend != "auto":
         return backend
     device = next(model.parameters()).device

@@ -37,9 +37,9 @@ from agents.llm.models import load_tokenizer
 from agents.llm.ppo import ActorOutput, PPOConfig, train_rl
 from agents.llm.records import InvocationRecord
 from agents.llm.training import Dist, latest_checkpoint, load_or_build_model
+from distill import check_attention_backend
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss
-from distill.packing import BACKENDS
 from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 
 
@@ -59,7 +59,7 @@ class MemOPDConfig(PPOConfig):
     reconstruction: str = "aligned"  # aligned | persistent (actor recomputation and teacher scoring)
     packing: str = "shared_prefix"  # padded | padding_free | shared_prefix
     token_budget: int = 4096  # tokens per packed forward (rows x row length)
-    attention_backend: str = "auto"  # distill.packing.BACKENDS; auto: dense-mask sdpa on CPU, flash/flex on CUDA
+    attention_backend: str = "auto"  # distill.ATTENTION_BACKENDS; auto: dense-mask sdpa on CPU, flash/flex on CUDA
     credit: str = "none"  # none | mempo | himpo
     credit_coef: float = 1.0
     credit_gate_temperature: float = 1.0  # HiMPO's soft gate
@@ -68,8 +68,7 @@ class MemOPDConfig(PPOConfig):
         super().__post_init__()
         if self.distill_coef < 0:
             raise ValueError(f"distill_coef (lambda) must be >= 0, got {self.distill_coef}")
-        if self.attention_backend not in BACKENDS:
-            raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}; got {self.attention_backend!r}")
+        check_attention_backend(self.attention_backend)
         self.loss_config()  # each raises a ValueError naming the bad option
         self.layout()
         self.credit_config()

@@ -789,13 +789,14 @@ class BM25Index(SearchBackend):
             starts.append(found[0::2] + lo)
             counts.append(found[1::2] - found[0::2])
         start, count = np.concatenate(starts), np.concatenate(counts)
-        total = int(count.sum())
+        term_totals = [int(c.sum()) for c in counts]
+        total = sum(term_totals)
         if not total:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         # Global positions start[i] .. start[i] + count[i] - 1 of every (term, range) pair, in one array.
         pos = np.arange(total) + np.repeat(start - np.cumsum(count) + count, count)
         docs = self.post_doc[pos]
-        per_term = np.repeat(np.arange(len(terms)), [int(c.sum()) for c in counts])
+        per_term = np.repeat(np.arange(len(terms)), term_totals)
         weights = okapi_weights(self.idf[np.asarray(terms)][per_term], self.post_tf[pos], self.doc_norm[docs],
                                 self.k1)
         # Cell of each posting: its term's row, then its document's place among the ranges' documents.
