@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memenv.http import HTTPStatusError, UnreachableError, request_json
+from memenv.search.http import HTTPStatusError, UnreachableError, request_json
 
 PREFIX = "openai:"
 DEFAULT_STOP = ("</search>", "</answer>")

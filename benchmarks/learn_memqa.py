@@ -126,7 +126,7 @@ def run_eval(args) -> dict:
     import memenv  # noqa: F401
     from agents.llm.policy import LLMPolicy
     from agents.llm.models import load_pretrained
-    from agents.llm.rollout import rollout
+    from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
 
     if not args.start:

@@ -59,7 +59,7 @@ def _episode(env, policy, seed: int) -> tuple[int, float]:
 
 def child(doc_tokens: int, strategy: str, seed: int) -> dict:
     from agents.scripted.qa_strategies import make_strategy
-    from memenv.memread import MemReadEnv
+    from memenv.envs.memread import MemReadEnv
 
     policy = make_strategy(strategy, "MemRead-v0")
     _episode(MemReadEnv(doc_tokens=2000, keep_snapshots=False, context=policy.context), policy, seed + 1)  # warm-up
@@ -89,7 +89,7 @@ def huge_paragraph(words: int, chunk_tokens: int, window: int = 50) -> dict:
     """Per-step times on a one-paragraph document of ``words`` words (see the module docstring)."""
     import torch
 
-    from memenv.memread import MemReadEnv
+    from memenv.envs.memread import MemReadEnv
     from tasks.types import Document, QADataset, Question
 
     text = " ".join(f"w{i}" for i in range(words))

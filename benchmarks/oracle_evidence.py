@@ -27,7 +27,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from agents.scripted.qa_strategies import OraclePolicy
-from memenv.memqa import MemQAEnv
+from memenv.envs.memqa import MemQAEnv
 from tasks.corpus import load_qa_pair
 from tasks.hotpot import load_hotpotqa
 

@@ -3,7 +3,7 @@
 Builds a seeded corpus of made-up words with a Zipf-like frequency profile (40-120 words per document) and
 measures, in one run:
 
-* ``index``: the disk-backed index (:mod:`memenv.index`): build time and RSS added (measured in a fresh
+* ``index``: the disk-backed index (:mod:`memenv.search.index`): build time and RSS added (measured in a fresh
   subprocess: VmHWM minus the RSS before the build, tokenising workers reported apart), load time
   (memory-map + vocabulary + first query, in another fresh process) and per-query ms; every timed top-k is
   checked against exhaustive BM25 scoring of the same index (bit-identical to rank_bm25's scores);
@@ -41,12 +41,12 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from memenv.search import STOPWORDS, SearchBackend, make_backend, tokenize
+    from memenv.search.bm25 import STOPWORDS, SearchBackend, make_backend, tokenize
 except ImportError:  # run as a script from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from memenv.search import STOPWORDS, SearchBackend, make_backend, tokenize
+    from memenv.search.bm25 import STOPWORDS, SearchBackend, make_backend, tokenize
 
-from memenv.index import BM25Index, build_index
+from memenv.search.index import BM25Index, build_index
 
 TARGET_RATIO = 50.0
 TARGET_QUERY_MS = 2.0

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     import memenv  # noqa: F401
     from agents.llm.models import build_tiny_model, build_tokenizer, task_texts
     from agents.llm.policy import LLMPolicy
-    from agents.llm.rollout import records_of, rollout
+    from agents.llm.rollouts import records_of, rollout
     from distill.packing import action_hidden, chunked_logprobs, pack, unpack
     from distill.reconstruct import aligned
 

@@ -215,7 +215,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
     """Greedy episodes on ``seeds`` (default: the held-out seeds :func:`agents.llm.training.eval_seeds`, never
     trained on): one row per seed with ``f1, em, peak_context_tokens, turns``."""
     from agents.llm.policy import LLMPolicy
-    from agents.llm.rollout import rollout
+    from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
 
     env_fn = make_env_fn(cfg)
@@ -392,7 +392,7 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
 def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 123):
     """One GRPO-shaped batch of training-temperature episodes (records for timing and diagnostics)."""
     from agents.llm.policy import LLMPolicy
-    from agents.llm.rollout import records_of, rollout
+    from agents.llm.rollouts import records_of, rollout
 
     env_fn = make_env_fn(cfg)
     group = cfg.group_size

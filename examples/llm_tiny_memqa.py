@@ -28,7 +28,7 @@ def main() -> None:
     from agents.llm.policy import LLMPolicy, sequence_logprobs
     from agents.llm.models import load_pretrained
     from agents.llm.ppo import PPOConfig, train_rl
-    from agents.llm.rollout import rollout
+    from agents.llm.rollouts import rollout
     from agents.llm.sft import SFTConfig, train_sft
     from agents.llm.training import latest_checkpoint
 

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
-from memenv.index import build_command as index_build_command
-from memenv.index import register_cli as register_index
+from memenv.search.index import build_command as index_build_command
+from memenv.search.index import register_cli as register_index
 from memenv.protocol import TOOLS, parse_action
 from memenv.registration import ENVIRONMENTS
 

@@ -5,7 +5,7 @@ transcript). ``context_budget`` left-truncates the body like a sliding context w
 always kept whole, as chat systems keep the system prompt. The body keeps at least its newest ``min_body``
 tokens, so an observation exceeds the budget only when the task block alone leaves less room than that; the
 envs rule this out at make time for the fixed part of the task block (instructions and question headers, see
-:meth:`memenv.base.MemEnvBase._check_context_budget`), and ``context_tokens`` always reports the true size.
+:meth:`memenv.envs.base.MemEnvBase._check_context_budget`), and ``context_tokens`` always reports the true size.
 """
 
 from __future__ import annotations
@@ -18,6 +18,18 @@ from memenv.validation import ArgumentTypeError
 
 TokenCounter = Callable[[str], int]
 _WORD = re.compile(r"\S+")
+
+# Every character a real document or a model may produce, minus control characters and surrogates; text
+# outside it (astral-plane emoji, NUL, ...) is replaced by U+FFFD before it reaches an observation.
+_CHARSET_RANGES = ((0x20, 0x7F), (0xA0, 0xD800), (0xE000, 0xFFFE))
+CHARSET = "\t\n" + "".join(chr(c) for lo, hi in _CHARSET_RANGES for c in range(lo, hi))
+_OUTSIDE_CHARSET = re.compile("[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]")
+
+
+def sanitize(text: str) -> str:
+    """``text`` with every character outside :data:`CHARSET` replaced by U+FFFD."""
+    return _OUTSIDE_CHARSET.sub("\ufffd", text)
+
 
 
 def count_words(text: str) -> int:

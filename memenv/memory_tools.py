@@ -7,7 +7,7 @@ exactly one tool call (optionally after one ``<think>…</think>``)::
     <mem_add>TEXT</mem_add>              add an entry; the result names its id ("added entry 7 (12 tokens)")
     <mem_update id=N>TEXT</mem_update>   replace entry N's text
     <mem_delete id=N/>                   delete entry N
-    <mem_search>QUERY</mem_search>       BM25 (memenv.search) over the entries: the best k as "[N] text"
+    <mem_search>QUERY</mem_search>       BM25 (memenv.search.bm25) over the entries: the best k as "[N] text"
     <search>QUERY</search>               search the env's document collection (MemQA)
     <next/>                              done with this session: show the next one
     <answer>TEXT</answer>                answer the question shown
@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from memenv.context import count_words
-from memenv.search import make_backend
+from memenv.search.bm25 import make_backend
 
 __all__ = ["MEMORY_MODES", "STORE_TOOLS", "TOOL_NAMES", "MemoryStore", "StoreError", "ToolCall", "check_tools_context",
            "format_tool_call", "parse_tool_call", "run_store_call"]
@@ -238,7 +238,7 @@ def run_store_call(store: MemoryStore, call: ToolCall, k: int, clean: Callable[[
     """Apply a valid store call (one of :data:`STORE_TOOLS`) to ``store``: ``(tool output, invocation keys)``.
 
     The keys are ``entry_id`` (the entry added, updated or deleted) or ``retrieved_ids`` (a search's hits,
-    best first). ``clean`` is applied to stored and shown text (envs pass :func:`memenv.base.sanitize`). Raises
+    best first). ``clean`` is applied to stored and shown text (envs pass :func:`memenv.envs.base.sanitize`). Raises
     :class:`StoreError` (store unchanged) for an unknown id or an entry over the budget.
     """
     if call.name == "mem_add":

@@ -11,22 +11,22 @@ from gymnasium.envs.registration import register, registry
 
 # id -> (entry point, default kwargs)
 ENVIRONMENTS: dict[str, tuple[str, dict]] = {
-    "MemQA-v0": ("memenv.memqa:MemQAEnv", {}),
-    "MemQA-Hotpot-v0": ("memenv.memqa:MemQAEnv", {"dataset": "hotpotqa", "objectives": 1}),
+    "MemQA-v0": ("memenv.envs.memqa:MemQAEnv", {}),
+    "MemQA-Hotpot-v0": ("memenv.envs.memqa:MemQAEnv", {"dataset": "hotpotqa", "objectives": 1}),
     # Horizon scaling (MEM1's multi-objective composition): N questions per episode, answered together. The
     # turn limit grows with N (2 * N * hops + 2), so these are the long-horizon variants of MemQA-v0.
-    "MemQA-N1-v0": ("memenv.memqa:MemQAEnv", {"objectives": 1}),
-    "MemQA-N2-v0": ("memenv.memqa:MemQAEnv", {"objectives": 2}),
-    "MemQA-N4-v0": ("memenv.memqa:MemQAEnv", {"objectives": 4}),
-    "MemQA-N8-v0": ("memenv.memqa:MemQAEnv", {"objectives": 8}),
-    "MemQA-N16-v0": ("memenv.memqa:MemQAEnv", {"objectives": 16}),
+    "MemQA-N1-v0": ("memenv.envs.memqa:MemQAEnv", {"objectives": 1}),
+    "MemQA-N2-v0": ("memenv.envs.memqa:MemQAEnv", {"objectives": 2}),
+    "MemQA-N4-v0": ("memenv.envs.memqa:MemQAEnv", {"objectives": 4}),
+    "MemQA-N8-v0": ("memenv.envs.memqa:MemQAEnv", {"objectives": 8}),
+    "MemQA-N16-v0": ("memenv.envs.memqa:MemQAEnv", {"objectives": 16}),
     # Long-document reading (MemAgent style): chunks of a document with buried gold paragraphs.
-    "MemRead-v0": ("memenv.memread:MemReadEnv", {}),
+    "MemRead-v0": ("memenv.envs.memread:MemReadEnv", {}),
     # Long conversations (LoCoMo/BEAM style): sessions read one by one, then questions from memory.
-    "MemDialog-v0": ("memenv.memdialog:MemDialogEnv", {}),
-    "MemDialog-LoCoMo-v0": ("memenv.memdialog:MemDialogEnv", {"dataset": "locomo", "questions": 10}),
+    "MemDialog-v0": ("memenv.envs.memdialog:MemDialogEnv", {}),
+    "MemDialog-LoCoMo-v0": ("memenv.envs.memdialog:MemDialogEnv", {"dataset": "locomo", "questions": 10}),
     # BEAM (SelfMem): 128K-10M-token chats streamed batch by batch; synthetic, or data_path= BEAM's layout.
-    "MemDialog-BEAM-v0": ("memenv.beam:MemDialogBeamEnv", {}),
+    "MemDialog-BEAM-v0": ("memenv.envs.beam:MemDialogBeamEnv", {}),
 }
 
 

@@ -157,7 +157,7 @@ class MemQANumeric(gym.Wrapper):
     """MemQA with a ``Box`` observation and ``Discrete`` macro-actions (see the module docstring).
 
     Args:
-        env: a MemQA env (``gym.make("MemQA-v0", ...)`` or :class:`memenv.memqa.MemQAEnv`); when None, one
+        env: a MemQA env (``gym.make("MemQA-v0", ...)`` or :class:`memenv.envs.memqa.MemQAEnv`); when None, one
             is built from :data:`DEFAULT_TASK` updated with ``env_kwargs``.
         candidate_slots: C, candidate strings the policy can search for or answer with.
         result_slots: R, newest-result sentences it can keep (the most relevant to the question first).
@@ -174,7 +174,7 @@ class MemQANumeric(gym.Wrapper):
                  memory_slots: int = 3, max_edits: int = 2, hash_dim: int = 32, context_dim: int = 8,
                  **env_kwargs: Any) -> None:
         if env is None:
-            from memenv.memqa import MemQAEnv
+            from memenv.envs.memqa import MemQAEnv
 
             env = MemQAEnv(**{**DEFAULT_TASK, **env_kwargs})
         elif env_kwargs:

@@ -311,7 +311,7 @@ def load_corpus_jsonl(path: PathLike) -> list[Document]:
 def document_from_record(rec: Mapping[str, Any], loc: RecordLocation) -> Document:
     """One corpus record (``{"id", "title", "text"}`` or ``{"id", "contents"}``) as a :class:`Document`.
 
-    The rules of :func:`load_corpus_jsonl`, for one record; streaming readers (``memenv.index``) share them.
+    The rules of :func:`load_corpus_jsonl`, for one record; streaming readers (``memenv.search.index``) share them.
     """
     doc_id = as_str(get_field(rec, "id", loc), "id", loc, allow_int=True)
     if "text" in rec:

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import memenv  # noqa: F401 - registers the envs
-from memenv.base import MIN_BODY_TOKENS
-from memenv.memdialog import MemDialogEnv
+from memenv.envs.base import MIN_BODY_TOKENS
+from memenv.envs.memdialog import MemDialogEnv
 from memenv.validation import ArgumentTypeError
 from tasks import DataFormatError, DataFormatWarning
 from tasks.beam import ABILITIES, iter_chat_batches, load_probing_questions

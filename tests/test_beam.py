@@ -13,11 +13,11 @@ from gymnasium.utils.env_checker import check_env
 from scipy.stats import kendalltau
 
 import memenv  # noqa: F401
-from memenv.beam import MemDialogBeamEnv
-from memenv.beam_scoring import (JudgeError, OpenAIJudge, event_order_score, make_judge, nugget_recall,
+from memenv.envs.beam import MemDialogBeamEnv
+from memenv.scoring.beam import (JudgeError, OpenAIJudge, event_order_score, make_judge, nugget_recall,
                                  rubric_nugget, score_beam_answer)
 from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
-from memenv.scoring import f1_score
+from memenv.scoring.qa import f1_score
 from tasks.beam import (ABILITIES, BeamConversation, SyntheticBeamChat, find_conversations, iter_chat_batches,
                         load_probing_questions, write_beam_directory)
 from tasks.types import DataFormatError

@@ -11,7 +11,7 @@ from llm_common import ENV_KW, memqa_envs, memqa_tokenizer, tiny_model  # noqa: 
 
 from agents.llm.models import save_pretrained  # noqa: E402
 from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.rollout import rollout  # noqa: E402
+from agents.llm.rollouts import rollout  # noqa: E402
 from agents.scripted.bench import run_bench  # noqa: E402
 from memenv.cli import main  # noqa: E402
 

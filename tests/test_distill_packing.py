@@ -12,7 +12,7 @@ from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  #
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.records import InvocationRecord, tokenizer_fingerprint  # noqa: E402
-from agents.llm.rollout import records_of, rollout  # noqa: E402
+from agents.llm.rollouts import records_of, rollout  # noqa: E402
 from distill.diagnose import diagnose  # noqa: E402
 from distill.packing import (PACKINGS, action_logprobs, attention_blocks, build_mask, check_records,  # noqa: E402
                              pack, rce, score_records, unpack)

@@ -13,7 +13,7 @@ from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.ppo import PPOConfig, collate_forward, train_rl  # noqa: E402
-from agents.llm.rollout import records_of, rollout  # noqa: E402
+from agents.llm.rollouts import records_of, rollout  # noqa: E402
 from agents.llm.training import ActorCritic  # noqa: E402
 from distill.losses import DistillLossConfig  # noqa: E402
 from distill.teacher import ScoringLayout, Teacher  # noqa: E402

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import memenv
 from agents.scripted.qa_strategies import OraclePolicy
-from memenv.base import sanitize
+from memenv.context import sanitize
 from memenv.context import count_words
 from memenv.protocol import parse_action
 from memenv.registration import ENVIRONMENTS
@@ -76,7 +76,7 @@ def test_make_after_import() -> None:
     env = gym.make("MemQA-v0")
     obs, info = env.reset(seed=0)
     assert obs.startswith("<task>")
-    assert isinstance(env.unwrapped, memenv.memqa.MemQAEnv)
+    assert isinstance(env.unwrapped, memenv.envs.memqa.MemQAEnv)
     memenv.register_envs()  # idempotent
     assert gym.make("MemQA-v0").spec.id == "MemQA-v0"
 

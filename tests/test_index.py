@@ -1,4 +1,4 @@
-"""memenv.index: the disk-backed BM25 index ranks exactly as rank_bm25, detects a changed corpus, is atomic."""
+"""memenv.search.index: the disk-backed BM25 index ranks exactly as rank_bm25, detects a changed corpus, is atomic."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import memenv  # noqa: F401 - registers the environments
-from memenv.base import sanitize
+from memenv.context import sanitize
 from memenv.cli import main as cli_main
-from memenv.index import BM25Index, IndexMismatchError, build_index
-from memenv.search import SearchBackend, make_backend, tokenize
+from memenv.search.index import BM25Index, IndexMismatchError, build_index
+from memenv.search.bm25 import SearchBackend, make_backend, tokenize
 from tasks.corpus import load_corpus_jsonl
 from tasks.types import DataFormatError
 
@@ -242,7 +242,7 @@ def test_memqa_over_an_index_matches_memqa_over_the_loaded_corpus(tmp_path):
 def test_build_tokenises_each_document_as_tokenize_does(tmp_path):
     """The build's chunk tokeniser (ASCII fast path, sanitize only for non-ASCII, stopwords dropped per term
     after mapping) counts exactly what tokenize() of the sanitised title and text gives, document by document."""
-    from memenv.index import _tokenize_chunk
+    from memenv.search.index import _tokenize_chunk
 
     texts = ["the of and", "Zoë's 2nd-floor \x01ctrl\x7f nbsp\u00a0x \ufb01ne", "A an THE", "ﬁsh ǅ Ⅻ 𝐀bc x²",
              "x", "Alpha beta alpha\tALPHA", "\u2028line\u0085sep café CAFE", "beta the gamma the"]

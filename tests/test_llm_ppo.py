@@ -14,7 +14,7 @@ from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.ppo import (PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
                             train_rl, zero_variance_groups)
 from agents.llm.records import InvocationRecord  # noqa: E402
-from agents.llm.rollout import Episode, rollout  # noqa: E402
+from agents.llm.rollouts import Episode, rollout  # noqa: E402
 from agents.llm.training import ActorCritic, collate  # noqa: E402
 
 

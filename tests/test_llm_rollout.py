@@ -9,7 +9,7 @@ from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  #
 
 from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
 from agents.llm.records import InvocationRecord, load_records, memory_mask, save_records  # noqa: E402
-from agents.llm.rollout import rollout  # noqa: E402
+from agents.llm.rollouts import rollout  # noqa: E402
 
 
 def _check_round_trip(model, records, tol=1e-4):

@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 
 import memenv  # noqa: F401 - registers the environments
 from agents.scripted.qa_strategies import make_strategy
-from memenv.memdialog import MemDialogEnv
+from memenv.envs.memdialog import MemDialogEnv
 from tasks.conversations import ABSTENTION_ANSWER
 from tasks.locomo import CATEGORY_TYPES, load_locomo
 from tasks.types import DataFormatError

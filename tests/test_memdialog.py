@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import memenv  # noqa: F401 - registers the environments
 from agents.scripted.reading_strategies import DIALOG_STRATEGIES, DialogReader, dated_lines
 from agents.scripted.qa_strategies import make_strategy
-from memenv.memdialog import MemDialogEnv, score_answer
+from memenv.envs.memdialog import MemDialogEnv, score_answer
 from tasks.conversations import (
     ABSTENTION_ANSWER,
     QUESTION_TYPES,

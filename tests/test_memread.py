@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import memenv  # noqa: F401 - registers the environments
 from agents.scripted.reading_strategies import READ_STRATEGIES
 from agents.scripted.qa_strategies import make_strategy
-from memenv.memread import MemReadEnv
+from memenv.envs.memread import MemReadEnv
 from tasks.documents import plan_long_document, token_counts
 from tasks.types import Document
 

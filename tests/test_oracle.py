@@ -11,8 +11,8 @@ import pytest
 
 import memenv  # noqa: F401 - registers the envs
 from agents.scripted.qa_strategies import FAILED_SEARCHES, OraclePolicy
-from memenv.scoring import normalize_answer
-from memenv.search import tokenize
+from memenv.scoring.qa import normalize_answer
+from memenv.search.bm25 import tokenize
 
 # A corpus where the founder's page ("Ilsa Brandt (producer)") is buried under pages that repeat her name (its
 # title and bare name find only those), but the sentence naming her in the label's page finds it; and a page

@@ -1,4 +1,4 @@
-"""memenv.remote: the Search-R1/MEM1 retrieval-server client against a small server on 127.0.0.1."""
+"""memenv.search.remote: the Search-R1/MEM1 retrieval-server client against a small server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import memenv  # noqa: F401 - registers the environments
-from memenv.remote import PrefetchSearches, RemoteRetriever, RetrieverError
+from memenv.search.remote import PrefetchSearches, RemoteRetriever, RetrieverError
 
 CORPUS = [
     {"id": "0", "contents": '"Paris"\nParis is the capital of France.'},

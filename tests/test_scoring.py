@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memenv.scoring import (
+from memenv.scoring.qa import (
     best_em_f1,
     exact_match,
     f1_score,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memenv.search import (
+from memenv.search.bm25 import (
     BACKENDS,
     STOPWORDS,
     BM25Reference,

@@ -4,7 +4,7 @@
   ``save_pretrained`` / ``load_pretrained`` from local paths (nothing is downloaded).
 - :mod:`agents.llm.policy`: :class:`LLMPolicy`, batched token-exact sampling (prompt ids, sampled ids, log-probs).
 - :mod:`agents.llm.records`: the :class:`InvocationRecord` of DESIGN.md, with JSONL save/load.
-- :mod:`agents.llm.rollout`: episodes over lists or vector envs, joined with the env snapshots into records.
+- :mod:`agents.llm.rollouts`: episodes over lists or vector envs, joined with the env snapshots into records.
 - :mod:`agents.llm.training`: what the trainers share (actor-critic, batching, torchrun, checkpoints, metrics).
 - :mod:`agents.llm.sft`, :mod:`agents.llm.ppo`: behaviour cloning of the oracle; PPO and GRPO.
 - :mod:`agents.llm.cli`: ``memenv train``.
@@ -22,8 +22,8 @@ _EXPORTS = {
     "InvocationRecord": "agents.llm.records",
     "load_records": "agents.llm.records",
     "save_records": "agents.llm.records",
-    "rollout": "agents.llm.rollout",
-    "records_of": "agents.llm.rollout",
+    "rollout": "agents.llm.rollouts",
+    "records_of": "agents.llm.rollouts",
     "load_pretrained": "agents.llm.models",
     "save_pretrained": "agents.llm.models",
     "make_tiny": "agents.llm.models",

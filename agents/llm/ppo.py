@@ -54,7 +54,7 @@ import torch
 from agents.llm.policy import LLMPolicy
 from agents.llm.precision import host_line
 from agents.llm.records import InvocationRecord
-from agents.llm.rollout import records_of, rollout
+from agents.llm.rollouts import records_of, rollout
 from agents.llm.training import (
     ActorCritic,
     MetricsLog,

@@ -3,7 +3,7 @@
 ``memenv bench --strategies relevance history runs/memopd/student`` puts learned and hand-written memory in one
 table: a strategy name that is a local folder holding ``config.json`` (a ``save_pretrained`` checkpoint) becomes
 a :class:`CheckpointStrategy`, a greedy :class:`agents.llm.policy.LLMPolicy` (temperature 0: the bench compares
-policies, not samples). Episodes of one cell run batched through :func:`agents.llm.rollout.rollout` (all
+policies, not samples). Episodes of one cell run batched through :func:`agents.llm.rollouts.rollout` (all
 episodes' invocations of a turn in one forward), so a cell of 20 episodes costs about one episode's forwards.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from agents.llm.models import load_pretrained
 from agents.llm.policy import LLMPolicy
-from agents.llm.rollout import rollout
+from agents.llm.rollouts import rollout
 
 
 class CheckpointStrategy:

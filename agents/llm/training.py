@@ -26,7 +26,7 @@ from torch import nn
 
 from agents.files import write_atomic
 from agents.llm.models import load_pretrained, make_tiny, save_pretrained
-from agents.llm.rollout import rollout
+from agents.llm.rollouts import rollout
 
 # ---------------------------------------------------------------------- seeds
 TOKENIZER_SEED_BASE = 10**6  # agents.llm.models.make_tiny builds the tokenizer from these seeds

@@ -42,8 +42,8 @@ import gymnasium as gym
 
 import memenv  # noqa: F401 - registers the environments
 from agents.llm.policy import DEFAULT_STOP, Generation, LLMPolicy
-from agents.llm.rollout import Episode, rollout
-from memenv.base import sanitize
+from agents.llm.rollouts import Episode, rollout
+from memenv.context import sanitize
 
 MIN_PYTHON = (3, 11)
 TRL_TESTED = "1.16.0"
@@ -142,7 +142,7 @@ class MemenvRollout:
         template, system_prompt, max_prompt_tokens, batch_size: as in :class:`LLMPolicy`.
         history_rows: force the layout (default: ``True`` iff the env's context mode is ``history``).
 
-    After each call ``last_episodes`` holds the episodes as :class:`agents.llm.rollout.Episode` (memory mode:
+    After each call ``last_episodes`` holds the episodes as :class:`agents.llm.rollouts.Episode` (memory mode:
     with their invocation records) and ``last_rows`` the row dict that was returned.
     """
 

@@ -32,10 +32,10 @@ from agents.scripted.world_reader import (
     resolve_open,
     sentences,
 )
-from memenv.base import sanitize
+from memenv.context import sanitize
 from memenv.protocol import format_action
-from memenv.scoring import normalize_answer
-from memenv.search import tokenize
+from memenv.scoring.qa import normalize_answer
+from memenv.search.bm25 import tokenize
 from tasks.types import Document
 
 _ANSWER_LINE = re.compile(r"^Answer (\d+): (.*)$")

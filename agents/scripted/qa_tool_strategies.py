@@ -27,7 +27,7 @@ from agents.scripted.qa_strategies import (STRATEGY_FAMILIES, OraclePolicy, Scri
 from agents.scripted.tool_strategies import added_entry, read_tool_observation, result_entries
 from agents.scripted.world_reader import parse_fact, read_observation, sentences
 from memenv.memory_tools import format_tool_call
-from memenv.search import tokenize
+from memenv.search.bm25 import tokenize
 
 __all__ = ["QA_TOOL_STRATEGIES", "QAToolOraclePolicy", "QAToolRagPolicy"]
 

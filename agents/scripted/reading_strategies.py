@@ -43,7 +43,7 @@ from agents.scripted.world_reader import (
 )
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from memenv.protocol import format_action
-from memenv.search import tokenize
+from memenv.search.bm25 import tokenize
 from tasks.conversations import (
     ABSTENTION_ANSWER,
     ATTRIBUTES,

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from memenv.memory_tools import format_tool_call
-from memenv.search import tokenize
+from memenv.search.bm25 import tokenize
 from tasks.conversations import ABSTENTION_ANSWER
 
 __all__ = ["TOOL_STRATEGIES", "ToolReader", "added_entry", "read_tool_observation", "result_entries"]
@@ -39,7 +39,7 @@ _ENTRY = re.compile(r"^\[(\d+)\] (.*)$", re.MULTILINE)
 _ADDED = re.compile(r"^added entry (\d+) \((\d+) tokens\)")
 _DATED = re.compile(r"^\[(\d{4}-\d{2}-\d{2})\] ")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
-# Question words that say nothing about the topic (beyond memenv.search's stopwords).
+# Question words that say nothing about the topic (beyond memenv.search.bm25's stopwords).
 _GENERIC = frozenset("my i me you your name how many much can could tell told ever have has did does when "
                      "where why now recommend help summarize order complete steps different per week days take "
                      "long".split())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memenv.search import tokenize
+from memenv.search.bm25 import tokenize
 from tasks.world import COMPARISONS, RELATIONS
 
 NAME = r"[A-Z][A-Za-z'\-]*(?: (?:of )?[A-Z][A-Za-z'\-]*)*"

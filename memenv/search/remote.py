@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from memenv.http import HTTPStatusError, UnreachableError, request_json
+from memenv.search.http import HTTPStatusError, UnreachableError, request_json
 from memenv.protocol import parse_action
 from tasks.corpus import split_contents
 from tasks.types import Document

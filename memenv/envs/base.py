@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import re
 import warnings
 from typing import Any, Callable
 
@@ -17,23 +16,11 @@ import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.vector.utils import create_shared_memory
 
-from memenv.context import ContextMode, TokenCounter, count_words, fit_context, truncate_right
+from memenv.context import CHARSET, ContextMode, TokenCounter, count_words, fit_context, sanitize, truncate_right
 from memenv.validation import check_callable, check_choice, check_int, check_number, check_path
 
 #: Tokens of body (memory and newest information) an observation always keeps next to the task block.
 MIN_BODY_TOKENS = 16
-
-# Every character a real document or a model may produce, minus control characters and surrogates; text
-# outside it (astral-plane emoji, NUL, ...) is replaced by U+FFFD before it reaches an observation.
-_CHARSET_RANGES = ((0x20, 0x7F), (0xA0, 0xD800), (0xE000, 0xFFFE))
-CHARSET = "\t\n" + "".join(chr(c) for lo, hi in _CHARSET_RANGES for c in range(lo, hi))
-_OUTSIDE_CHARSET = re.compile("[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]")
-
-
-def sanitize(text: str) -> str:
-    """``text`` with every character outside :data:`CHARSET` replaced by U+FFFD."""
-    return _OUTSIDE_CHARSET.sub("\ufffd", text)
-
 
 def required_data_file(data_path: Any, env_id: str, what: str, example: str, label: str) -> str:
     """The path of a data file an env cannot run without; a clear error when it is missing or absent."""

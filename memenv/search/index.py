@@ -33,7 +33,7 @@ document could still reach. Indexes with ``range_max.npy`` (written since it was
 block-max pruning over fixed document ranges instead (see :meth:`BM25Index.search`), which also bounds the
 queries made only of common terms that the threshold algorithm cannot prune.
 
-What is indexed is ``sanitize(title) + "\\n" + sanitize(text)`` (:func:`memenv.base.sanitize`), exactly the
+What is indexed is ``sanitize(title) + "\\n" + sanitize(text)`` (:func:`memenv.envs.base.sanitize`), exactly the
 text MemQA indexes in memory, so an env over an index ranks as one over the loaded corpus.
 """
 
@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from memenv.base import sanitize
-from memenv.search import (STOPWORDS, SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize,
+from memenv.context import sanitize
+from memenv.search.bm25 import (STOPWORDS, SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize,
                            word_tokens)
 from tasks.corpus import RecordLocation, document_from_record
 from tasks.types import DataFormatError, Document, QADataset, Question
@@ -618,7 +618,7 @@ class BM25Index(SearchBackend):
         self._vocab: dict[str, int] | None = None
 
     def _build(self, corpus: list[list[str]]) -> None:
-        raise TypeError("a BM25Index is built by memenv.index.build_index and opened from its directory")
+        raise TypeError("a BM25Index is built by memenv.search.index.build_index and opened from its directory")
 
     def __reduce__(self):
         return (_open_index, (str(self.path),))

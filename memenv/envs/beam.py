@@ -13,7 +13,7 @@ Two memory modes (``memory_mode=``):
   ``<mem_search>``), ``<next/>`` ends a session, ``<answer>`` answers the question shown. At most
   ``max_tool_calls`` calls per session or question (then the env moves on by itself).
 
-Scoring (:mod:`memenv.beam_scoring`): per question an approximation of BEAM's score without a judge (LoCoMo's
+Scoring (:mod:`memenv.scoring.beam`): per question an approximation of BEAM's score without a judge (LoCoMo's
 abstention rule, rubric-nugget token-F1 recall, (tau_b+1)/2 for event ordering), or BEAM's rubric judging with
 ``judge="openai:MODEL@URL"``. Reward at the last answer: the mean score. ``info["summary"]`` adds ``score``,
 ``score_by_ability``, ``per_question`` (question, ability, answer, score, method, per-item scores and, in tools
@@ -35,15 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from memenv.base import MemEnvBase, required_data_file, sanitize
-from memenv.beam_scoring import make_judge, score_beam_answer
+from memenv.envs.base import MemEnvBase, required_data_file, sanitize
+from memenv.scoring.beam import make_judge, score_beam_answer
 from memenv.context import TokenCounter
 from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
                                  parse_tool_call, run_store_call)
-from memenv.memread import blank_action
+from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
-from memenv.scoring import best_em_f1
-from memenv.memdialog import MAX_SESSIONS, _load_locomo
+from memenv.scoring.qa import best_em_f1
+from memenv.envs.memdialog import MAX_SESSIONS, _load_locomo
 from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_path,
                                check_str_tuple)
 from tasks.beam import (ABILITIES, QUESTIONS_FILE, BatchStream, BeamBatch, BeamConversation, ConversationSource,

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from memenv.base import MemEnvBase, required_data_file, sanitize
+from memenv.envs.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
-from memenv.memread import blank_action
+from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.validation import check_bool, check_choice, check_int, check_path, check_str_tuple
-from memenv.scoring import best_em_f1
+from memenv.scoring.qa import best_em_f1
 from tasks.conversations import (
     ABSTENTION_ANSWER,
     QUESTION_TYPES,

@@ -15,15 +15,15 @@ import functools
 import os
 from typing import Any
 
-from memenv.base import MemEnvBase, required_data_file, sanitize
+from memenv.envs.base import MemEnvBase, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
                                  parse_tool_call, run_store_call)
 from memenv.protocol import parse_action
-from memenv.scoring import score_objectives, split_answers
-from memenv.index import BM25Index, QuestionPool
-from memenv.remote import RemoteRetriever, is_retriever_url, shared_retriever
-from memenv.search import BACKENDS, SearchBackend, make_backend
+from memenv.scoring.qa import score_objectives, split_answers
+from memenv.search.index import BM25Index, QuestionPool
+from memenv.search.remote import RemoteRetriever, is_retriever_url, shared_retriever
+from memenv.search.bm25 import BACKENDS, SearchBackend, make_backend
 from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_int_tuple, check_path,
                                check_rate)
 from tasks.corpus import load_questions_jsonl
@@ -221,8 +221,8 @@ class MemQAEnv(MemEnvBase):
         memory_budget: optional cap on the memory, in tokens (the start is kept).
         invalid_penalty: reward subtracted for an invalid action (the turn is used, state unchanged).
         search_backend: ``bm25`` (fast, default), ``rank_bm25`` (reference), or the URL of a Search-R1/MEM1
-            retrieval server (``http://HOST:PORT/retrieve``, see :mod:`memenv.remote`; with ``questions_path``).
-        index_path: a directory written by ``memenv index build`` (:mod:`memenv.index`): search it instead of
+            retrieval server (``http://HOST:PORT/retrieve``, see :mod:`memenv.search.remote`; with ``questions_path``).
+        index_path: a directory written by ``memenv index build`` (:mod:`memenv.search.index`): search it instead of
             indexing the corpus in memory; documents come from its store, questions from ``questions_path``;
             a ``corpus_path`` given too must be the indexed file (checked by fingerprint).
         memory_mode: ``rewrite`` (default: one memory rewrite per action) or ``tools`` (a store of entries

@@ -1,5 +1,5 @@
-"""JSON over HTTP with retries: the one client loop behind the retrieval server (:mod:`memenv.remote`), the BEAM
-judge (:mod:`memenv.beam_scoring`) and served models (:mod:`agents.served`). Standard library only.
+"""JSON over HTTP with retries: the one client loop behind the retrieval server (:mod:`memenv.search.remote`), the BEAM
+judge (:mod:`memenv.scoring.beam`) and served models (:mod:`agents.served`). Standard library only.
 
 A request is retried, after ``backoff * 2**(attempt-1)`` seconds, when no answer came (refused connection,
 timeout) or the server answered a transient status (:data:`RETRY_STATUS`, any 5xx). Callers turn the two

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from memenv.base import MemEnvBase, sanitize
+from memenv.envs.base import MemEnvBase, sanitize
 from memenv.context import TokenCounter
-from memenv.memqa import _document_positions, _sanitized_corpus, check_qa_task, resolve_qa_source
+from memenv.envs.memqa import _document_positions, _sanitized_corpus, check_qa_task, resolve_qa_source
 from memenv.protocol import parse_action
 from memenv.validation import check_bool, check_int
-from memenv.scoring import score_objectives, split_answers
+from memenv.scoring.qa import score_objectives, split_answers
 from tasks.documents import READ_INSTRUCTIONS, READ_INSTRUCTIONS_NO_MEMORY, DocumentPlan, plan_long_document, token_counts
 from tasks.types import Document, Question
 from tasks.world import World
