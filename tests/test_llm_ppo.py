@@ -108,11 +108,17 @@ def test_grpo_update_skips_zero_variance_groups(tmp_path, drop):
     cfg = PPOConfig(algo="grpo", out_dir=str(tmp_path), updates=1, episodes_per_update=8, group_size=4, lr=1e-2,
                     max_new_tokens=3, num_envs=4, eval_every=0, save_every=100, progress=False, epochs=1,
                     num_minibatches=2, ent_coef=0.1, grpo_drop_zero_variance=drop)
-    row = train_rl(cfg, model=model, tokenizer=tok, env_fn=ToyNever)
+    steps = []
+    original = torch.optim.AdamW.step
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or original(self, *a, **k))
+        row = train_rl(cfg, model=model, tokenizer=tok, env_fn=ToyNever)
     assert row["zero_variance_groups"] == 2
     moved = any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
-    # dropped: no loss and no optimizer step; kept: the entropy bonus alone moves the weights
+    # dropped: a zero loss (its first Adam step moves nothing); kept: the entropy bonus alone moves the weights
     assert moved is (not drop)
+    # every minibatch steps, also one with every token dropped (torchrun ranks must take the same steps)
+    assert len(steps) == cfg.epochs * cfg.num_minibatches
 
 
 def test_ppo_loss_hand_computed():

@@ -18,9 +18,14 @@ Credit assignment (how the terminal reward reaches earlier invocations of the sa
   return minus the group mean, divided by the group std (population std, floored at ``adv_std_floor`` so a group
   whose rewards barely differ does not get huge advantages; ``grpo_std_norm=False`` skips the division),
   broadcast to every action token of every invocation of that trajectory. A group whose rewards are all equal
-  carries no learning signal: with ``grpo_drop_zero_variance`` (default) its tokens get no policy-gradient,
-  entropy or KL loss and are left out of the token-mean normaliser (otherwise they dilute every other group's
-  gradient); the count is logged as ``zero_variance_groups``.
+  carries no learning signal: its trajectory advantage is exactly 0, and with ``grpo_drop_zero_variance``
+  (default) its tokens get no policy-gradient, entropy or KL loss and are left out of the token-mean normaliser
+  (otherwise they dilute every other group's gradient); the count is logged as ``zero_variance_groups``. Only
+  the trajectory part is dropped: an advantage a loss hook's ``on_update`` adds to such a group's tokens (memory
+  credit) still trains them (those tokens count in the policy-gradient term and its normaliser; logged as
+  ``flat_credited_tokens``), and the hook's own term (distillation) still covers every action token.
+  Every minibatch takes its optimizer step, also one whose tokens are all dropped (a zero loss that is still a
+  function of the parameters): under ``torchrun`` every rank must run the same backward passes.
 
 Loss per action token, averaged over all action tokens of the minibatch (token-mean):
 ``max(-A r, -A clip(r, 1-eps, 1+eps)) + vf_coef * 0.5 * max((V-R)^2, (V_clip-R)^2) - ent_coef * H
@@ -202,22 +207,26 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, c
              values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
              returns: torch.Tensor | None = None, clip_vf: float | None = 0.2, vf_coef: float = 0.5,
              entropy: torch.Tensor | None = None, ent_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
-             kl_coef: float = 0.0, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+             kl_coef: float = 0.0, mask: torch.Tensor | None = None,
+             pg_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc.
 
     ``mask`` (bool, same length): only these tokens count, in the loss terms and in the token-mean's
-    denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0. The
-    ``approx_kl`` / ``clipfrac`` diagnostics still cover every token."""
-    if mask is None:
-        mean = torch.mean
-    else:
-        keep = mask.to(logp.device, torch.float32)
+    denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0 (and still a
+    function of ``logp``, so ``backward`` runs). ``pg_mask``: the tokens of the policy-gradient term alone
+    (default ``mask``; GRPO passes ``mask`` plus the tokens of zero-variance groups that carry memory credit).
+    The ``approx_kl`` / ``clipfrac`` diagnostics still cover every token."""
+    def masked_mean(m):
+        if m is None:
+            return torch.mean
+        keep = m.to(logp.device, torch.float32)
+        return lambda x: (x * keep).sum() / keep.sum().clamp(min=1.0)
 
-        def mean(x):
-            return (x * keep).sum() / keep.sum().clamp(min=1.0)
+    mean = masked_mean(mask)
+    pg_mean = masked_mean(mask if pg_mask is None else pg_mask)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
-    pg = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)))
+    pg = pg_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)))
     out = {"pg_loss": pg}
     loss = pg
     if values is not None:
@@ -440,12 +449,20 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
             grpo_assign(episodes, cfg.grpo_std_norm, cfg.adv_std_floor)
         flat = zero_variance_groups([ep.reward for ep in episodes], [ep.group for ep in episodes]) \
             if cfg.algo == "grpo" else set()
+        for ep in episodes:  # no relative signal: exactly 0 (not the float noise of r - mean(r))
+            if ep.group in flat:
+                for rec in ep.records:
+                    rec.advantage, rec.token_advantages = 0.0, [0.0] * len(rec.response_ids)
         dropped = {id(r) for ep in episodes if ep.group in flat for r in ep.records} \
             if cfg.grpo_drop_zero_variance else set()
         if not cfg.recompute_old_logprobs:
             old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
         ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] if ref is not None else None
         hook_stats = on_update(episodes, records, model) if on_update is not None else {}
+        if dropped:  # advantages the hook gave to dropped groups (memory credit) still train their tokens
+            hook_stats["flat_credited_tokens"] = float(sum(
+                1 for r in records if id(r) in dropped for a, m in zip(r.token_advantages, r.action_mask)
+                if m and a != 0))
         adv_all = _flat(records, "token_advantages")
         adv_mean, adv_std = float(adv_all.mean()), float(adv_all.std()) if len(adv_all) > 1 else 1.0
         stats: dict[str, list[float]] = {}
@@ -458,15 +475,16 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                 if not part:
                     continue
                 mb = [records[i] for i in part]
-                mask = None
+                mask = pg_mask = None
+                adv = _flat(mb, "token_advantages").to(dist.device)
                 if dropped:
+                    # A minibatch whose tokens are all dropped still runs backward and step (a zero loss):
+                    # DDP ranks must take the same steps.
                     mask = torch.tensor([id(r) not in dropped for r in mb for m in r.action_mask if m],
                                         device=dist.device)
-                    if not bool(mask.any()) and extra_loss is None:
-                        continue  # nothing to learn from this minibatch: no optimizer step (Adam would still move)
+                    pg_mask = mask | (adv != 0)  # dropped groups' advantages are 0 but for the hook's credit
                 actor_out = forward(train_model, mb, temperature=temperature, entropy=True)
                 logp, ent, values = actor_out.logp, actor_out.entropy, actor_out.values
-                adv = _flat(mb, "token_advantages").to(dist.device)
                 if cfg.uses_value and cfg.norm_adv:
                     adv = (adv - adv_mean) / (adv_std + 1e-8)
                 kw: dict[str, Any] = {}
@@ -479,7 +497,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                     kw["kl_coef"] = cfg.kl_coef
                 old_logp = torch.tensor([v for i in part for v in old_logps[i]], device=dist.device)
                 losses = ppo_loss(logp, old_logp, adv, clip=cfg.clip, entropy=ent, ent_coef=cfg.ent_coef, mask=mask,
-                                  **kw)
+                                  pg_mask=pg_mask, **kw)
                 if extra_loss is not None:
                     term, extra_stats = extra_loss(mb, actor_out)
                     losses["loss"] = losses["loss"] + term
