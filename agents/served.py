@@ -11,26 +11,34 @@ servers drop the stop string from the text, so the closing tag of the last opene
 Episodes run concurrently (a thread pool, one env per worker); requests are retried with exponential backoff on
 connection errors, timeouts, 429 and 5xx; token counts come from the server's ``usage`` fields. Only the standard
 library is used (``urllib``). ``OPENAI_API_KEY`` is sent as a bearer token when set.
+
+Time limits: each attempt of a completion request has ``timeout`` seconds (default 120) of wall-clock time for
+connecting and reading the whole reply, with ``retries`` (default 4) further attempts; the start-up check
+(``GET /v1/models``) gives up after ``check_timeout`` seconds (default 15) in all. Every failure is a
+:class:`ServerError` (a :class:`memenv.search.http.ServiceError`) whose one-line message names the URL and what
+came back.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memenv.search.http import HTTPStatusError, UnreachableError, request_json
+from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 
 PREFIX = "openai:"
 DEFAULT_STOP = ("</search>", "</answer>")
 _OPEN_TAG = re.compile(r"<(search|answer)>")
 
 
-class ServerError(RuntimeError):
-    """The server could not be reached or kept failing; the message names the URL."""
+class ServerError(ServiceError, RuntimeError):
+    """The server could not be reached, kept failing, or answered something that is not a completion; the
+    one-line message names the URL and what came back."""
 
 
 @dataclass(frozen=True)
@@ -69,55 +77,104 @@ class Completion:
     finish_reason: str | None
 
 
+def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _token_count(usage: dict, key: str, url: str, reply: Any) -> int | None:
+    value = usage.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServerError(f"{url}: usage.{key} is {value!r}, expected a count >= 0: {excerpt(reply)}")
+    return value
+
+
 class CompletionsClient:
-    """``POST {api_base}/completions`` with retries (exponential backoff: ``backoff * 2**attempt`` seconds)."""
+    """``POST {api_base}/completions`` with retries (exponential backoff: ``backoff * 2**attempt`` seconds).
+
+    ``timeout``: wall-clock seconds for one attempt (connect and read the whole reply); ``total_timeout``: for a
+    request with all its attempts and pauses (default: ``(retries + 1) * timeout`` plus the pauses);
+    ``check_timeout``: for the start-up check :meth:`check`, all attempts together."""
 
     def __init__(self, spec: ServedSpec, *, max_tokens: int = 512, temperature: float = 0.0,
                  stop: Sequence[str] = DEFAULT_STOP, timeout: float = 120.0, retries: int = 4, backoff: float = 0.5,
+                 total_timeout: float | None = None, check_timeout: float = 15.0,
                  api_key: str | None = None) -> None:
-        if retries < 0 or backoff < 0 or timeout <= 0 or max_tokens < 1:
-            raise ValueError(f"need retries >= 0, backoff >= 0, timeout > 0, max_tokens >= 1; got {retries}, "
-                             f"{backoff}, {timeout}, {max_tokens}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0 or not max_tokens >= 1:
+            raise ValueError(f"need retries >= 0 and max_tokens >= 1; got {retries!r}, {max_tokens!r}")
+        if not (isinstance(backoff, (int, float)) and math.isfinite(backoff) and backoff >= 0):
+            raise ValueError(f"backoff must be a finite number of seconds >= 0, got {backoff!r}")
         self.spec = spec
         self.max_tokens, self.temperature, self.stop = int(max_tokens), float(temperature), tuple(stop)
-        self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
+        self.timeout, self.retries, self.backoff = _seconds("timeout", timeout), int(retries), float(backoff)
+        self.total_timeout = _seconds("total_timeout", total_timeout, allow_none=True)
+        self.check_timeout = _seconds("check_timeout", check_timeout)
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
 
-    def _request(self, path: str, body: dict | None, retries: int | None = None) -> dict:
-        url = self.spec.api_base + path
+    def _call(self, path: str, body: dict | None, **limits: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        retries = self.retries if retries is None else retries
+        return request_json(self.spec.api_base + path, body, headers=headers, backoff=self.backoff, **limits)
+
+    def _request(self, path: str, body: dict | None) -> Any:
         try:
-            return request_json(url, body, headers=headers, timeout=self.timeout, retries=retries,
-                                backoff=self.backoff)
-        except HTTPStatusError as err:
-            raise ServerError(f"{url} answered HTTP {err.status}: {err.detail}") from err
+            return self._call(path, body, timeout=self.timeout, retries=self.retries, total_timeout=self.total_timeout)
+        except (HTTPStatusError, BadReplyError) as err:  # names the URL, the status and an excerpt of the body
+            raise ServerError(str(err)) from err
         except UnreachableError as err:
-            raise ServerError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.reason}; "
-                              f"{err.attempts} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix "
-                              "the URL") from err
+            raise self._unreachable(err) from err
+
+    def _unreachable(self, err: UnreachableError) -> ServerError:
+        return ServerError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.url}: {err.reason}; "
+                           f"{err.attempts} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix the URL")
 
     def check(self) -> None:
-        """One cheap request (``GET /v1/models``, retried once) so a server that is down fails before any work."""
+        """One cheap request (``GET /v1/models``, retried once, ``check_timeout`` seconds in all) so a server that
+        is down or silent fails before any work. Any HTTP status means a server is up; a body that is not JSON
+        means the URL is not an OpenAI-compatible API."""
         try:
-            self._request("/models", None, retries=min(self.retries, 1))
-        except ServerError as err:
-            if "answered HTTP" not in str(err):  # any HTTP answer means the server is up
-                raise
+            self._call("/models", None, timeout=self.check_timeout, retries=min(self.retries, 1),
+                       total_timeout=self.check_timeout)
+        except HTTPStatusError:
+            return
+        except BadReplyError as err:
+            raise ServerError(f"{err} (is this an OpenAI-compatible API?)") from err
+        except UnreachableError as err:
+            raise self._unreachable(err) from err
 
     def complete(self, prompt: str) -> Completion:
+        """One completion; a reply that is not an OpenAI completions object is a :class:`ServerError`."""
         body = {"model": self.spec.model, "prompt": prompt, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "stop": list(self.stop)}
         reply = self._request("/completions", body)
-        try:
-            choice = reply["choices"][0]
-            text = choice.get("text") or ""
-        except (KeyError, IndexError, TypeError) as err:
-            raise ServerError(f"{self.spec.api_base}/completions returned no choices: {str(reply)[:300]}") from err
+        url = self.spec.api_base + "/completions"
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise ServerError(f"{url} returned no choices (expected a completions object with a non-empty "
+                              f"'choices' list): {excerpt(reply)}")
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise ServerError(f"{url}: choices[0] is {type(choice).__name__}, expected an object: {excerpt(reply)}")
+        text = choice.get("text")
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise ServerError(f"{url}: choices[0].text is {type(text).__name__} {excerpt(text, 40)}, expected a "
+                              f"string: {excerpt(reply)}")
         finish = choice.get("finish_reason")
+        finish = finish if isinstance(finish, str) else None
         text = restore_stop(text, finish, choice.get("stop_reason"), self.stop)
-        usage = reply.get("usage") or {}
-        return Completion(text, usage.get("prompt_tokens"), usage.get("completion_tokens"), finish)
+        usage = reply.get("usage")
+        if usage is None:
+            usage = {}
+        if not isinstance(usage, dict):
+            raise ServerError(f"{url}: usage is {type(usage).__name__}, expected an object: {excerpt(reply)}")
+        return Completion(text, _token_count(usage, "prompt_tokens", url, reply),
+                          _token_count(usage, "completion_tokens", url, reply), finish)
 
 
 def restore_stop(text: str, finish_reason: str | None, stop_reason: Any, stop: Sequence[str]) -> str:
@@ -177,7 +234,9 @@ class ServedPolicy:
                      run_episode: Callable[[Any, Any, int], tuple[dict[str, Any], int]],
                      on_done: Callable[[], None] | None = None) -> list[tuple[dict[str, Any], int, dict[str, float]]]:
         """``run_episode(env, self, seed)`` for every seed on a thread pool; results in seed order as
-        ``(summary, steps, usage)``."""
+        ``(summary, steps, usage)``. The first exception out of ``run_episode`` ends the run: episodes not yet
+        started are dropped, those running finish, and it is raised (a caller that wants to go on past a failed
+        episode catches inside ``run_episode``)."""
         envs: list[Any] = []
         lock = threading.Lock()
         local = threading.local()
@@ -193,9 +252,19 @@ class ServedPolicy:
                 on_done()
             return summary, steps, self.usage()
 
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(seeds))))
         try:
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(seeds)))) as pool:
-                return list(pool.map(one, seeds))
+            futures = [pool.submit(one, seed) for seed in seeds]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            if failed is not None:  # stop at the first error: episodes not yet started are dropped
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise failed.exception()
+            return [future.result() for future in futures]
+        except BaseException:  # Ctrl-C too: only the episodes already running finish
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
         finally:
+            pool.shutdown(wait=True)
             for env in envs:
                 env.close()

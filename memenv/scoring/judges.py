@@ -6,21 +6,29 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from memenv.search.http import HTTPStatusError, UnreachableError, request_json
+from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 
-__all__ = ["JUDGE_PROMPT", "JudgeError", "OpenAIJudge", "make_judge"]
-
-
-class JudgeError(RuntimeError):
-    """The judge server could not be reached or answered something unusable."""
+__all__ = ["JUDGE_PROMPT", "JudgeError", "OpenAIJudge", "make_judge", "parse_score"]
 
 
-_SCORE = re.compile(r"\b(0\.5|0|1)(?:\.0+)?\b")
+class JudgeError(ServiceError, RuntimeError):
+    """The judge server could not be reached or answered something unusable; the one-line message names the judge
+    (``MODEL@URL``) and what came back."""
+
+
+# One of the scale's values and nothing else: 0, 0.5 or 1 (also written 0.0, .5, 0.50, 1.0), optionally after
+# "Score:" and before a full stop, with whitespace around.
+_SCORE = re.compile(r"\s*(?:score\s*[:=]?\s*)?([01](?:\.0*)?|0?\.50*)\s*\.?\s*", re.IGNORECASE)
+
+
+def parse_score(reply: str) -> float | None:
+    """The grade a judge's reply states (0.0, 0.5 or 1.0), or None when the reply is not exactly one of them."""
+    match = _SCORE.fullmatch(reply)
+    return None if match is None else float(match.group(1))
 JUDGE_PROMPT = (
     "You are grading a chatbot's answer against one rubric item.\n"
     "Question: {question}\nRubric item: {item}\nAnswer: {answer}\n"
@@ -33,9 +41,11 @@ JUDGE_PROMPT = (
 class OpenAIJudge:
     """BEAM's rubric judging through ``{url}/chat/completions`` of an OpenAI-compatible server.
 
-    ``url`` is the API base (e.g. ``http://127.0.0.1:8000/v1``). Each request is retried ``retries`` times with
+    ``url`` is the API base (e.g. ``http://127.0.0.1:8000/v1``). Each attempt of a request has ``timeout``
+    seconds of wall-clock time (connect and read the whole reply); it is retried ``retries`` times with
     exponential backoff (``backoff`` seconds, doubled each time) on a connection error, a timeout or an HTTP
-    5xx/429; then :class:`JudgeError` names the URL.
+    5xx/429, within ``total_timeout`` seconds in all when given. A reply must be exactly one of the scale's values
+    (:func:`parse_score`). Every failure is a :class:`JudgeError` naming the judge.
     """
 
     model: str
@@ -44,16 +54,22 @@ class OpenAIJudge:
     retries: int = 3
     backoff: float = 0.5
     api_key: str | None = None
+    total_timeout: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}@{self.url}"
 
     def grade(self, question: str, item: str, answer: str) -> float:
         """0, 0.5 or 1 for one rubric item."""
         body = {"model": self.model, "temperature": 0.0, "max_tokens": 8,
                 "messages": [{"role": "user", "content": JUDGE_PROMPT.format(question=question, item=item, answer=answer)}]}
         content = self._post(body)
-        match = _SCORE.search(content)
-        if match is None:
-            raise JudgeError(f"judge at {self.url} answered {content[:80]!r}: expected a score 0, 0.5 or 1")
-        return float(match.group(1))
+        score = parse_score(content)
+        if score is None:
+            raise JudgeError(f"judge {self.name} replied {excerpt(content, 80)!r}: expected exactly one of the scores "
+                             "0, 0.5, 1")
+        return score
 
     def rubric_score(self, question: str, rubric: Sequence[str], answer: str) -> tuple[float, list[float]]:
         grades = [self.grade(question, item, answer) for item in rubric]
@@ -64,15 +80,20 @@ class OpenAIJudge:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             payload = request_json(endpoint, body, headers=headers, timeout=self.timeout, retries=self.retries,
-                                   backoff=self.backoff)
-            return str(payload["choices"][0]["message"]["content"])
-        except HTTPStatusError as err:
-            raise JudgeError(f"judge at {endpoint} refused the request: HTTP {err.status} {err.reason}") from None
+                                   backoff=self.backoff, total_timeout=self.total_timeout)
+        except (HTTPStatusError, BadReplyError) as err:  # names the endpoint, the status and an excerpt
+            raise JudgeError(f"judge {self.name}: {err}") from None
         except UnreachableError as err:
-            raise JudgeError(f"judge at {endpoint} unreachable after {err.attempts} tries: {err.reason}") from None
-        except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
-            raise JudgeError(f"judge at {endpoint} sent an unexpected response ({err!r}); expected "
-                             "an OpenAI chat/completions object") from None
+            raise JudgeError(f"judge {self.name}: {endpoint} unreachable after {err.attempts} tries: "
+                             f"{err.reason}") from None
+        try:
+            content = payload["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            content = None
+        if not isinstance(content, str):
+            raise JudgeError(f"judge {self.name}: {endpoint} sent no choices[0].message.content string (expected an "
+                             f"OpenAI chat/completions object): {excerpt(payload)}")
+        return content
 
 
 def make_judge(spec: str | None) -> OpenAIJudge | None:

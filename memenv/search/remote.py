@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from memenv.search.http import HTTPStatusError, UnreachableError, request_json
+from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 from memenv.protocol import parse_action
 from tasks.corpus import split_contents
 from tasks.types import Document
@@ -34,8 +34,9 @@ from tasks.types import Document
 __all__ = ["PrefetchSearches", "RemoteRetriever", "RetrieverError", "is_retriever_url", "shared_retriever"]
 
 
-class RetrieverError(ConnectionError):
-    """The retrieval server could not be reached, or answered something that is not the retrieval API."""
+class RetrieverError(ServiceError, ConnectionError):
+    """The retrieval server could not be reached, or answered something that is not the retrieval API (one line
+    naming the URL and what came back)."""
 
 
 def is_retriever_url(backend: Any) -> bool:
@@ -50,13 +51,15 @@ def _document(entry: Any, url: str) -> tuple[Document, float | None]:
         score = entry.get("score")
         entry = entry["document"]
     if not isinstance(entry, dict):
-        raise RetrieverError(f"{url}: a result entry is {type(entry).__name__}, expected a document object")
+        raise RetrieverError(f"retrieval server {url}: a result entry is {type(entry).__name__}, expected a document "
+                             f"object: {excerpt(entry, 120)}")
     if "contents" in entry:
         title, text = split_contents(str(entry["contents"]))
     elif "text" in entry:
         title, text = str(entry.get("title", "")), str(entry["text"])
     else:
-        raise RetrieverError(f"{url}: a document has neither 'contents' nor 'text' (keys: {sorted(entry)})")
+        raise RetrieverError(f"retrieval server {url}: a document has neither 'contents' nor 'text' (keys: "
+                             f"{excerpt(sorted(map(str, entry)), 120)})")
     doc_id = entry.get("id")
     if doc_id is None:  # servers over corpora without ids: name the document by its contents
         doc_id = "sha1:" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
@@ -68,21 +71,28 @@ class RemoteRetriever:
 
     Args:
         url: the endpoint, e.g. ``http://127.0.0.1:8000/retrieve``.
-        timeout: seconds per request.
+        timeout: wall-clock seconds for one attempt of a request: connect, send, and read the whole reply
+            (a server that trickles its reply is cut off here).
         retries: further attempts after a failed one (connection refused, timeout, HTTP 5xx), waiting
             ``backoff * 2**attempt`` seconds before each.
+        total_timeout: wall-clock seconds for a request with all its attempts and pauses (default: no bound
+            beyond ``(retries + 1) * timeout`` plus the pauses).
         max_batch: queries per request.
         cache_size: (query, k) results kept, so prefetched and repeated searches cost no request.
     """
 
     def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 max_batch: int = 256, cache_size: int = 4096) -> None:
+                 max_batch: int = 256, cache_size: int = 4096, total_timeout: float | None = None) -> None:
         if not is_retriever_url(url):
             raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
-        if timeout <= 0 or retries < 0 or backoff < 0 or max_batch < 1 or cache_size < 0:
-            raise ValueError("timeout > 0, retries >= 0, backoff >= 0, max_batch >= 1 and cache_size >= 0 "
-                             f"required; got {timeout}, {retries}, {backoff}, {max_batch}, {cache_size}")
+        finite = all(math.isfinite(v) for v in (timeout, backoff, total_timeout or 1.0))
+        if not finite or timeout <= 0 or retries < 0 or backoff < 0 or max_batch < 1 or cache_size < 0 or (
+                total_timeout is not None and total_timeout <= 0):
+            raise ValueError("finite timeout > 0, retries >= 0, backoff >= 0, max_batch >= 1, cache_size >= 0 and "
+                             f"total_timeout > 0 required; got {timeout}, {retries}, {backoff}, {max_batch}, "
+                             f"{cache_size}, {total_timeout}")
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
+        self.total_timeout = total_timeout
         self.max_batch, self.cache_size = max_batch, cache_size
         self._cache: OrderedDict[tuple[str, int], list[Document]] = OrderedDict()
         self.requests_sent = 0
@@ -91,18 +101,20 @@ class RemoteRetriever:
         try:
             payload = request_json(self.url, {"queries": queries, "topk": k, "return_scores": True},
                                    timeout=self.timeout, retries=self.retries, backoff=self.backoff,
-                                   on_attempt=self._count_request)
-        except HTTPStatusError as e:  # the server understood and refused: retrying will not help
-            raise RetrieverError(f"retrieval server {self.url} answered HTTP {e.status} {e.reason}") from e
+                                   total_timeout=self.total_timeout, on_attempt=self._count_request)
+        except (HTTPStatusError, BadReplyError) as e:  # names the URL, the status and an excerpt of the body
+            raise RetrieverError(f"retrieval server {e}") from e
         except UnreachableError as e:
             raise RetrieverError(f"retrieval server {self.url} is unreachable after {e.attempts} attempts "
                                  f"(timeout {self.timeout}s): {e.reason}") from e
-        except json.JSONDecodeError as e:
-            raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON ({e.msg})") from e
         result = payload.get("result") if isinstance(payload, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
-            raise RetrieverError(f"{self.url}: expected {{'result': [...]}} with {len(queries)} lists, got "
-                                 f"{str(payload)[:200]}")
+            raise RetrieverError(f"retrieval server {self.url}: expected {{'result': [...]}} with {len(queries)} "
+                                 f"lists, got {excerpt(payload)}")
+        for i, hits in enumerate(result):
+            if not isinstance(hits, list):
+                raise RetrieverError(f"retrieval server {self.url}: result {i} is {type(hits).__name__}, expected "
+                                     f"a list of documents: {excerpt(payload)}")
         return result
 
     def _count_request(self) -> None:
