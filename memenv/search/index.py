@@ -18,10 +18,21 @@
                        an upper bound on the term's weight in that range, in 255ths of term_max (rounded up)
     docs.jsonl         the corpus records, byte for byte, one per line (the document store)
     doc_offsets.npy    int64, documents + 1: byte offsets of the records in docs.jsonl
+    doc_len.npy        int32 per document: its number of terms
+
+The manifest also records every file's size, a CRC-32 of its first and last 64 KiB, and each array's dtype and
+shape: :class:`BM25Index` checks them all when it opens a directory (a few hundred KiB read, whatever the index's
+size), with the arrays' shapes against each other and the document store's size and line ends against its
+offsets, and raises :class:`IndexCorruptError` naming the file and what is wrong. Indexes built before those
+records were written open with the checks that need no record (each array's header against its file's size
+and the manifest's counts, the store against its offsets; the vocabulary's line count when it is first read).
 
 Memory during the build is bounded by ``chunk_docs`` (documents tokenised and counted per chunk, written to
 temporary runs) and ``merge_postings`` (postings merged at a time), plus the vocabulary dict and a few bytes
-per document; the directory is built under a temporary name and renamed into place.
+per document; the directory is built under a temporary name beside ``out_dir`` (``.NAME.building-PID-*``) and
+renamed into place. The build never deletes what it did not make: it refuses an ``out_dir`` that exists and is
+neither empty nor an index, that is the corpus file or that holds it; it removes the temporary folders of
+builds whose process has died (on this host), and leaves those of live builds alone.
 
 :class:`BM25Index` opens such a directory with ``np.load(mmap_mode="r")`` (the page cache is shared by every
 process that opens it; nothing is rebuilt) and answers top-k queries *exactly* as :class:`memenv.search.BM25Sparse`
@@ -41,11 +52,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
+import numbers
 import os
+import secrets
 import shutil
+import socket
 import tempfile
 import time
+import warnings
+import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -59,12 +76,14 @@ from memenv.context import sanitize
 from memenv.search.bm25 import (STOPWORDS, SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize,
                            word_tokens)
 from tasks.corpus import RecordLocation, document_from_record
+from memenv.validation import ArgumentTypeError
 from tasks.types import DataFormatError, Document, QADataset, Question
 
 __all__ = [
     "BM25Index",
     "BM25Params",
     "DocumentStore",
+    "IndexCorruptError",
     "IndexMismatchError",
     "QuestionPool",
     "build_index",
@@ -78,19 +97,54 @@ MANIFEST = "manifest.json"
 TOKENIZER = "memenv.search.tokenize"
 INDEXED_TEXT = "sanitize(title) + '\\n' + sanitize(text)"
 _FINGERPRINT_BYTES = 1 << 20  # hash this much of the head and of the tail of the corpus
+_CHECK_BYTES = 1 << 16  # an index file's CRC-32s cover this much of its head and of its tail
+#: The files of a finished index (those of indexes built before block-max bounds lack the last three).
+INDEX_FILES = ("terms.txt", "docs.jsonl", "idf.npy", "indptr.npy", "post_doc.npy", "post_tf.npy", "impact_doc.npy",
+               "impact_tf.npy", "doc_norm.npy", "doc_len.npy", "doc_offsets.npy", "term_max.npy", "range_row.npy",
+               "range_max.npy")
+_BLOCK_MAX_FILES = ("term_max.npy", "range_row.npy", "range_max.npy")
+#: What a build's temporary folder holds besides index files.
+_BUILD_FILES = ("run_tid.bin", "run_did.bin", "run_tf.bin", "build-owner.json")
+_OWNER = "build-owner.json"
+#: A leftover build folder without a live owner on this host is removed once nothing in it changed for this long.
+_STALE_SECONDS = 3600.0
+
+
+def check_bm25_params(k1: Any, b: Any, epsilon: Any = 0.25) -> tuple[float, float, float]:
+    """``(k1, b, epsilon)`` as floats if they are valid BM25 Okapi parameters: finite, ``k1 > 0``,
+    ``0 <= b <= 1``, ``epsilon >= 0``; else a ``ValueError`` (:class:`~memenv.validation.ArgumentTypeError`,
+    also a ``TypeError``, for a non-number) naming the one that is not."""
+    out = []
+    for name, value, ok, rule in (("k1", k1, lambda v: v > 0, "> 0"), ("b", b, lambda v: 0 <= v <= 1, "in [0, 1]"),
+                                  ("epsilon", epsilon, lambda v: v >= 0, ">= 0")):
+        expected = f"BM25 parameter {name} must be a finite number {rule}"
+        if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{expected}, got {value!r} ({type(value).__name__})")
+        if not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"{expected}, got {value!r}")
+        out.append(float(value))
+    return out[0], out[1], out[2]
 
 
 @dataclass(frozen=True)
 class BM25Params:
-    """BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults)."""
+    """BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults), checked by :func:`check_bm25_params`."""
 
     k1: float = 1.5
     b: float = 0.75
     epsilon: float = 0.25
 
+    def __post_init__(self) -> None:
+        check_bm25_params(self.k1, self.b, self.epsilon)
+
 
 class IndexMismatchError(ValueError):
     """An index does not belong to the corpus it is used with (or is not an index of this format)."""
+
+
+class IndexCorruptError(DataFormatError):
+    """An index directory is damaged: a file missing, cut, replaced, or not matching the manifest written when it
+    was built. The message names the file and what is wrong; building the index again repairs it."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -181,7 +235,12 @@ def _tokenize_chunk(job: tuple[str, list[int], list[bytes]]) -> dict[str, Any]:
         doc_tokens = word_tokens(text if text.isascii() else f"{sanitize(doc.title)}\n{sanitize(doc.text)}")
         lengths[i] = len(doc_tokens)
         tokens += doc_tokens
-        id_hash[i] = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
+        try:
+            id_bytes = doc.id.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (JSON allows the escape "\ud800"; UTF-8 does not)
+            loc.fail(f"id {doc.id!r} is not valid Unicode text: lone surrogate {doc.id[e.start]!r} at character "
+                     f"{e.start}")
+        id_hash[i] = int.from_bytes(hashlib.blake2b(id_bytes, digest_size=8).digest(), "little")
     # Local term ids in order of first appearance, mapped in C (dict.fromkeys keeps first-seen order; the
     # bound __getitem__ in map() avoids a Python frame per token). Stopwords are dropped after mapping, by
     # term: what tokenize() drops, without a Python test per token.
@@ -255,32 +314,148 @@ def build_index(
     if chunk_docs < 1 or merge_postings < 1 or range_docs < 1:
         raise ValueError(f"chunk_docs, merge_postings and range_docs must be >= 1, got {chunk_docs}, "
                          f"{merge_postings}, {range_docs}")
+    check_bm25_params(params.k1, params.b, params.epsilon)
     if not corpus_path.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus_path}")
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
+    target = Path(os.path.realpath(out_dir))  # a symlinked out_dir: the index goes where it points
+    _check_out_dir(corpus_path, out_dir, target)
     fingerprint = corpus_fingerprint(corpus_path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.building-"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.building-{os.getpid()}-"))
     try:
+        (tmp / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n",
+                                  encoding="utf-8")
         manifest = _build_into(tmp, corpus_path, params, chunk_docs, merge_postings, workers, range_docs,
                                progress)
         if corpus_fingerprint(corpus_path) != fingerprint:
             raise IndexMismatchError(f"corpus file {corpus_path} changed while it was being indexed; build again")
         manifest["corpus"] = {"path": str(corpus_path.resolve()), "fingerprint": fingerprint}
+        manifest["files"] = {name: _file_record(tmp / name) for name in INDEX_FILES}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; an index is meant to be shared
-        _swap_into_place(tmp, out_dir)
+        _check_out_dir(corpus_path, out_dir, target)  # again: out_dir may have changed during the build
+        (tmp / _OWNER).unlink()
+        _swap_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
+def _check_out_dir(corpus_path: Path, out_dir: Path, target: Path) -> None:
+    """Refuse (``ValueError``, nothing written) an ``out_dir`` whose replacement would lose something: the
+    corpus file itself, a folder holding the corpus, a file, or a folder that is neither empty nor an index."""
+    corpus = Path(os.path.realpath(corpus_path))
+    if not target.name:
+        raise ValueError(f"index folder {out_dir}: give a folder to create or replace, not the file-system root")
+    if target == corpus:
+        raise ValueError(f"index folder {out_dir} is the corpus file itself; give a new folder for the index")
+    if corpus.is_relative_to(target):
+        raise ValueError(f"index folder {out_dir} holds the corpus {corpus_path}, and building would replace "
+                         "the folder; write the index to another folder")
+    if not os.path.lexists(target):
+        return
+    if not target.is_dir():
+        raise ValueError(f"index folder {out_dir} exists and is not a folder; give a new folder for the index")
+    entries = sorted(os.listdir(target))
+    if entries and not _is_index_dir(target, entries):
+        raise ValueError(f"index folder {out_dir} exists and is not a memenv index (it holds {entries[0]!r}"
+                         f"{f' and {len(entries) - 1} more' if len(entries) > 1 else ''}); refusing to replace "
+                         "it: give a new or empty folder")
+
+
+def _is_index_dir(folder: Path, entries: list[str] | None = None) -> bool:
+    """Whether ``folder`` holds an index (possibly a damaged one) and nothing else: a manifest naming this format
+    (a cut one too) and only files an index is made of."""
+    entries = sorted(os.listdir(folder)) if entries is None else entries
+    if MANIFEST not in entries or not set(entries) <= {MANIFEST, *INDEX_FILES}:
+        return False
+    try:
+        with open(folder / MANIFEST, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return f'"format": "{FORMAT}"'.encode() in head and all((folder / name).is_file() for name in entries)
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    """What the manifest records of an index file (checked by :func:`_check_file` on open): its size, CRC-32s
+    of its first and last 64 KiB, and an array's dtype and shape."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(_CHECK_BYTES)
+        f.seek(max(0, size - _CHECK_BYTES))
+        tail = f.read(_CHECK_BYTES)
+    record: dict[str, Any] = {"size": size, "head_crc32": zlib.crc32(head), "tail_crc32": zlib.crc32(tail)}
+    if path.suffix == ".npy":
+        dtype, shape, _ = _npy_header(path)
+        record.update(dtype=dtype.str, shape=list(shape))
+    return record
+
+
+def _owner_is_gone(folder: Path, pid_text: str) -> bool:
+    """Whether the build that made ``folder`` is surely over: its owner file names this host and a process that
+    no longer exists, or (no owner file, or another host) nothing in it changed for an hour."""
+    try:
+        owner = json.loads((folder / _OWNER).read_text(encoding="utf-8"))
+        host, pid = owner["host"], int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        host, pid = None, int(pid_text) if pid_text.isdigit() else None
+    if host == socket.gethostname() and pid is not None:
+        if pid == os.getpid():
+            return False  # another build in this process
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+    try:
+        newest = max([folder.stat().st_mtime] + [e.stat().st_mtime for e in os.scandir(folder)])
+    except OSError:
+        return False
+    return time.time() - newest > _STALE_SECONDS
+
+
+def _remove_stale_builds(target: Path) -> None:
+    """Remove what killed builds of ``target`` left beside it: ``.NAME.building-PID-*`` folders whose build is
+    over (:func:`_owner_is_gone`) and ``.NAME.old-PID*`` folders (an index moved aside for its replacement).
+    Only folders holding nothing but build and index files are removed; anything else is left, with a warning
+    for an ``.old-`` entry that is not an index (earlier versions could move a corpus file there)."""
+    building, old = f".{target.name}.building-", f".{target.name}.old-"
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return
+    for name in names:
+        path = target.parent / name
+        if name.startswith(building):
+            if not path.is_dir() or path.is_symlink():
+                continue
+            try:
+                entries = set(os.listdir(path))
+            except OSError:
+                continue
+            if entries <= {MANIFEST, *INDEX_FILES, *_BUILD_FILES} and _owner_is_gone(path, name[len(building):]
+                                                                                    .split("-")[0]):
+                shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(old):
+            if path.is_dir() and not path.is_symlink() and _is_index_dir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                warnings.warn(f"{path} was left beside {target} by an earlier build and is not an index; it is "
+                              "kept (look inside: it may be a file of yours)", stacklevel=3)
+
+
 def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename the finished ``tmp`` to ``out_dir``; an existing ``out_dir`` is moved aside, then removed."""
+    """Rename the finished ``tmp`` to ``out_dir``; an existing ``out_dir`` (an index or an empty folder, see
+    :func:`_check_out_dir`) is moved aside, then removed."""
     old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if os.path.lexists(out_dir):
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
         os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     if old is not None:
@@ -535,6 +710,210 @@ def _range_peaks(docs: np.ndarray, weights: np.ndarray, range_docs: int) -> tupl
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _rebuild_hint(folder: Path, manifest: dict[str, Any] | None) -> str:
+    corpus = None
+    if isinstance(manifest, dict) and isinstance(manifest.get("corpus"), dict):
+        corpus = manifest["corpus"].get("path")
+    return f"build the index again: memenv index build {corpus if isinstance(corpus, str) else 'CORPUS'} {folder}"
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    """The index's manifest, checked for the keys and values an index needs (:class:`IndexCorruptError`
+    otherwise; :class:`IndexMismatchError` for another format or version)."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        if folder.is_dir() and any((folder / name).is_file() for name in INDEX_FILES):
+            raise IndexCorruptError(f"{manifest_path}: missing; {_rebuild_hint(folder, None)}")
+        raise FileNotFoundError(f"not a memenv index (no {MANIFEST}): {folder}")
+    try:
+        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise IndexCorruptError(f"{manifest_path}: not UTF-8 text at byte {e.start} (damaged); "
+                                f"{_rebuild_hint(folder, None)}") from None
+    except json.JSONDecodeError as e:
+        raise IndexCorruptError(f"{manifest_path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}: "
+                                f"cut or damaged); {_rebuild_hint(folder, None)}") from None
+    if not isinstance(manifest, dict):
+        raise IndexCorruptError(f"{manifest_path}: expected a JSON object, got {type(manifest).__name__}; "
+                                f"{_rebuild_hint(folder, None)}")
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexMismatchError(f"{folder}: index format {manifest.get('format')!r} version "
+                                 f"{manifest.get('format_version')!r}; expected {FORMAT!r} version "
+                                 f"{FORMAT_VERSION} (rebuild it with `memenv index build`)")
+
+    def bad(what: str) -> IndexCorruptError:
+        return IndexCorruptError(f"{manifest_path}: {what}; {_rebuild_hint(folder, manifest)}")
+
+    def count(key: str, minimum: int) -> None:
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise bad(f"{key} must be an int >= {minimum}, got {value!r}")
+
+    for key, minimum in (("n_docs", 1), ("n_terms", 0), ("n_postings", 0)):
+        count(key, minimum)
+    if "range_docs" in manifest:
+        count("range_docs", 0)
+    for key in ("avgdl", "average_idf"):
+        value = manifest.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise bad(f"{key} must be a finite number, got {value!r}")
+    params = manifest.get("params")
+    if not isinstance(params, dict) or not {"k1", "b", "epsilon"} <= set(params):
+        raise bad(f"params must hold k1, b and epsilon, got {params!r}")
+    try:
+        check_bm25_params(params["k1"], params["b"], params["epsilon"])
+    except ValueError as e:
+        raise bad(str(e)) from None
+    files = manifest.get("files")
+    if files is not None and not (isinstance(files, dict) and all(
+            isinstance(r, dict) and isinstance(r.get("size"), int) for r in files.values())):
+        raise bad("files must map each file name to its size and checksums")
+    if "corpus" in manifest and not (isinstance(manifest["corpus"], dict)
+                                     and isinstance(manifest["corpus"].get("fingerprint"), dict)):
+        raise bad("corpus must hold the corpus path and fingerprint")
+    return manifest
+
+
+def _npy_header(path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
+    """``(dtype, shape, data offset)`` from a ``.npy`` file's header (``ValueError`` if it has none, or a
+    Fortran-ordered array, which the index never writes)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy format version {version}")
+        if fortran:
+            raise ValueError("a Fortran-ordered array")
+        return dtype, tuple(shape), f.tell()
+
+
+class _IndexFiles:
+    """The checks of an index directory's files on open (see the module docstring): each raises
+    :class:`IndexCorruptError` naming the file and what is wrong."""
+
+    #: Store records whose line end is checked on open (evenly spaced; a pread of one byte each).
+    store_samples = 64
+
+    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
+        self.folder, self.manifest = folder, manifest
+        self.records: dict[str, dict[str, Any]] = manifest.get("files") or {}
+        self.sizes: dict[str, int] = {}
+        if self.records:
+            for name in self.records:
+                self.check_file(name)
+
+    def fail(self, name: str, what: str) -> IndexCorruptError:
+        raise IndexCorruptError(f"{self.folder / name}: {what}; {_rebuild_hint(self.folder, self.manifest)}")
+
+    def check_file(self, name: str) -> int:
+        """The file's size, after checking it (and its head and tail CRC-32s) against the manifest's record."""
+        if name in self.sizes:
+            return self.sizes[name]
+        path = self.folder / name
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            self.fail(name, "missing")
+        record = self.records.get(name)
+        if record is not None:
+            if size != record["size"]:
+                self.fail(name, f"{size} bytes, {record['size']} when the index was built (cut, extended or "
+                                "replaced)")
+            with open(path, "rb") as f:
+                head = f.read(_CHECK_BYTES)
+                f.seek(max(0, size - _CHECK_BYTES))
+                tail = f.read(_CHECK_BYTES)
+            for part, data in (("first", head), ("last", tail)):
+                if zlib.crc32(data) != record.get(f"{'head' if part == 'first' else 'tail'}_crc32"):
+                    self.fail(name, f"its {part} {min(size, _CHECK_BYTES)} bytes differ from those written when "
+                                    "the index was built (checksum mismatch: changed or damaged)")
+        self.sizes[name] = size
+        return size
+
+    def header_dtype(self, name: str) -> str:
+        return self.header(name, None, None, "")[0].name
+
+    def header(self, name: str, dtype: Any, shape: tuple[int | None, ...] | None, why: str,
+               required: bool = True) -> tuple[np.dtype, tuple[int, ...]]:
+        """Check an array file's header against its size, the manifest's record, and ``dtype`` and ``shape``
+        (``None``: any extent on that axis) when given."""
+        if not required and name not in self.records and not (self.folder / name).is_file():
+            return np.dtype(dtype), ()
+        size = self.check_file(name)
+        try:
+            found_dtype, found_shape, offset = _npy_header(self.folder / name)
+        except (ValueError, OSError, SyntaxError) as e:  # SyntaxError: numpy's literal_eval of a mangled header
+            self.fail(name, f"not a readable .npy array ({e})")
+        data = math.prod(found_shape) * found_dtype.itemsize
+        if size != offset + data:
+            self.fail(name, f"{size - offset} bytes of data where its header ({found_dtype.name}, shape "
+                            f"{found_shape}) needs {data} (cut or damaged)")
+        record = self.records.get(name)
+        if record is not None and "shape" in record and (
+                found_dtype.str != record.get("dtype") or list(found_shape) != record["shape"]):
+            self.fail(name, f"{found_dtype.name} of shape {found_shape}, {np.dtype(record.get('dtype')).name} "
+                            f"of shape {tuple(record['shape'])} when the index was built (replaced)")
+        if dtype is not None and found_dtype != np.dtype(dtype):
+            self.fail(name, f"dtype {found_dtype.name}, expected {np.dtype(dtype).name}")
+        if shape is not None and (len(found_shape) != len(shape) or any(
+                want is not None and got != want for got, want in zip(found_shape, shape))):
+            expected = tuple("any" if want is None else want for want in shape)
+            self.fail(name, f"shape {found_shape}, expected {expected} ({why} in {MANIFEST})".replace("'", ""))
+        return found_dtype, found_shape
+
+    def array(self, name: str, dtype: Any, shape: tuple[int | None, ...], why: str) -> np.ndarray:
+        """The checked array, memory-mapped read-only, as a plain ndarray view."""
+        self.header(name, dtype, shape, why)
+        return np.load(self.folder / name, mmap_mode="r").view(np.ndarray)
+
+    def check_postings(self, indptr: np.ndarray, n_postings: int) -> None:
+        if int(indptr[0]) != 0 or int(indptr[-1]) != n_postings:
+            self.fail("indptr.npy", f"runs from {int(indptr[0])} to {int(indptr[-1])}, expected 0 to n_postings = "
+                                    f"{n_postings}")
+
+    def check_terms(self, n_terms: int) -> None:
+        """The vocabulary's size against the manifest's record and its last line end; without a record (an
+        index built before they were written), its line count (a pass over the file; with a record, the count
+        is checked when the vocabulary is first read)."""
+        size = self.check_file("terms.txt")
+        if (size == 0) != (n_terms == 0) or (size and self._byte("terms.txt", size - 1) != b"\n"):
+            self.fail("terms.txt", f"{size} bytes not ending a line, for n_terms = {n_terms} (cut or damaged)")
+        if "terms.txt" not in self.records:
+            lines = 0
+            with open(self.folder / "terms.txt", "rb") as f:
+                while block := f.read(1 << 22):
+                    lines += block.count(b"\n")
+            if lines != n_terms:
+                self.fail("terms.txt", f"{lines} terms, the manifest says n_terms = {n_terms} (cut or damaged)")
+
+    def check_store(self, offsets: np.ndarray) -> None:
+        """The document store against its offsets: same size, and a line end before sampled offsets."""
+        size = self.check_file("docs.jsonl")
+        end = int(offsets[-1])
+        if int(offsets[0]) != 0 or size != end:
+            self.fail("docs.jsonl", f"{size} bytes, but its offsets (doc_offsets.npy) run from {int(offsets[0])} "
+                                    f"to {end} (cut or changed)")
+        n = len(offsets) - 1
+        picks = np.unique(np.linspace(1, n, min(n, self.store_samples)).astype(np.int64))
+        at = offsets[picks]
+        if np.any(np.diff(at) <= 0) or at[0] <= 0:
+            self.fail("doc_offsets.npy", "offsets not increasing (damaged)")
+        with open(self.folder / "docs.jsonl", "rb") as f:
+            for i, position in zip(picks, at):
+                f.seek(int(position) - 1)
+                if f.read(1) != b"\n":
+                    self.fail("docs.jsonl", f"record {int(i)} does not end where doc_offsets.npy says (byte "
+                                            f"{int(position)}): damaged, or the offsets belong to another store")
+
+    def _byte(self, name: str, position: int) -> bytes:
+        with open(self.folder / name, "rb") as f:
+            f.seek(position)
+            return f.read(1)
+
+
 class DocumentStore(Sequence[Document]):
     """The index's documents, read on demand (``pread`` of one record) and sanitised as MemQA shows them.
 
@@ -560,7 +939,16 @@ class DocumentStore(Sequence[Document]):
             self._fd = os.open(self.path, os.O_RDONLY)
         start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
         raw = os.pread(self._fd, stop - start, start)
-        doc = document_from_record(json.loads(raw), RecordLocation(self.path, i + 1))
+        loc = RecordLocation(self.path, i + 1)
+        try:
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # the store was checked on open: changed since
+            raise IndexCorruptError(f"{loc}: not a JSON record ({e}): the index's document store is damaged; "
+                                    f"build the index again") from None
+        if not isinstance(rec, dict):
+            raise IndexCorruptError(f"{loc}: not a JSON object: the index's document store is damaged; build the "
+                                    "index again")
+        doc = document_from_record(rec, loc)
         return Document(doc.id, sanitize(doc.title), sanitize(doc.text))
 
     def __del__(self) -> None:
@@ -586,35 +974,48 @@ class BM25Index(SearchBackend):
 
     def __init__(self, path: str | os.PathLike, *, corpus_path: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
-        manifest_path = self.path / MANIFEST
-        if not manifest_path.is_file():
-            raise FileNotFoundError(f"not a memenv index (no {MANIFEST}): {self.path}")
-        self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if self.manifest.get("format") != FORMAT or self.manifest.get("format_version") != FORMAT_VERSION:
-            raise IndexMismatchError(f"{self.path}: index format {self.manifest.get('format')!r} version "
-                                     f"{self.manifest.get('format_version')!r}; expected {FORMAT!r} version "
-                                     f"{FORMAT_VERSION} (rebuild it with `memenv index build`)")
+        self.manifest = _read_manifest(self.path)
         if corpus_path is not None:
             self.check_corpus(corpus_path)
         self.tokenizer = tokenize
         params = self.manifest["params"]
         self.k1, self.b, self.epsilon = params["k1"], params["b"], params["epsilon"]
         self.avgdl, self.average_idf = self.manifest["avgdl"], self.manifest["average_idf"]
-        # Plain ndarray views of the read-only maps: slicing an np.memmap costs microseconds of subclass
-        # bookkeeping per slice, a query takes hundreds of slices. The views keep the maps alive.
-        load = lambda name: np.load(self.path / f"{name}.npy", mmap_mode="r").view(np.ndarray)  # noqa: E731
-        self.idf, self.indptr, self.doc_norm = load("idf"), load("indptr"), load("doc_norm")
-        self.post_doc, self.post_tf = load("post_doc"), load("post_tf")
-        self.impact_doc, self.impact_tf = load("impact_doc"), load("impact_tf")
         self._n_docs = int(self.manifest["n_docs"])
         # Block-max bounds (absent from indexes built before they were added: those use the threshold algorithm).
         self.range_docs = int(self.manifest.get("range_docs", 0))
+        files = _IndexFiles(self.path, self.manifest)
+        # Plain ndarray views of the read-only maps: slicing an np.memmap costs microseconds of subclass
+        # bookkeeping per slice, a query takes hundreds of slices. The views keep the maps alive.
+        n_docs, n_terms, n_postings = self._n_docs, self.manifest["n_terms"], self.manifest["n_postings"]
+        tf_dtype = np.dtype(self.manifest.get("tf_dtype", files.header_dtype("post_tf.npy")))
+        if tf_dtype not in (np.dtype(np.uint16), np.dtype(np.uint32)):
+            files.fail(MANIFEST, f"tf_dtype {tf_dtype.name!r} is not uint16 or uint32")
+        per_term, per_posting = (n_terms,), (n_postings,)
+        self.idf = files.array("idf.npy", np.float64, per_term, "one per term: n_terms")
+        self.indptr = files.array("indptr.npy", np.int64, (n_terms + 1,), "n_terms + 1")
+        self.doc_norm = files.array("doc_norm.npy", np.float64, (n_docs,), "one per document: n_docs")
+        self.post_doc = files.array("post_doc.npy", np.int32, per_posting, "one per posting: n_postings")
+        self.post_tf = files.array("post_tf.npy", tf_dtype, per_posting, "one per posting: n_postings")
+        self.impact_doc = files.array("impact_doc.npy", np.int32, per_posting, "one per posting: n_postings")
+        self.impact_tf = files.array("impact_tf.npy", tf_dtype, per_posting, "one per posting: n_postings")
+        files.header("doc_len.npy", np.int32, (n_docs,), "one per document: n_docs", required=False)
+        doc_offsets = files.array("doc_offsets.npy", np.int64, (n_docs + 1,), "n_docs + 1")
         if self.range_docs and (self.path / "range_max.npy").is_file():
-            self.term_max, self.range_row = load("term_max"), load("range_row")
-            self.range_max = load("range_max")
+            self.term_max = files.array("term_max.npy", np.float64, per_term, "one per term: n_terms")
+            self.range_row = files.array("range_row.npy", np.int32, per_term, "one per term: n_terms")
+            n_ranges = -(-n_docs // self.range_docs)
+            self.range_max = files.array("range_max.npy", np.uint8, (None, n_ranges),
+                                         f"one column per range of {self.range_docs} documents: ceil(n_docs / "
+                                         "range_docs) columns")
         else:
+            if self.range_docs and "range_max.npy" in files.records:
+                files.fail("range_max.npy", "missing")
             self.range_docs, self.term_max, self.range_row, self.range_max = 0, None, None, None
-        self.documents = DocumentStore(self.path / "docs.jsonl", load("doc_offsets"))
+        files.check_postings(self.indptr, n_postings)
+        files.check_terms(n_terms)
+        files.check_store(doc_offsets)
+        self.documents = DocumentStore(self.path / "docs.jsonl", doc_offsets)
         self._vocab: dict[str, int] | None = None
 
     def _build(self, corpus: list[list[str]]) -> None:
@@ -627,7 +1028,16 @@ class BM25Index(SearchBackend):
     def vocab(self) -> dict[str, int]:
         """Term -> term id (read from terms.txt on first use)."""
         if self._vocab is None:
-            terms = (self.path / "terms.txt").read_text(encoding="utf-8").split("\n")[:-1]
+            path = self.path / "terms.txt"
+            try:
+                terms = path.read_text(encoding="utf-8").split("\n")[:-1]
+            except UnicodeDecodeError as e:
+                raise IndexCorruptError(f"{path}: not UTF-8 text at byte {e.start} (damaged); "
+                                        f"{_rebuild_hint(self.path, self.manifest)}") from None
+            if len(terms) != self.manifest["n_terms"]:
+                raise IndexCorruptError(f"{path}: {len(terms)} terms, the manifest says n_terms = "
+                                        f"{self.manifest['n_terms']} (cut or damaged); "
+                                        f"{_rebuild_hint(self.path, self.manifest)}")
             self._vocab = {t: i for i, t in enumerate(terms)}
         return self._vocab
 
