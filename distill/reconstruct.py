@@ -13,9 +13,17 @@ kept exactly as sampled; only environment text is tokenised.
 as the env showed it, with its ``[turns left]`` header and any invalid-action notice), which is exactly what
 memenv's own ``context="history"`` mode appends after each action. Where an observation has no such block
 (other envs), the reply is the part of the next observation after its longest common prefix with the previous
-one. It is wrapped as ``reply_template.format(reply=...)`` (default ``"\\n{reply}\\n"``: the env's history mode
-joins transcript parts with a newline, and the plain prompt template ends the observation with one). Nothing
-is appended after the last invocation of an episode (there is no later action to score).
+one. With the plain prompt template it is wrapped as ``reply_template.format(reply=...)`` (default
+``"\\n{reply}\\n"``: the env's history mode joins transcript parts with a newline, and the plain prompt template
+ends the observation with one). Nothing is appended after the last invocation of an episode (there is no later
+action to score).
+
+Chat templates: when the records were sampled under the tokenizer's chat template (the first prompt ends with
+the template's assistant opening), the reply goes into a user turn the way the template writes a conversation:
+the assistant turn is closed, a user turn holds the reply, and a new assistant turn is opened
+(:func:`chat_turn_frame`; ChatML: ``<|im_end|>\\n<|im_start|>user\\n{reply}<|im_end|>\\n<|im_start|>assistant\\n``),
+so the transcript is what ``apply_chat_template`` renders for the whole episode. A response that already ends
+with the template's end-of-turn token (sampling stopped at it) is not closed twice.
 
 The logit that scores response token ``t`` of a :class:`Segment` sits at sequence index ``start + t - 1``.
 """
@@ -83,12 +91,58 @@ def environment_reply(previous_observation: str, next_observation: str) -> str:
     return next_observation[n:]
 
 
+_SENTINEL_ASSISTANT, _SENTINEL_USER = "\u0001MEMENV-ASSISTANT\u0001", "\u0001MEMENV-USER\u0001"
+
+
+def chat_turn_frame(tokenizer) -> tuple[str, str] | None:
+    """``(close, open)``: the text the tokenizer's chat template writes between an assistant message's content and
+    the next user message's content (``close``: end of the assistant turn, start of the user turn), and between
+    that user content and the next assistant content (``open``: end of the user turn, the assistant opening of
+    ``add_generation_prompt``). None without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"},
+                                          {"role": "assistant", "content": _SENTINEL_ASSISTANT},
+                                          {"role": "user", "content": _SENTINEL_USER}],
+                                         tokenize=False, add_generation_prompt=True)
+    a = text.find(_SENTINEL_ASSISTANT)
+    u = text.find(_SENTINEL_USER, a + 1)
+    if a < 0 or u < 0:
+        raise ValueError("the tokenizer's chat template drops message contents: cannot place the environment's "
+                         "replies in user turns")
+    return text[a + len(_SENTINEL_ASSISTANT):u], text[u + len(_SENTINEL_USER):]
+
+
+def _sampled_under_chat(first: InvocationRecord, tokenizer, frame: tuple[str, str] | None) -> bool:
+    """The first prompt ends with the chat template's assistant opening (else: the plain prompt template)."""
+    if frame is None or not frame[1]:
+        return False
+    return tokenizer.decode(list(first.prompt_ids), skip_special_tokens=False).endswith(frame[1])
+
+
+def _chat_reply_text(record: InvocationRecord, reply: str, tokenizer, frame: tuple[str, str]) -> str:
+    close, opening = frame
+    if record.response_ids:  # sampling stopped at the end-of-turn token: the turn is already closed
+        last = tokenizer.decode([record.response_ids[-1]], skip_special_tokens=False)
+        if last and last in set(getattr(tokenizer, "all_special_tokens", ())) and close.startswith(last):
+            close = close[len(last):]
+    return close + reply + opening
+
+
 def persistent(records: Sequence[InvocationRecord], tokenizer, *, reply_template: str = REPLY_TEMPLATE,
-               reply: Callable[[InvocationRecord, InvocationRecord], str] | None = None) -> list[TokenSequence]:
+               reply: Callable[[InvocationRecord, InvocationRecord], str] | None = None,
+               template: str = "auto") -> list[TokenSequence]:
     """One sequence per episode (records grouped by ``(rollout_id, episode_id)``, ordered by turn; episodes in
-    order of first appearance). ``reply(record_k, record_k1)`` overrides how the env's reply text is found."""
+    order of first appearance). ``reply(record_k, record_k1)`` overrides how the env's reply text is found.
+    ``template``: ``"auto"`` (chat turns when the records were sampled under the tokenizer's chat template, see
+    the module doc), ``"chat"`` or ``"plain"`` (``reply_template``)."""
     if tokenizer is None:
         raise ValueError("persistent reconstruction tokenises the environment's replies: pass the tokenizer")
+    if template not in ("auto", "chat", "plain"):
+        raise ValueError(f"template must be 'auto', 'chat' or 'plain', got {template!r}")
+    frame = chat_turn_frame(tokenizer) if template != "plain" else None
+    if template == "chat" and frame is None:
+        raise ValueError("template='chat' but the tokenizer has no chat template")
     episodes: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         episodes[episode_key(r)].append(i)
@@ -100,6 +154,7 @@ def persistent(records: Sequence[InvocationRecord], tokenizer, *, reply_template
             raise ValueError(f"episode {key} (rollout_id, episode_id) has two records for one turn ({turns}): "
                              "records of different rollouts need distinct rollout_ids")
         first = records[members[0]]
+        chat = template == "chat" or (template == "auto" and _sampled_under_chat(first, tokenizer, frame))
         ids = list(first.prompt_ids)
         segments = []
         for k, i in enumerate(members):
@@ -113,7 +168,9 @@ def persistent(records: Sequence[InvocationRecord], tokenizer, *, reply_template
                 else:
                     text = environment_reply(str(r.snapshot.get("observation", "")),
                                              str(nxt.snapshot.get("observation", "")))
-                ids += list(tokenizer.encode(reply_template.format(reply=text), add_special_tokens=False))
+                wrapped = (_chat_reply_text(r, text, tokenizer, frame) if chat
+                           else reply_template.format(reply=text))
+                ids += list(tokenizer.encode(wrapped, add_special_tokens=False))
         out.append(TokenSequence(ids, list(range(len(ids))), segments))
     return out
 

@@ -10,15 +10,24 @@ It is :func:`agents.llm.ppo.train_rl` with two plug-ins, not a copy of its loop:
   the PPO side (log-probs, entropies, values) and the distillation side are both computed, the LM head applied in
   checkpointed chunks (memory ``O(chunk x vocab)``);
 - the **loss hook** (:class:`MemOPDHook`): once per update it scores the update's records with the teacher on
-  the *same* reconstruction and packing (keeping only the ``[N, d]`` hidden states at the action positions) and
-  applies memory credit to the advantages; on every minibatch it adds
+  the *teacher's* reconstruction and the same packing (keeping only the ``[N, d]`` hidden states at the action
+  positions) and applies memory credit to the advantages; on every minibatch it adds
   ``distill_coef * mean_over_action_tokens(D(student || teacher))`` (:mod:`distill.losses`).
 
-``reconstruction`` therefore switches the actor's recomputation (its PPO ratio) and the teacher's scoring
-together. With ``persistent``, minibatches hold whole episodes. The PPO ratio's old log-probs are the records'
+Two reconstructions, set apart: ``reconstruction`` is the actor's (its PPO ratio, its entropy, the student side
+of the distillation term), ``teacher_reconstruction`` the teacher's scoring state (default: the actor's). The
+arms of the matched comparison:
+
+- MemOPD: both ``aligned``;
+- the teacher-persistent control: actor ``aligned``, teacher ``persistent``: the student's update is MemOPD's
+  (same minibatches, same PPO ratio), only the teacher scores each action after the flattened episode;
+- a flattening trainer: both ``persistent`` with ``recompute_old_logprobs=True``, as multi-turn trainers that
+  flatten an episode do (their old log-probs come from the same flattened forward, so the PPO ratio starts at 1).
+
+With an actor ``persistent``, minibatches hold whole episodes. The PPO ratio's old log-probs are the records'
 behaviour log-probs unless ``recompute_old_logprobs=True`` (then the training forward recomputes them before the
-first minibatch: needed where training differs from sampling in precision, or to take the persistent control's
-mismatch out of the ratio).
+first minibatch: needed where training differs from sampling in precision or in the reconstruction of the
+context).
 
 One process only (no torchrun): the packed forward calls the model body directly.
 """
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,7 +65,8 @@ class MemOPDConfig(PPOConfig):
     top_k_mode: str = "tail"  # tail | renorm
     distill_temperature: float = 1.0  # both distributions at this temperature
     chunk: int = 1024  # action positions per LM-head application
-    reconstruction: str = "aligned"  # aligned | persistent (actor recomputation and teacher scoring)
+    reconstruction: str = "aligned"  # aligned | persistent: the actor's (PPO ratio, student side of the loss)
+    teacher_reconstruction: str | None = None  # aligned | persistent: the teacher's scoring (None: the actor's)
     packing: str = "shared_prefix"  # padded | padding_free | shared_prefix
     token_budget: int = 4096  # tokens per packed forward (rows x row length)
     attention_backend: str = "auto"  # distill.ATTENTION_BACKENDS; auto: dense-mask sdpa on CPU, flash/flex on CUDA
@@ -71,6 +81,7 @@ class MemOPDConfig(PPOConfig):
         check_attention_backend(self.attention_backend)
         self.loss_config()  # each raises a ValueError naming the bad option
         self.layout()
+        self.teacher_layout()
         self.credit_config()
         if self.reconstruction == "persistent":
             self.minibatch_unit = "episode"  # a persistent sequence holds the whole episode
@@ -80,7 +91,17 @@ class MemOPDConfig(PPOConfig):
                                  temperature=self.distill_temperature, chunk=self.chunk)
 
     def layout(self) -> ScoringLayout:
+        """The actor's layout."""
         return ScoringLayout(self.reconstruction, self.packing, self.token_budget, self.attention_backend)
+
+    def teacher_layout(self) -> ScoringLayout:
+        """The teacher's layout (its reconstruction, the actor's packing)."""
+        if self.teacher_reconstruction is None:
+            return self.layout()
+        try:
+            return replace(self.layout(), reconstruction=self.teacher_reconstruction)
+        except ValueError as err:
+            raise ValueError(f"teacher_reconstruction: {err}") from None
 
     def credit_config(self) -> CreditConfig:
         return CreditConfig(kind=self.credit, coef=self.credit_coef, gate_temperature=self.credit_gate_temperature)
@@ -147,8 +168,9 @@ class MemOPDHook:
 
 @torch.no_grad()
 def distillation_loss(student, teacher: Teacher, records: Sequence[InvocationRecord], layout: ScoringLayout,
-                      loss: DistillLossConfig, tokenizer=None) -> float:
-    """Mean per-action-token distillation loss of ``student`` (a causal LM) against ``teacher`` on ``records``."""
+                      loss: DistillLossConfig, tokenizer=None, teacher_layout: ScoringLayout | None = None) -> float:
+    """Mean per-action-token distillation loss of ``student`` (a causal LM, on ``layout``) against ``teacher``
+    (on ``teacher_layout``, default ``layout``) on ``records``."""
     tok = tokenizer if tokenizer is not None else teacher.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     was_training = student.training
@@ -157,7 +179,8 @@ def distillation_loss(student, teacher: Teacher, records: Sequence[InvocationRec
     student.train(was_training)
     vocab = teacher.vocab_size
     per_token = chunked_distill_loss(lambda h: student.get_output_embeddings()(h)[..., :vocab], hidden,
-                                     teacher.head, teacher.action_hidden(records, layout).to(hidden.device), loss)
+                                     teacher.head, teacher.action_hidden(records, teacher_layout or layout).to(
+                                         hidden.device), loss)
     return float(per_token.mean())
 
 
@@ -190,9 +213,11 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
     else:
         scorer = Teacher(teacher.to(device), teacher_tokenizer or tokenizer, student_tokenizer=tokenizer,
                          student_model=model, temperature=cfg.distill_temperature, chunk=cfg.chunk)
-    layout = cfg.layout()
-    hook = MemOPDHook(scorer, layout, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)
-    title = (f"MemOPD {cfg.algo.upper()} ({cfg.reconstruction}, {cfg.packing}, {cfg.loss}, lambda={cfg.distill_coef}"
+    layout, teacher_layout = cfg.layout(), cfg.teacher_layout()
+    hook = MemOPDHook(scorer, teacher_layout, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)
+    scoring = (cfg.reconstruction if teacher_layout.reconstruction == cfg.reconstruction
+               else f"actor {cfg.reconstruction}, teacher {teacher_layout.reconstruction}")
+    title = (f"MemOPD {cfg.algo.upper()} ({scoring}, {cfg.packing}, {cfg.loss}, lambda={cfg.distill_coef}"
              f"{', credit=' + cfg.credit if cfg.credit != 'none' else ''}) {cfg.env_id}")
     return train_rl(cfg, model=model, tokenizer=tokenizer, env_fn=env_fn, extra_loss=hook,
                     actor_forward=PackedActorForward(layout, tokenizer, cfg.chunk), title=title)
