@@ -33,6 +33,8 @@ from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, Unr
 
 PREFIX = "openai:"
 DEFAULT_STOP = ("</search>", "</answer>")
+#: Seconds the start-up check (``GET /v1/models``) may take in all before a served model counts as not answering.
+CHECK_TIMEOUT = 15.0
 _OPEN_TAG = re.compile(r"<(search|answer)>")
 
 
@@ -99,11 +101,12 @@ class CompletionsClient:
 
     ``timeout``: wall-clock seconds for one attempt (connect and read the whole reply); ``total_timeout``: for a
     request with all its attempts and pauses (default: ``(retries + 1) * timeout`` plus the pauses);
-    ``check_timeout``: for the start-up check :meth:`check`, all attempts together."""
+    ``check_timeout``: for the start-up check :meth:`check`, all attempts together (default
+    :data:`CHECK_TIMEOUT`, 15 s)."""
 
     def __init__(self, spec: ServedSpec, *, max_tokens: int = 512, temperature: float = 0.0,
                  stop: Sequence[str] = DEFAULT_STOP, timeout: float = 120.0, retries: int = 4, backoff: float = 0.5,
-                 total_timeout: float | None = None, check_timeout: float = 15.0,
+                 total_timeout: float | None = None, check_timeout: float | None = None,
                  api_key: str | None = None) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0 or not max_tokens >= 1:
             raise ValueError(f"need retries >= 0 and max_tokens >= 1; got {retries!r}, {max_tokens!r}")
@@ -113,7 +116,7 @@ class CompletionsClient:
         self.max_tokens, self.temperature, self.stop = int(max_tokens), float(temperature), tuple(stop)
         self.timeout, self.retries, self.backoff = _seconds("timeout", timeout), int(retries), float(backoff)
         self.total_timeout = _seconds("total_timeout", total_timeout, allow_none=True)
-        self.check_timeout = _seconds("check_timeout", check_timeout)
+        self.check_timeout = _seconds("check_timeout", CHECK_TIMEOUT if check_timeout is None else check_timeout)
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
 
     def _call(self, path: str, body: dict | None, **limits: Any) -> Any:
