@@ -25,6 +25,7 @@ import http.client
 import io
 import json
 import math
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -150,18 +151,33 @@ _HTTPConnection = _with_deadline(http.client.HTTPConnection)
 _HTTPSConnection = _with_deadline(http.client.HTTPSConnection)
 
 
+class _HTTPHandler(urllib.request.HTTPHandler):
+    deadline, budget = math.inf, math.inf
+
+    def http_open(self, req):
+        return self.do_open(_HTTPConnection, req, deadline=self.deadline, budget=self.budget)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    deadline, budget = math.inf, math.inf
+
+    def https_open(self, req):
+        return self.do_open(_HTTPSConnection, req, context=self._context, deadline=self.deadline, budget=self.budget)
+
+
+_openers = threading.local()
+
+
 def _opener(deadline: float, budget: float) -> urllib.request.OpenerDirector:
-    """urllib's opener (proxies, redirects, error statuses as HTTPError) whose connections read under a deadline."""
-
-    class HTTPHandler(urllib.request.HTTPHandler):
-        def http_open(self, req):
-            return self.do_open(_HTTPConnection, req, deadline=deadline, budget=budget)
-
-    class HTTPSHandler(urllib.request.HTTPSHandler):
-        def https_open(self, req):
-            return self.do_open(_HTTPSConnection, req, context=self._context, deadline=deadline, budget=budget)
-
-    return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
+    """urllib's opener (proxies, redirects, error statuses as HTTPError) whose connections read under a deadline;
+    one per thread, its handlers given the deadline of the request about to be sent."""
+    handlers = getattr(_openers, "handlers", None)
+    if handlers is None:
+        handlers = _openers.handlers = (_HTTPHandler(), _HTTPSHandler())
+        _openers.opener = urllib.request.build_opener(*handlers)
+    for handler in handlers:
+        handler.deadline, handler.budget = deadline, budget
+    return _openers.opener
 
 
 def _read_body(response: Any, limit: int) -> bytes:
