@@ -25,6 +25,7 @@ import http.client
 import io
 import json
 import math
+import ssl
 import threading
 import time
 import urllib.error
@@ -263,6 +264,8 @@ def request_json(url: str, body: Any = None, *, headers: dict[str, str] | None =
             raise BadReplyError(url, 200, str(err), "") from None
         except (OSError, http.client.HTTPException) as err:  # refused, reset, deadline, not HTTP at all
             last = UnreachableError(url, attempts, _reason(err))
+            if isinstance(getattr(err, "reason", err), ssl.SSLCertVerificationError):
+                raise last from None  # another attempt meets the same certificate
             continue
         try:
             text = raw.decode("utf-8")
