@@ -1,6 +1,6 @@
 """Pack reconstructed token sequences into batches, score the sampled tokens, and unpack per record.
 
-Three packings of :class:`distill.reconstruct.TokenSequence` (each scored token keeps exactly the context it had
+Five packings of :class:`distill.reconstruct.TokenSequence` (each scored token keeps exactly the context it had
 when sampled, so every packing reproduces the records' log-probs: the RCE check, :func:`rce`):
 
 - ``"padded"``: one sequence per row, right-padded to the longest row of its batch; rows taken in the order
@@ -13,6 +13,17 @@ when sampled, so every packing reproduces the records' log-probs: the RCE check,
   segment start), so the logit predicting a branch's first sampled token may sit in the shared prefix. Units
   (a prefix with its branches) longer than ``row_len`` are split into several units, each with its own prefix
   copy, then placed first-fit-decreasing like padding-free.
+- ``"sorted_padded"``: padded rows taken longest first, so each batch holds rows of like length (the best a
+  per-invocation trainer can do without packing; the honest baseline of ``benchmarks/teacher_packing.py``).
+- ``"prefix_tree"``: the sequences of one episode / GRPO group form a trie over their ``(id, position)`` pairs:
+  every common prefix, at any depth, is run once (a GRPO group's identical first prompts, its task block, the
+  memory an invocation repeats from the one before it, even identical first action tokens), and each token
+  attends exactly the tokens on its path from the root, its position the one it had in its own sequence. The
+  trie is laid out depth-first, so each subtree is a contiguous run of columns and the whole mask is one id per
+  token, ``tree_end`` (the end of its subtree): ``i`` may attend ``j`` iff ``j <= i < tree_end[j]``. Tries larger
+  than the row length are cut into several (consecutive sequences in lexicographic order, each cut with its
+  own copy of their prefix), then placed first-fit-decreasing. A scored logit may sit on a shared node: records
+  that share a context share its logit.
 
 Sizes: ``row_len`` caps a row (default: the longest sequence, or the longest shared-prefix unit, so nothing is
 split and shorter ones fill the gaps), ``token_budget`` caps one forward pass (rows x row length), so all
@@ -20,8 +31,8 @@ methods run forwards of the same size. A sequence longer than ``row_len`` gets a
 mask costs O(row length^2) attention whatever it masks, so long rows pay for attention they do not use; the
 block-sparse CUDA backends do not.
 
-Masks: every batch carries an explicit ``[R, 1, L, L]`` bool mask (True = may attend), built from three
-per-token ids: ``unit_ids`` (a prefix with its branches, or one plain sequence), ``seq_ids`` (one branch or
+Masks: every batch carries an explicit ``[R, 1, L, L]`` bool mask (True = may attend); a prefix tree's is
+built from ``tree_end`` (above), every other from three per-token ids: ``unit_ids`` (a prefix with its branches, or one plain sequence), ``seq_ids`` (one branch or
 sequence) and ``is_prefix``; token i may attend j iff ``j <= i`` and ``unit[i] == unit[j]`` and (``seq[i] ==
 seq[j]`` or ``is_prefix[j]``). Padding tokens each form their own unit, so they attend only to themselves
 (a fully masked query row would give NaN in sdpa). transformers (5.x) passes a 4D mask through unchanged
@@ -29,10 +40,12 @@ seq[j]`` or ``is_prefix[j]``). Padding tokens each form their own unit, so they 
 the model body is always called with the 4D mask and ``use_cache=False``.
 
 Attention backends (:func:`hidden_states`, ``backend="auto"``): on CPU ``sdpa`` with the explicit mask (the
-reference). ``backend="sdpa_blocks"`` (CPU or GPU, exact, tested against the reference, gradients included)
-runs transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself)
-instead of over the whole row, so packed rows cost sum(n x (prefix + n)) attention, not row length^2: the
-fastest CPU choice for long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
+reference), except for ``prefix_tree`` batches, whose rows hold whole tries: there ``sdpa_blocks``.
+``backend="sdpa_blocks"`` (CPU or GPU, exact, tested against the reference, gradients included) runs
+transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself;
+in a prefix tree, each chain of the trie attends the chains above it, :func:`tree_pieces`) instead of over the
+whole row, so packed rows cost sum(n x (context + n)) attention, not row length^2: the fastest CPU choice for
+long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
 padding-free batches when ``flash_attn`` is installed, else ``flex_attention`` with a block mask built from the
 same ids (any packing), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
 on the CPU-only machines this was written on.
@@ -52,7 +65,7 @@ from agents.llm.records import tokenizer_fingerprint
 from distill import check_attention_backend
 from distill.reconstruct import TokenSequence, episode_key, reconstruct
 
-PACKINGS = ("padded", "padding_free", "shared_prefix")
+PACKINGS = ("padded", "padding_free", "shared_prefix", "sorted_padded", "prefix_tree")
 SDPA_BLOCKS = "sdpa_blocks"  # attention implementation registered by register_block_attention
 
 
@@ -76,6 +89,7 @@ class PackedBatch:
     is_prefix: torch.Tensor  # [R, L] bool
     method: str = "padded"
     n_tokens: int = 0  # real (non-padding) tokens
+    tree_end: torch.Tensor | None = None  # [R, L] long, prefix_tree only: end column (exclusive) of each subtree
 
     def to(self, device) -> "PackedBatch":
         return PackedBatch(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
@@ -264,19 +278,185 @@ def _make_batch(rows, wheres, unit_members, sequences, method, pad_id) -> Packed
     )
 
 
+# --------------------------------------------------------------------------------------------- prefix tree
+def build_tree_mask(tree_end: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, L, L]`` bool mask of a prefix-tree layout: query ``i`` may attend key ``j`` iff ``j <= i <
+    tree_end[j]``, i.e. iff ``j`` is ``i`` itself or one of its ancestors (a subtree is the contiguous run of
+    columns ``j .. tree_end[j] - 1``)."""
+    L = tree_end.shape[-1]
+    col = torch.arange(L, device=tree_end.device)
+    return ((col[None, :, None] >= col[None, None, :]) & (col[None, :, None] < tree_end[:, None, :]))[:, None]
+
+
+def _pair_prefix(a: TokenSequence, b: TokenSequence) -> int:
+    """Length of the common prefix of two sequences, ids and positions both equal."""
+    n = min(len(a), len(b))
+    ai, bi, ap, bp = a.input_ids, b.input_ids, a.position_ids, b.position_ids
+    i = 0
+    while i < n and ai[i] == bi[i] and ap[i] == bp[i]:
+        i += 1
+    return i
+
+
+def _tree_units(sequences: Sequence[TokenSequence], records, row_len: int | None) -> list[tuple[list[int], list[int], int]]:
+    """Per share key (:func:`_share_key`), the sequences in lexicographic order of their ``(id, position)``
+    pairs, cut into consecutive runs whose tries hold at most ``row_len`` tokens (a sequence longer than that
+    forms its own). Each unit is ``(members, lcp with the previous member (0 for the first), trie tokens)``."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, s in enumerate(sequences):
+        groups[_share_key(s, records)].append(i)
+    units = []
+    for members in groups.values():
+        members.sort(key=lambda i: list(zip(sequences[i].input_ids, sequences[i].position_ids)))
+        current, lcps, size = [], [], 0
+        for i in members:
+            q = _pair_prefix(sequences[current[-1]], sequences[i]) if current else 0
+            add = len(sequences[i]) - q
+            if current and row_len is not None and size + add > row_len:
+                units.append((current, lcps, size))
+                current, lcps, size, q, add = [], [], 0, 0, len(sequences[i])
+            current.append(i)
+            lcps.append(q)
+            size += add
+        units.append((current, lcps, size))
+    return units
+
+
+def _tree_row(units, sequences, next_unit: int):
+    """One row of prefix tries: token lists, the subtree ends, and per sequence the column of each of its
+    tokens (its path from the root of its trie)."""
+    ids, pos, unit_ids, shared, end = [], [], [], [], []
+    paths: dict[int, list[int]] = {}
+    for members, lcps, _ in units:
+        previous: list[int] = []
+        for i, q in zip(members, lcps):
+            s = sequences[i]
+            start = len(ids)
+            ids += s.input_ids[q:]
+            pos += s.position_ids[q:]
+            unit_ids += [next_unit] * (len(s) - q)
+            shared += [False] * (len(s) - q)
+            end += [0] * (len(s) - q)
+            path = previous[:q] + list(range(start, len(ids)))
+            for c in path[:q]:
+                shared[c] = True
+            for c in path:  # the last path through a column ends its subtree
+                end[c] = len(ids)
+            paths[i] = path
+            previous = path
+        next_unit += 1
+    return (ids, pos, unit_ids, shared, end), paths, next_unit
+
+
+def _tree_batch(rows, row_paths, sequences, pad_id) -> PackedBatch:
+    L = max(len(r[0]) for r in rows)
+    R = len(rows)
+    input_ids = torch.full((R, L), int(pad_id), dtype=torch.long)
+    position_ids = torch.zeros((R, L), dtype=torch.long)
+    pad_unit = -1 - torch.arange(L, dtype=torch.long)
+    unit_ids = pad_unit.repeat(R, 1)
+    tree_end = (torch.arange(L, dtype=torch.long) + 1).repeat(R, 1)  # padding: a subtree of itself
+    is_prefix = torch.zeros((R, L), dtype=torch.bool)
+    n_tokens = 0
+    for k, (ids, pos, units, shared, end) in enumerate(rows):
+        n = len(ids)
+        n_tokens += n
+        input_ids[k, :n] = torch.tensor(ids, dtype=torch.long)
+        position_ids[k, :n] = torch.tensor(pos, dtype=torch.long)
+        unit_ids[k, :n] = torch.tensor(units, dtype=torch.long)
+        is_prefix[k, :n] = torch.tensor(shared, dtype=torch.bool)
+        tree_end[k, :n] = torch.tensor(end, dtype=torch.long)
+    scored = []  # (record, t, row, col, target)
+    for k, paths in enumerate(row_paths):
+        for i, path in paths.items():
+            s = sequences[i]
+            for seg in s.segments:
+                for t in range(seg.length):
+                    scored.append((seg.record, t, k, path[seg.start + t - 1], s.input_ids[seg.start + t]))
+    scored.sort()
+    cols = list(zip(*scored)) if scored else [[]] * 5
+    as_long = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
+    return PackedBatch(
+        input_ids=input_ids, position_ids=position_ids, attention_mask=build_tree_mask(tree_end),
+        rows=as_long(cols[2]), cols=as_long(cols[3]), targets=as_long(cols[4]), record_index=as_long(cols[0]),
+        token_index=as_long(cols[1]), unit_ids=unit_ids, seq_ids=unit_ids.clone(), is_prefix=is_prefix,
+        method="prefix_tree", n_tokens=n_tokens, tree_end=tree_end,
+    )
+
+
+def _pack_tree(sequences, records, token_budget: int, row_len: int | None, pad_id: int) -> list[PackedBatch]:
+    if row_len is None:  # whole tries, split only where one exceeds the budget (never below a sequence)
+        row_len = max(max(len(s) for s in sequences),
+                      min(token_budget, max(u[2] for u in _tree_units(sequences, records, None))))
+    units = _tree_units(sequences, records, int(row_len))
+    rows: list[list] = []
+    free: list[int] = []
+    for u in sorted(units, key=lambda u: -u[2]):  # first-fit decreasing
+        for k, room in enumerate(free):
+            if u[2] <= room:
+                rows[k].append(u)
+                free[k] -= u[2]
+                break
+        else:
+            rows.append([u])
+            free.append(max(0, row_len - u[2]))
+    batches, pending, widest, next_unit = [], [], 0, 0
+    for units_of_row in rows:
+        row, paths, next_unit = _tree_row(units_of_row, sequences, next_unit)
+        width = len(row[0])
+        if pending and (len(pending) + 1) * max(widest, width) > token_budget:
+            batches.append(_tree_batch(*zip(*pending), sequences, pad_id))
+            pending, widest = [], 0
+        pending.append((row, paths))
+        widest = max(widest, width)
+    batches.append(_tree_batch(*zip(*pending), sequences, pad_id))
+    return batches
+
+
+def tree_pieces(batch: PackedBatch) -> list[list[tuple[int, int, tuple[int, ...] | None]]]:
+    """Per row of a prefix-tree batch, its pieces ``(a, b, ancestors)``: columns ``a..b-1`` form one chain of the
+    trie (every column but the last has exactly one child, the next column), ``ancestors`` the indices (in
+    this row's list) of the pieces on the path from the root to it, in order, which it attends in full before
+    attending itself causally; ``None`` marks padding. Together the pieces tile each row."""
+    out = []
+    for u_row, e_row in zip(batch.unit_ids.tolist(), batch.tree_end.tolist()):
+        pieces: list[tuple[int, int, tuple[int, ...] | None]] = []
+        stack: list[tuple[int, int]] = []  # (piece index, subtree end of its last column) on the current path
+        L = len(e_row)
+        a = 0
+        while a < L:
+            b = a + 1
+            if u_row[a] < 0:
+                while b < L and u_row[b] < 0:
+                    b += 1
+                pieces.append((a, b, None))
+                a = b
+                continue
+            while b < L and b < e_row[b - 1] and e_row[b] == e_row[b - 1]:
+                b += 1  # column b is the only child of b - 1
+            while stack and stack[-1][1] <= a:
+                stack.pop()
+            pieces.append((a, b, tuple(k for k, _ in stack)))
+            stack.append((len(pieces) - 1, e_row[b - 1]))
+            a = b
+        out.append(pieces)
+    return out
+
+
 def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, token_budget: int = 4096,
          row_len: int | None = None, pad_id: int = 0, records=None, min_prefix: int = 1) -> list[PackedBatch]:
     """Pack ``sequences`` into batches (see the module doc).
 
     Args:
-        method: ``"padded"``, ``"padding_free"`` or ``"shared_prefix"``.
+        method: one of :data:`PACKINGS` (see the module doc).
         token_budget: most tokens (rows x row length, padding included) in one batch; a batch always holds at
             least one row.
         row_len: most tokens in a packed row (default: the longest sequence, or for shared-prefix packing the
-            longest prefix-with-branches unit, so that nothing is split).
+            longest prefix-with-branches unit, so that nothing is split; for the prefix tree the largest trie,
+            but at most ``token_budget`` or, if longer, the longest sequence).
         pad_id: id of padding tokens (never attended to by real tokens, never scored).
-        records: the records the sequences' segments index; shared-prefix packing groups by their episode /
-            GRPO group (without records, all sequences form one group).
+        records: the records the sequences' segments index; shared-prefix and prefix-tree packing group by
+            their episode / GRPO group (without records, all sequences form one group).
         min_prefix: shortest common prefix worth sharing.
     """
     if method not in PACKINGS:
@@ -285,6 +465,8 @@ def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, t
         raise ValueError("pack() got no sequences")
     if token_budget < 1 or (row_len is not None and row_len < 1):
         raise ValueError(f"token_budget and row_len must be >= 1, got {token_budget}, {row_len}")
+    if method == "prefix_tree":
+        return _pack_tree(sequences, records, int(token_budget), row_len, pad_id)
     if row_len is None:  # rows as long as the longest unit: nothing is split
         units = _units(sequences, method, 1 << 62, records, min_prefix)
         row_len = max(u.length for u in units)
@@ -292,6 +474,8 @@ def pack(sequences: Sequence[TokenSequence], method: str = "shared_prefix", *, t
         units = _units(sequences, method, int(row_len), records, min_prefix)
     if method == "padded":
         row_units = [[u] for u in units]  # input order
+    elif method == "sorted_padded":
+        row_units = [[u] for u in sorted(units, key=lambda u: -u.length)]  # longest first: batches of like lengths
     else:
         row_units = _first_fit_decreasing(units, row_len)
     batches, pending, widest = [], [], 0
@@ -337,8 +521,9 @@ def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
         return backend
     device = next(model.parameters()).device
     if device.type != "cuda":
-        return "sdpa"
-    if batch.method != "shared_prefix" and importlib.util.find_spec("flash_attn") is not None:
+        # a prefix tree's rows hold whole tries: the dense mask would pay O(row length^2) for mostly hidden keys
+        return SDPA_BLOCKS if batch.method == "prefix_tree" else "sdpa"
+    if batch.method not in ("shared_prefix", "prefix_tree") and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
         return "flex_attention"
@@ -392,17 +577,41 @@ def attention_blocks(batch: PackedBatch) -> list[list[tuple[int, int, int, int]]
 @dataclass
 class _BlockPlan:
     """How :func:`_sdpa_blocks_attention` runs one row: the block sizes (they tile the row, for one ``split``)
-    and per block ``(prefix block index or -1, additive mask or None)``; ``None`` entries are padding."""
+    and per block ``(indices of the blocks it attends in full before itself, additive mask or None)``; an empty
+    tuple: the block attends only itself, causally; ``None`` entries are padding."""
 
     sizes: list[int]
-    blocks: list[tuple[int, torch.Tensor | None] | None]
+    blocks: list[tuple[tuple[int, ...], torch.Tensor | None] | None]
+
+
+def _context_mask(masks: dict, n: int, p: int, dtype, device) -> torch.Tensor:
+    """``[1, 1, n, p + n]`` additive mask: ``p`` context keys in full, then the block itself causally."""
+    if (n, p) not in masks:
+        allowed = torch.ones(n, p + n, dtype=torch.bool, device=device)
+        allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        masks[n, p] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)[None, None]
+    return masks[n, p]
 
 
 def _block_plans(batch: PackedBatch, dtype: torch.dtype, device) -> list[_BlockPlan]:
-    """Per row, the plan of :func:`attention_blocks`, with each branch's ``[1, 1, n, prefix + n]`` additive mask
-    made once per forward (not once per layer)."""
+    """Per row, the plan of :func:`attention_blocks` (of :func:`tree_pieces` for a prefix tree), with each
+    branch's ``[1, 1, n, context + n]`` additive mask made once per forward (not once per layer)."""
     plans = []
-    masks: dict[tuple[int, int], torch.Tensor] = {}  # (n, prefix) -> mask: equal shapes share one tensor
+    masks: dict[tuple[int, int], torch.Tensor] = {}  # (n, context) -> mask: equal shapes share one tensor
+    if batch.tree_end is not None:
+        for pieces in tree_pieces(batch):
+            plan = _BlockPlan([b - a for a, b, _ in pieces], [])
+            for a, b, ancestors in pieces:
+                if ancestors is None:
+                    plan.blocks.append(None)
+                elif not ancestors:
+                    plan.blocks.append(((), None))
+                else:
+                    context = sum(plan.sizes[k] for k in ancestors)
+                    plan.blocks.append((ancestors, _context_mask(masks, b - a, context, dtype, device)))
+            plans.append(plan)
+        return plans
     for blocks in attention_blocks(batch):
         start_of = {a: k for k, (a, _, _, _) in enumerate(blocks)}
         plan = _BlockPlan([b - a for a, b, _, _ in blocks], [])
@@ -410,22 +619,17 @@ def _block_plans(batch: PackedBatch, dtype: torch.dtype, device) -> list[_BlockP
             if p0 < 0:
                 plan.blocks.append(None)
             elif p1 == p0:
-                plan.blocks.append((-1, None))
+                plan.blocks.append(((), None))
             else:
-                n, p = b - a, p1 - p0
-                if (n, p) not in masks:
-                    allowed = torch.ones(n, p + n, dtype=torch.bool, device=device)
-                    allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-                    masks[n, p] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-                        ~allowed, torch.finfo(dtype).min)[None, None]
-                plan.blocks.append((start_of[p0], masks[n, p]))
+                plan.blocks.append(((start_of[p0],), _context_mask(masks, b - a, p1 - p0, dtype, device)))
         plans.append(plan)
     return plans
 
 
 def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_blocks=None, **kwargs):
-    """Exact packed attention on CPU without the dense mask's O(L^2): each query block attends its prefix and,
-    causally, itself (:func:`attention_blocks`), through transformers' own sdpa per block.
+    """Exact packed attention on CPU without the dense mask's O(L^2): each query block attends its prefix (for a
+    prefix tree: the pieces of its path from the root) and, causally, itself (:func:`attention_blocks`,
+    :func:`tree_pieces`), through transformers' own sdpa per block.
 
     Rows are cut into their blocks with one ``unbind`` + ``split`` (not one slice per block): the backward of a
     slice writes a zero tensor of the whole input per block, which made the backward O(blocks x row length)."""
@@ -438,17 +642,23 @@ def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_
     for plan, q_row, k_row, v_row in zip(memenv_blocks, query.unbind(0), key.unbind(0), value.unbind(0)):
         qs, ks, vs = (t.split(plan.sizes, dim=1) for t in (q_row, k_row, v_row))
         pieces = []
+        contexts: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # siblings share one concat
         for k, block in enumerate(plan.blocks):
             if block is None:  # padding: zero output, never scored
                 pieces.append(query.new_zeros(1, plan.sizes[k], heads, head_dim))
                 continue
-            prefix, mask = block
+            ancestors, mask = block
             q = qs[k][None]
-            if prefix < 0:
+            if not ancestors:
                 out, _ = sdpa_attention_forward(module, q, ks[k][None], vs[k][None], None, is_causal=True, **kwargs)
             else:
-                kk = torch.cat([ks[prefix], ks[k]], dim=1)[None]
-                vv = torch.cat([vs[prefix], vs[k]], dim=1)[None]
+                if ancestors not in contexts:
+                    contexts[ancestors] = ((ks[ancestors[0]], vs[ancestors[0]]) if len(ancestors) == 1 else
+                                           (torch.cat([ks[i] for i in ancestors], dim=1),
+                                            torch.cat([vs[i] for i in ancestors], dim=1)))
+                kc, vc = contexts[ancestors]
+                kk = torch.cat([kc, ks[k]], dim=1)[None]
+                vv = torch.cat([vc, vs[k]], dim=1)[None]
                 out, _ = sdpa_attention_forward(module, q, kk, vv, mask, is_causal=False, **kwargs)
             pieces.append(out)
         rows.append(torch.cat(pieces, dim=1))
@@ -474,10 +684,14 @@ def register_block_attention() -> str:
 def _flex_block_mask(batch: PackedBatch):  # pragma: no cover - CUDA only
     from torch.nn.attention.flex_attention import create_block_mask
 
-    unit, seq, pref = batch.unit_ids, batch.seq_ids, batch.is_prefix
+    unit, seq, pref, end = batch.unit_ids, batch.seq_ids, batch.is_prefix, batch.tree_end
 
-    def mask_mod(b, h, q, kv):
-        return (kv <= q) & (unit[b, q] == unit[b, kv]) & ((seq[b, q] == seq[b, kv]) | pref[b, kv])
+    if end is not None:
+        def mask_mod(b, h, q, kv):
+            return (kv <= q) & (q < end[b, kv])
+    else:
+        def mask_mod(b, h, q, kv):
+            return (kv <= q) & (unit[b, q] == unit[b, kv]) & ((seq[b, q] == seq[b, kv]) | pref[b, kv])
 
     R, L = batch.input_ids.shape
     return create_block_mask(mask_mod, B=R, H=None, Q_LEN=L, KV_LEN=L, device=batch.input_ids.device)
@@ -502,7 +716,7 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     if batch.input_ids.device != device:
         batch = batch.to(device)
     impl = select_backend(model, batch, backend)
-    if impl == "flash_attention_2" and batch.method == "shared_prefix":
+    if impl == "flash_attention_2" and batch.method in ("shared_prefix", "prefix_tree"):
         raise ValueError("flash-attention varlen cannot express a shared prefix: use flex_attention or sdpa")
     extra = {}
     if impl == SDPA_BLOCKS:
