@@ -193,13 +193,13 @@ def _read_body(response: Any, limit: int) -> bytes:
         parts.append(chunk)
 
 
-def _reason(err: BaseException) -> str:
+def _reason(err: BaseException, budget: float) -> str:
     inner = getattr(err, "reason", err)
     if isinstance(inner, BaseException) and not isinstance(inner, str):
         err = inner
     text = str(err) or type(err).__name__
     if isinstance(err, TimeoutError) and "within" not in text:
-        return f"no reply ({text})"
+        return f"no reply within {budget:.3g} s ({text})"
     return text if isinstance(err, (OSError, urllib.error.URLError)) else f"{type(err).__name__}: {text}"
 
 
@@ -263,7 +263,7 @@ def request_json(url: str, body: Any = None, *, headers: dict[str, str] | None =
         except OverflowError as err:
             raise BadReplyError(url, 200, str(err), "") from None
         except (OSError, http.client.HTTPException) as err:  # refused, reset, deadline, not HTTP at all
-            last = UnreachableError(url, attempts, _reason(err))
+            last = UnreachableError(url, attempts, _reason(err, budget))
             if isinstance(getattr(err, "reason", err), ssl.SSLCertVerificationError):
                 raise last from None  # another attempt meets the same certificate
             continue
