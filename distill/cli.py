@@ -23,9 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.llm.cli import apply_set
+from agents.llm.cli import apply_set, check_checkpoint, check_run_out, interrupted_note
 from distill import DIAGNOSE_METHODS
-from memenv.cli import CommandError, parse_kwargs
+from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
+                        open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
 RECONSTRUCTIONS = ("aligned", "persistent")
@@ -44,9 +45,8 @@ def _fail(message: str) -> CommandError:
 
 
 def _checkpoint(path: str, option: str) -> str:
-    if not (Path(path) / "config.json").exists():
-        raise _fail(f"{option} {path}: no model checkpoint there (config.json missing)")
-    return path
+    """``path`` if it is a whole model checkpoint folder (config, weights, tokenizer), else a one-line error."""
+    return check_checkpoint(path, option)
 
 
 def build_config(args: argparse.Namespace):
@@ -75,14 +75,19 @@ def build_config(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.teacher:  # the checks that need no torch first: a bad --out or checkpoint fails at once
+        check_run_out(args.out, args.resume)
     cfg = build_config(args)
     from distill.teacher import VocabularyMismatchError
     from distill.trainer import train_memopd
 
+    prepare_out_dir(cfg.out_dir, keep=False)
     try:
         last = train_memopd(cfg)
     except VocabularyMismatchError as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
     print(json.dumps(shown))
     print(f"wrote {cfg.out_dir}/metrics.csv, {cfg.out_dir}/learning_curve.png and checkpoints in {cfg.out_dir}")
@@ -94,10 +99,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     if not records_path.is_file():
         raise _fail(f"--records {args.records}: no such file (JSON lines of invocation records)")
     _checkpoint(args.model, "--model")
-    if not 0 < args.clip < 1:
-        raise _fail(f"--clip must be in (0, 1), got {args.clip}")
-    if args.token_budget < 1:
-        raise _fail(f"--token-budget must be >= 1, got {args.token_budget}")
+    if args.csv:
+        _check_csv(args.csv)
     from agents.llm.models import load_pretrained
     from agents.llm.records import load_records
     from distill.diagnose import diagnose
@@ -105,8 +108,10 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     try:
         records = load_records(records_path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise _fail(f"--records {args.records}: not invocation records ({exc})") from None
+    except ValueError as exc:  # names the file and the line
+        raise _fail(f"--records: {exc}") from None
+    except OSError as exc:
+        raise _fail(f"--records {args.records}: cannot read it ({exc.strerror or exc})") from None
     model, tokenizer = load_pretrained(args.model)
     try:
         check_records(records, model, tokenizer)
@@ -125,6 +130,16 @@ def _diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_csv(path: str) -> None:
+    """``--csv`` can be written: not a folder, and its folder exists or can be made (checked before the work)."""
+    from memenv.cli import check_out_dir
+
+    target = Path(path)
+    if target.is_dir():
+        raise _fail(f"--csv {path}: is a folder, not a file")
+    check_out_dir(target.parent if str(target.parent) else ".", f"--csv {path}: its folder")
+
+
 def register_cli(subparsers) -> None:
     """Adds ``memenv distill`` and ``memenv distill diagnose`` (entry point group ``memenv.commands``)."""
     p = subparsers.add_parser("distill", help="MemOPD: PPO/GRPO + on-policy distillation from a teacher",
@@ -135,38 +150,38 @@ def register_cli(subparsers) -> None:
     p.add_argument("--env", default="MemQA-v0", help="environment id (default MemQA-v0)")
     p.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs (default objectives=1 hops=2)")
     p.add_argument("--out", default="runs/distill", help="output folder")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/latest")
     g = p.add_argument_group("distillation")
-    g.add_argument("--lambda", dest="distill_coef", type=float, help="weight of the distillation loss (default 1)")
+    g.add_argument("--lambda", dest="distill_coef", type=non_negative_float, help="weight of the distillation loss (default 1)")
     g.add_argument("--loss", choices=LOSSES, help="divergence (default reverse_kl: KL(student || teacher))")
-    g.add_argument("--beta", type=float, help="JSD(beta) teacher weight in [0, 1] (default 0.5)")
-    g.add_argument("--top-k", dest="top_k", type=int, help="keep only the teacher's top-k tokens (default: exact)")
+    g.add_argument("--beta", type=finite_float, help="JSD(beta) teacher weight in [0, 1] (default 0.5)")
+    g.add_argument("--top-k", dest="top_k", type=positive_int, help="keep only the teacher's top-k tokens (default: exact)")
     g.add_argument("--top-k-mode", dest="top_k_mode", choices=["tail", "renorm"],
                    help="close the top-k support with a tail bucket (default) or renormalise on it")
-    g.add_argument("--chunk", type=int, help="action positions per LM-head application (default 1024)")
+    g.add_argument("--chunk", type=positive_int, help="action positions per LM-head application (default 1024)")
     g.add_argument("--reconstruction", choices=RECONSTRUCTIONS,
                    help="aligned (as sampled, default) or persistent (flattened transcript: the control)")
     g.add_argument("--packing", choices=PACKINGS, help="default shared_prefix")
-    g.add_argument("--token-budget", dest="token_budget", type=int, help="tokens per packed forward (default 4096)")
+    g.add_argument("--token-budget", dest="token_budget", type=positive_int, help="tokens per packed forward (default 4096)")
     g.add_argument("--credit", choices=CREDITS, help="memory credit on memory tokens (default none)")
-    g.add_argument("--credit-coef", dest="credit_coef", type=float, help="weight of the memory advantage")
+    g.add_argument("--credit-coef", dest="credit_coef", type=non_negative_float, help="weight of the memory advantage")
     g.add_argument("--recompute-old-logprobs", dest="recompute_old_logprobs", action="store_true",
                    help="PPO ratio against log-probs recomputed by the training forward (not the sampled ones)")
     r = p.add_argument_group("reinforcement learning")
-    r.add_argument("--updates", type=int)
-    r.add_argument("--episodes-per-update", dest="episodes_per_update", type=int)
-    r.add_argument("--group-size", dest="group_size", type=int, help="GRPO: episodes per task seed")
-    r.add_argument("--lr", type=float)
-    r.add_argument("--kl-coef", dest="kl_coef", type=float, help="KL to the starting student")
-    r.add_argument("--temperature", type=float, help="sampling temperature")
-    r.add_argument("--eval-every", dest="eval_every", type=int)
-    r.add_argument("--eval-episodes", dest="eval_episodes", type=int)
-    r.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N updates")
-    r.add_argument("--num-envs", dest="num_envs", type=int)
-    r.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
-    r.add_argument("--max-seconds", dest="max_seconds", type=float, help="time budget (evaluations excluded)")
-    r.add_argument("--threads", type=int, help="torch threads")
+    r.add_argument("--updates", type=positive_int)
+    r.add_argument("--episodes-per-update", dest="episodes_per_update", type=positive_int)
+    r.add_argument("--group-size", dest="group_size", type=positive_int, help="GRPO: episodes per task seed")
+    r.add_argument("--lr", type=positive_float)
+    r.add_argument("--kl-coef", dest="kl_coef", type=non_negative_float, help="KL to the starting student")
+    r.add_argument("--temperature", type=positive_float, help="sampling temperature")
+    r.add_argument("--eval-every", dest="eval_every", type=non_negative_int, help="held-out evaluation every N updates (0: none)")
+    r.add_argument("--eval-episodes", dest="eval_episodes", type=positive_int)
+    r.add_argument("--save-every", dest="save_every", type=positive_int, help="checkpoint every N updates")
+    r.add_argument("--num-envs", dest="num_envs", type=positive_int)
+    r.add_argument("--max-new-tokens", dest="max_new_tokens", type=positive_int)
+    r.add_argument("--max-seconds", dest="max_seconds", type=positive_float, help="time budget (evaluations excluded)")
+    r.add_argument("--threads", type=positive_int, help="torch threads")
     p.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="any other MemOPDConfig field")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
@@ -179,8 +194,9 @@ def register_cli(subparsers) -> None:
     d.add_argument("--records", required=True, help="JSON lines of invocation records (agents.llm.records)")
     d.add_argument("--model", required=True, help="checkpoint folder (the policy that sampled the records)")
     d.add_argument("--methods", nargs="+", choices=DIAGNOSE_METHODS, default=list(DIAGNOSE_METHODS))
-    d.add_argument("--clip", type=float, default=0.2, help="PPO clip range (default 0.2)")
-    d.add_argument("--token-budget", dest="token_budget", type=int, default=4096)
+    d.add_argument("--clip", type=open_unit_float, default=0.2, help="PPO clip range (default 0.2)")
+    d.add_argument("--token-budget", dest="token_budget", type=positive_int, default=4096,
+                   help="tokens per packed forward (default 4096)")
     d.add_argument("--csv", help="also write the table here")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_diagnose)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
+import tempfile
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import gymnasium as gym
@@ -35,7 +38,21 @@ OPTIONAL_MODULES = {"torch": "llm", "transformers": "llm", "tokenizers": "llm", 
 
 
 class CommandError(Exception):
-    """A user's mistake on the command line: :func:`main` prints ``memenv CMD: error: MESSAGE`` and returns 2."""
+    """A user's mistake on the command line: :func:`main` prints ``memenv CMD: error: MESSAGE`` and returns
+    ``status`` (2; a run that stopped on failures it counted, such as ``memenv bench --max-failures``, uses 1)."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class CommandInterrupted(KeyboardInterrupt):
+    """Ctrl-C, with what the command kept (e.g. ``"2 of 6 cells kept in bench_out"``): :func:`main` prints
+    ``memenv CMD: interrupted: NOTE`` and returns 130. A plain ``KeyboardInterrupt`` prints ``interrupted``."""
+
+
+#: Exit status of a command ended by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED_STATUS = 130
 
 
 @contextmanager
@@ -71,6 +88,33 @@ def non_negative_float(text: str) -> float:
     return _checked_number(text, float, 0.0, ">= 0")
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite float (its range is checked by the config it goes to)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    """argparse type: a finite float in [0, 1] (weights, shares)."""
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a finite value in [0, 1], got {text!r}")
+    return value
+
+
+def open_unit_float(text: str) -> float:
+    """argparse type: a finite float strictly between 0 and 1 (a PPO clip range)."""
+    value = positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a finite value in (0, 1), got {text!r}")
+    return value
+
+
 def _checked_number(text: str, kind: type, low: float, rule: str, strict: bool = False) -> Any:
     try:
         value = kind(text)
@@ -80,6 +124,51 @@ def _checked_number(text: str, kind: type, low: float, rule: str, strict: bool =
     if value != value or value in (float("inf"), float("-inf")) or value < low or (strict and value == low):
         raise argparse.ArgumentTypeError(f"expected a {'' if kind is int else 'finite '}value {rule}, got {text!r}")
     return value
+
+
+# ---------------------------------------------------------------------------------------------- --out
+def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Check, creating nothing, that ``path`` can be the output folder of a command: it is a folder or does not
+    exist yet, and the nearest folder that exists above it is writable. A :class:`CommandError` naming
+    ``option`` otherwise. Call it before any work; :func:`prepare_out_dir` then makes the folder."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise CommandError(f"{option}: expected a folder, got an empty path")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"{option} {text}: is a file, not a folder (choose a folder, new or of an earlier run)")
+    above = out.absolute()
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise CommandError(f"{option} {text}: {above} is a file, so no folder can be made under it")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise CommandError(f"{option} {text}: {above} is not writable")
+    return out
+
+
+def prepare_out_dir(path: str | os.PathLike, option: str = "--out", keep: bool = True) -> Path:
+    """Make the output folder ``path`` (:func:`check_out_dir` first) and write a probe file in it, so that a
+    folder that cannot be written (read-only file system, permissions the access check cannot see) fails now,
+    as a :class:`CommandError`, rather than after the work. ``keep=False``: the folders made for the probe are
+    removed again (the command makes them when it writes its first file)."""
+    out = check_out_dir(path, option)
+    made = [folder for folder in [out.absolute(), *out.absolute().parents] if not folder.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".memenv-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CommandError(f"{option} {os.fspath(path)}: cannot write there ({exc.strerror or exc})") from None
+    finally:
+        if not keep:
+            for folder in made:  # deepest first; only the empty folders made here
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+    return out
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -238,21 +327,37 @@ def _index_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``memenv`` command. A user's mistake prints one line to stderr and returns 2; bugs raise."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.error(f"command {args.command!r} is not available in this installation")
+    """The ``memenv`` command. A user's mistake prints one line to stderr and returns 2; Ctrl-C prints one
+    line (what the command kept, when it says) and returns 130; bugs raise."""
+    command = "memenv"
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = f"memenv {args.command}"
+        if not hasattr(args, "func"):
+            parser.error(f"command {args.command!r} is not available in this installation")
+        return _run_command(args, command)
+    except BrokenPipeError:  # the reader of stdout went away (memenv bench | head): nothing more to print
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that was cut off
+    except KeyboardInterrupt as exc:
+        note = str(exc) if isinstance(exc, CommandInterrupted) else ""
+        print(f"{command}: interrupted" + (f": {note}" if note else ""), file=sys.stderr)
+        return INTERRUPTED_STATUS
+
+
+def _run_command(args: argparse.Namespace, command: str) -> int:
     try:
         return int(args.func(args) or 0)
     except CommandError as exc:
-        print(f"memenv {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return exc.status
     except ModuleNotFoundError as exc:
         extra = OPTIONAL_MODULES.get((exc.name or "").split(".")[0])
         if extra is None:  # not an optional dependency: a bug
             raise
-        print(f"memenv {args.command}: error: needs {exc.name}, which is not installed: "
+        print(f"{command}: error: needs {exc.name}, which is not installed: "
               f"pip install -e '.[{extra}]'", file=sys.stderr)
         return 2
 

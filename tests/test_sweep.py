@@ -44,7 +44,7 @@ def sweep_run(tmp_path_factory):
 def test_sweep_writes_csv_with_columns(sweep_run):
     out, _ = sweep_run
     table = pd.read_csv(out / "sweep.csv")
-    assert list(table.columns) == ["env", "strategy", "objectives", "episodes", "f1", "em", "peak_context_tokens",
+    assert list(table.columns) == ["env", "strategy", "objectives", "episodes", "failed", "f1", "em", "peak_context_tokens",
                                    "total_context_tokens", "invocations", "invalid_rate", "steps_per_s"]
     assert len(table) == len(SWEEP_VALUES) * len(STRATEGIES)
     assert set(table.env) == {"MemQA-v0"}
@@ -55,7 +55,8 @@ def test_sweep_writes_csv_with_columns(sweep_run):
     assert len(episodes) == 4 * len(table)
     assert {"env", "strategy", "objectives", "seed", "f1", "peak_context_tokens"} <= set(episodes.columns)
     # atomic writes leave no temporary files behind
-    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv", "sweep.png", "sweep_episodes.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "cells", "sweep.csv", "sweep.png", "sweep_episodes.csv"]
+    assert len(list((out / "cells").iterdir())) == len(table)  # one file per finished cell, for a resume
 
 
 def test_sweep_writes_png(sweep_run):

@@ -16,15 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import struct
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
 import memenv  # noqa: F401 - registers the envs
-from memenv.cli import (CommandError, HelpFormatter, non_negative_float, non_negative_int, parse_kwargs,
-                        positive_float, positive_int, user_input)
+from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_float,
+                        non_negative_int, parse_kwargs, positive_float, positive_int, prepare_out_dir, user_input)
+
+#: Files a training run writes into its ``--out`` folder besides its ``checkpoint-N`` folders.
+RUN_FILES = ("config.json", "metrics.csv", "learning_curve.png", "latest")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _parse_value(text: str) -> Any:
@@ -48,8 +56,104 @@ def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str,
         key, value = item.split("=", 1)
         if key not in known:
             raise CommandError(f"{cls.__name__} has no field {key!r}; fields: {', '.join(sorted(known))}")
-        values[key] = _parse_value(value)
+        parsed = _parse_value(value)
+        if isinstance(parsed, float) and not math.isfinite(parsed):
+            raise CommandError(f"--set {item}: expected a finite number")
+        values[key] = parsed
     return values
+
+
+def _json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{what}: {path.name} is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{what}: {path.name} is not valid JSON (line {exc.lineno} column {exc.colno}: "
+                           f"{exc.msg}; a cut or damaged file?)") from None
+    except OSError as exc:
+        raise CommandError(f"{what}: cannot read {path.name} ({exc.strerror or exc})") from None
+
+
+def _check_safetensors(path: Path, what: str) -> None:
+    """The header of a ``.safetensors`` file parses and the file is as long as its tensors say (a cut copy
+    would otherwise fail deep inside the model loader)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = json.loads(fh.read(length)) if 0 < length <= size - 8 else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise CommandError(f"{what}: {path.name} is not a safetensors file (unreadable header; a cut or damaged "
+                           "file?)")
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"
+            and isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list)
+            and len(entry["data_offsets"]) == 2 and isinstance(entry["data_offsets"][1], int)]
+    needed = 8 + length + max(ends, default=0)
+    if size < needed:
+        raise CommandError(f"{what}: {path.name} is cut ({size} bytes; its tensors need {needed})")
+
+
+def check_checkpoint(path: str | os.PathLike, option: str) -> str:
+    """Check, without loading it, that ``path`` is a model checkpoint folder: ``config.json`` (valid JSON with a
+    ``model_type``), weights (whole ``.safetensors`` files) and a tokenizer whose JSON files parse. A
+    :class:`memenv.cli.CommandError` naming ``option``, the folder and the file otherwise. Returns ``path``."""
+    folder = Path(path)
+    what = f"{option} {os.fspath(path)}"
+    if not folder.is_dir():
+        raise CommandError(f"{what}: no model checkpoint there (no such folder)")
+    if not (folder / "config.json").is_file():
+        raise CommandError(f"{what}: no model checkpoint there (config.json missing)")
+    config = _json_file(folder / "config.json", what)
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise CommandError(f"{what}: config.json is not a model config (no model_type)")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise CommandError(f"{what}: no weights there (none of {', '.join(WEIGHT_FILES)})")
+    for weights in sorted(folder.glob("*.safetensors")):
+        _check_safetensors(weights, what)
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise CommandError(f"{what}: no tokenizer there (tokenizer.json or tokenizer_config.json)")
+    for name in ("tokenizer_config.json", "tokenizer.json", "generation_config.json"):
+        if (folder / name).is_file():
+            _json_file(folder / name, what)
+    return os.fspath(path)
+
+
+def check_run_out(out: str | os.PathLike, resume: bool, option: str = "--out") -> Path:
+    """Check ``--out`` of a training run before any work (see :func:`memenv.cli.check_out_dir`): a folder or
+    nothing yet; its ``config.json``, if any, a training run's (not a model checkpoint's); without ``resume``, no
+    earlier run in it (its checkpoints would be deleted and its metrics replaced). Only rank 0 looks for an
+    earlier run (the other ranks of a ``torchrun`` could see rank 0's first files)."""
+    folder = check_out_dir(out, option)
+    if not folder.is_dir():
+        return folder
+    config = folder / "config.json"
+    if config.is_file():
+        data = _json_file(config, f"{option} {os.fspath(out)}")
+        if not isinstance(data, dict) or "out_dir" not in data:
+            raise CommandError(f"{option} {os.fspath(out)}: holds a config.json that is not a memenv training "
+                               "run's (a model checkpoint?); choose another --out")
+    if resume or int(os.environ.get("RANK", "0")) != 0:
+        return folder
+    found = [name for name in RUN_FILES if (folder / name).exists()]
+    found += sorted(p.name for p in folder.glob("checkpoint-*"))
+    if found:
+        raise CommandError(f"{option} {os.fspath(out)}: holds an earlier run ({', '.join(found[:3])}"
+                           f"{', ...' if len(found) > 3 else ''}); --resume continues it, or choose another --out")
+    return folder
+
+
+def interrupted_note(out: str | os.PathLike) -> str:
+    """What a training run kept when Ctrl-C ended it (its newest checkpoint)."""
+    from agents.llm.training import latest_checkpoint
+
+    last = latest_checkpoint(out)
+    if last is None:
+        return f"no checkpoint written yet in {out}"
+    return f"checkpoints kept in {out}, the newest {last.name} (--resume continues from it)"
 
 
 def build_config(args: argparse.Namespace):
@@ -88,21 +192,29 @@ def check_setup(cfg) -> None:
         env = gym.make(cfg.env_id, **cfg.env_kwargs)
         env.reset(seed=cfg.seed)
         env.close()
-    if cfg.model is not None and not os.path.isdir(cfg.model):
-        raise CommandError(f"--model {cfg.model!r} is not a checkpoint folder (omit --model for a fresh tiny model)")
+    if cfg.model is not None:
+        if not os.path.isdir(cfg.model):
+            raise CommandError(f"--model {cfg.model!r} is not a checkpoint folder (omit --model for a fresh tiny "
+                               "model)")
+        check_checkpoint(cfg.model, "--model")
 
 
 def _run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    check_run_out(cfg.out_dir, cfg.resume)
     check_setup(cfg)
-    if args.algo == "sft":
-        from agents.llm.sft import train_sft
+    prepare_out_dir(cfg.out_dir, keep=False)
+    try:
+        if args.algo == "sft":
+            from agents.llm.sft import train_sft
 
-        last = train_sft(cfg)
-    else:
-        from agents.llm.ppo import train_rl
+            last = train_sft(cfg)
+        else:
+            from agents.llm.ppo import train_rl
 
-        last = train_rl(cfg)
+            last = train_rl(cfg)
+    except KeyboardInterrupt:
+        raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
     if int(os.environ.get("RANK", "0")) == 0:
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
         print(json.dumps(shown))
@@ -144,7 +256,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--env", default="MemQA-v0", help="environment id")
     p.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
                    help="env kwargs, e.g. objectives=1 hops=2 (default: objectives=1 hops=2)")
-    p.add_argument("--out", default="runs/train", help="output folder (metrics.csv, checkpoints, config.json)")
+    p.add_argument("--out", default="runs/train",
+                   help="output folder (metrics.csv, checkpoints, config.json): new, or an earlier run's with --resume")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the model, data and episodes")
     p.add_argument("--resume", action="store_true", help="continue from OUT/latest")
     p.add_argument("--steps", type=positive_int, help="SFT: optimizer steps")

@@ -1,4 +1,4 @@
-"""The invocation record of DESIGN.md: one model invocation, exact to the token.
+"""The invocation record (docs/design.md): one model invocation, exact to the token.
 
 An invocation occupies positions ``0 .. len(prompt_ids) + len(response_ids) - 1``, as when it was sampled
 (:attr:`InvocationRecord.input_ids`). ``action_mask`` and ``memory_mask`` are aligned with ``response_ids``
@@ -176,9 +176,70 @@ def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -
     write_atomic(Path(path), write)
 
 
+#: Fields without a default, and what each must hold (checked when records are loaded from a file).
+_REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids",
+             "response_ids": "a list of token ids", "response_logprobs": "a list of numbers",
+             "action_mask": "a list of 0/1", "memory_mask": "a list of 0/1"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_problem(name: str, value: Any) -> bool:
+    """Whether ``value`` is not what the field ``name`` holds."""
+    if name == "episode_id":
+        return not isinstance(value, str)
+    if name == "turn":
+        return not _is_int(value)
+    if not isinstance(value, list):
+        return True
+    if name == "response_logprobs":
+        return not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    if name in ("action_mask", "memory_mask"):
+        return not all(v in (0, 1) and not isinstance(v, float) for v in value)
+    return not all(_is_int(v) and v >= 0 for v in value)
+
+
 def load_records(path: str | os.PathLike) -> list[InvocationRecord]:
-    with open(path, encoding="utf-8") as fh:
-        return [InvocationRecord.from_dict(json.loads(line)) for line in fh if line.strip()]
+    """The records of a JSON-lines file (:func:`save_records`). A line that is not a record raises a
+    ``ValueError`` naming the file and its line number (1-based, blank lines counted) and what is wrong."""
+    records = []
+    with open(path, "rb") as fh:  # lines decoded one by one: an error names its own line
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path} line {number}: not UTF-8 text (byte {exc.start} of the line)") from None
+            if line.strip():
+                records.append(_record(line, f"{path} line {number}"))
+    return records
+
+
+def _record(line: str, where: str) -> InvocationRecord:
+    """One line of a records file as a record (``where`` names the file and line in errors)."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        cut = "" if line.endswith("\n") else "; the file ends inside it (cut?)"
+        raise ValueError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}{cut})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object (an invocation record), got {type(data).__name__}")
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise ValueError(f"{where}: not an invocation record (missing {', '.join(missing)})")
+    for name, expected in _REQUIRED.items():
+        if _field_problem(name, data[name]):
+            raise ValueError(f"{where}: {name} must be {expected}, got {_excerpt(data[name])}")
+    try:
+        return InvocationRecord.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _excerpt(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _json_default(value: Any) -> Any:

@@ -15,6 +15,16 @@ strategy, F1 and peak context tokens against the value: ``sweep.csv``, ``sweep_e
 
 A spec's ``memory_mode=tools`` picks the env family's tools-mode strategies (``MemQA-v0:memory_mode=tools``:
 ``oracle``, ``rag``). Envs that take ``keep_snapshots`` run with ``False`` unless the spec sets it.
+
+Resuming: each finished cell (strategy x env) is written to ``OUT/cells/`` as soon as it ends, and ``OUT/bench.json``
+records the settings. Running the same command again with the same ``--out`` skips the finished cells (after
+Ctrl-C, a stop on failures, a crash); ``--fresh`` runs them all again. An ``--out`` that holds a bench of other
+settings, or result files this command did not write, is refused before any episode.
+
+Failures: an episode that fails on a served model, a retrieval server or a judge (unreachable, error status,
+unusable reply) is counted in the ``failed`` column and left out of the means; a cell with failed episodes runs
+again on the next resume. Past ``--max-failures`` failed episodes the run stops (exit status 1), keeping the
+finished cells. Ctrl-C ends the run with one line (exit status 130), keeping the finished cells.
 """
 
 from __future__ import annotations
@@ -22,29 +32,68 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import hashlib
 import inspect
+import json
+import math
+import signal
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import gymnasium as gym
 import pandas as pd
 from tqdm.auto import tqdm
 
 import memenv  # noqa: F401 - registers the environments
-from agents.files import write_atomic
+import agents.served
+import memenv.scoring.judges
+import memenv.search.http
+import memenv.search.remote
+from agents.files import write_atomic, write_text_atomic
 from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, make_strategy
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
-from memenv.cli import CommandError, HelpFormatter, non_negative_int, positive_int, user_input
+from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
+                        positive_int, prepare_out_dir, user_input)
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
 # every scripted strategy name of any env family (MemQA's first; MemDialog-BEAM adds tool strategies such as rag)
 ALL_STRATEGY_NAMES = tuple(dict.fromkeys(name for family in STRATEGY_FAMILIES.values() for name in family))
 SWEEP_ENVS = ("MemQA-v0",)  # the base specs of ``--sweep`` when --envs is not given
-SUMMARY_COLUMNS = ["env", "strategy", "episodes", "f1", "em", "peak_context_tokens", "total_context_tokens",
-                   "invocations", "invalid_rate", "steps_per_s"]
+SUMMARY_COLUMNS = ["env", "strategy", "episodes", "failed", "f1", "em", "peak_context_tokens",
+                   "total_context_tokens", "invocations", "invalid_rate", "steps_per_s"]
+#: Failed episodes a run tolerates before it stops (``--max-failures``): a few flaky requests do not cost the
+#: run, a server that went away stops it within a few episodes.
+DEFAULT_MAX_FAILURES = 5
+MANIFEST = "bench.json"  # OUT/bench.json: the settings of the bench whose cells are in OUT/cells
+CELLS = "cells"
+BENCH_FORMAT = "memenv-bench/1"
+#: Files the bench writes into OUT (an OUT that holds one of them without a bench.json is not ours to replace).
+RESULT_FILES = ("results.csv", "episodes.csv", "f1_vs_peak_context.png", "sweep.csv", "sweep_episodes.csv",
+                "sweep.png")
+
+
+def _errors_defined_in(*modules) -> tuple[type[BaseException], ...]:
+    """Every exception class defined in ``modules`` (so that one added there is caught as well)."""
+    found = []
+    for module in modules:
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == module.__name__:
+                found.append(value)
+    return tuple(dict.fromkeys(found))
+
+
+#: What a failed request to a served model, a retrieval server or a judge raises during an episode: such an
+#: episode counts as failed instead of ending the run. Anything else is a bug and keeps its traceback.
+_SERVICE_BASE = getattr(memenv.search.http, "ServiceError", None)  # the base of every service failure
+SERVICE_ERRORS = tuple(dict.fromkeys(
+    ((_SERVICE_BASE,) if _SERVICE_BASE is not None else _errors_defined_in(memenv.search.http, agents.served))
+    + (ServerError, memenv.search.remote.RetrieverError, memenv.scoring.judges.JudgeError)))
 
 
 @dataclass(frozen=True)
@@ -88,12 +137,19 @@ def _split_top_level(text: str) -> list[str]:
     return parts + [current]
 
 
-def run_episode(env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
-    """One episode of ``policy`` on ``env``; returns ``info["summary"]`` and the number of steps."""
+class Stopped(Exception):
+    """An episode abandoned because the run is stopping (Ctrl-C, or too many failed episodes)."""
+
+
+def run_episode(env: gym.Env, policy, seed: int, stop: threading.Event | None = None) -> tuple[dict[str, Any], int]:
+    """One episode of ``policy`` on ``env``; returns ``info["summary"]`` and the number of steps. When ``stop``
+    is set between two steps the episode is abandoned (:class:`Stopped`)."""
     obs, _ = env.reset(seed=seed)
     policy.reset(env.unwrapped)
     steps = 0
     while True:
+        if stop is not None and stop.is_set():
+            raise Stopped
         obs, _, terminated, truncated, info = env.step(policy.act(obs))
         steps += 1
         if terminated or truncated:
@@ -155,65 +211,295 @@ def strategy_name(name: str) -> str:
     return name
 
 
+class TooManyFailures(CommandError):
+    """More than ``max_failures`` episodes failed on a service: the run stopped (exit status 1)."""
+
+    def __init__(self, message: str, failures: list[str]) -> None:
+        super().__init__(message, status=1)
+        self.failures = failures
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _EpisodeRunner:
+    """Runs episodes for :func:`run_bench`: a service failure becomes a failed episode; past ``max_failures``
+    of them, or on Ctrl-C (``stop``), the episodes not yet finished are abandoned."""
+
+    def __init__(self, max_failures: int) -> None:
+        self.max_failures = max_failures
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    @property
+    def too_many(self) -> bool:
+        return len(self.failures) > self.max_failures
+
+    def __call__(self, env: gym.Env, policy, seed: int) -> tuple[dict[str, Any], int]:
+        try:
+            return run_episode(env, policy, seed, self.stop)
+        except Stopped:
+            return {"stopped": True}, 0
+        except SERVICE_ERRORS as err:
+            message = _one_line(err)
+            with self.lock:
+                self.failures.append(message)
+                if self.too_many:
+                    self.stop.set()
+            return {"error": message}, 0
+
+
+@contextmanager
+def _interrupt_sets(event: threading.Event) -> Iterator[None]:
+    """While inside, Ctrl-C also sets ``event`` (before its KeyboardInterrupt), so that episodes running on
+    worker threads stop at their next step instead of running to their end."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def handler(signum, frame):
+        event.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in a bench cell")
+
+
+class BenchStore:
+    """The finished cells of a bench in ``OUT``: ``OUT/bench.json`` (format, settings, run id) and one JSON file
+    per finished cell in ``OUT/cells/`` (its summary row and episode rows), each written atomically.
+
+    :meth:`check` reads only (call it before any work); :meth:`start` makes the folder and the manifest."""
+
+    def __init__(self, out: str | Path, settings: dict[str, Any], fresh: bool = False) -> None:
+        self.out, self.settings, self.fresh = Path(out), settings, fresh
+        self.run_id: str | None = None
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.out / MANIFEST
+
+    def _manifest(self) -> dict[str, Any] | None:
+        """The manifest of an earlier bench in OUT (None when there is none), or a CommandError when OUT holds
+        results that are not a resumable bench's."""
+        path = self.manifest_path
+        if not path.exists():
+            theirs = [name for name in RESULT_FILES if (self.out / name).exists()]
+            if theirs or (self.out / CELLS).exists():
+                found = theirs[0] if theirs else CELLS
+                raise CommandError(f"--out {self.out}: holds {found}, not written by a resumable memenv bench "
+                                   f"(no {MANIFEST}); choose another --out, or move it away")
+            return None
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise CommandError(f"--out {self.out}: {path} is not a bench manifest ({_one_line(exc)}); choose "
+                               "another --out, or move it away") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != BENCH_FORMAT \
+                or not isinstance(manifest.get("settings"), dict) or not isinstance(manifest.get("run"), str):
+            raise CommandError(f"--out {self.out}: {path} is not a {BENCH_FORMAT} manifest; choose another --out, "
+                               "or move it away")
+        return manifest
+
+    def check(self) -> None:
+        """Refuse, as a one-line CommandError, an OUT that cannot hold this bench: a file, an unwritable place,
+        result files of something else, or (without ``fresh``) a bench of other settings."""
+        check_out_dir(self.out)
+        manifest = self._manifest()
+        if manifest is None or self.fresh:
+            return
+        theirs = manifest["settings"]
+        for key in dict.fromkeys([*self.settings, *theirs]):
+            if theirs.get(key) != self.settings.get(key):
+                raise CommandError(
+                    f"--out {self.out}: holds a bench of other settings ({key}: {_shown(theirs.get(key))} there, "
+                    f"{_shown(self.settings.get(key))} here); rerun with the settings in {self.manifest_path} to "
+                    "continue it, add --fresh to replace it, or choose another --out")
+
+    def start(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Make OUT, write the manifest (a new one with ``fresh``: the earlier cells are removed) and return
+        the finished cells of this bench, by ``(env label, strategy)``."""
+        self.check()
+        prepare_out_dir(self.out)
+        manifest = self._manifest()
+        cells_dir = self.out / CELLS
+        if manifest is not None and not self.fresh:
+            self.run_id = manifest["run"]
+        else:
+            self.run_id = uuid.uuid4().hex
+            if cells_dir.is_dir():  # this bench's own earlier cells (checked: the manifest is ours)
+                for old in cells_dir.glob("cell-*.json"):
+                    old.unlink()
+            write_text_atomic(self.manifest_path, json.dumps(
+                {"format": BENCH_FORMAT, "run": self.run_id, "settings": self.settings}, indent=2) + "\n")
+        cells_dir.mkdir(exist_ok=True)
+        done = {}
+        for path in sorted(cells_dir.glob("cell-*.json")):
+            try:
+                cell = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue  # not a finished cell (never happens with atomic writes): it runs again
+            if isinstance(cell, dict) and cell.get("run") == self.run_id:
+                done[(cell["env"], cell["strategy"])] = cell
+        return done
+
+    def save(self, cell: dict[str, Any]) -> None:
+        cell = {"run": self.run_id, **cell}
+        write_text_atomic(self.out / CELLS / _cell_file(cell["env"], cell["strategy"]),
+                          json.dumps(cell, default=_json_default) + "\n")
+
+
+def _cell_file(env_label: str, strategy: str) -> str:
+    return "cell-" + hashlib.sha1(f"{env_label}\0{strategy}".encode()).hexdigest()[:16] + ".json"
+
+
+def _shown(value: Any) -> str:
+    text = " ".join(map(str, value)) if isinstance(value, list) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def bench_settings(strategies: Iterable[str], specs: Iterable[EnvSpec], episodes: int, seed: int,
+                   sweep: str | None = None) -> dict[str, Any]:
+    """What the results of a bench depend on (the manifest's ``settings``: a resume needs the same)."""
+    return {"strategies": list(strategies), "envs": [spec.label for spec in specs], "episodes": int(episodes),
+            "seed": int(seed), "sweep": sweep}
+
+
 def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes: int = DEFAULT_EPISODES,
-              seed: int = 0, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+              seed: int = 0, progress: bool = True, *, out: str | Path | None = None,
+              max_failures: int = DEFAULT_MAX_FAILURES, fresh: bool = False,
+              sweep: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run every strategy on every env for ``episodes`` seeded episodes (seeds ``seed..seed+episodes-1``,
     the same for every strategy, so strategies face the same questions).
+
+    With ``out``, each finished cell is written to ``out/cells/`` as it ends and the finished cells of an
+    earlier call with the same settings are not run again (``fresh``: they are). An episode that fails on a
+    service (:data:`SERVICE_ERRORS`) counts in the ``failed`` column; past ``max_failures`` of them the run
+    raises :class:`TooManyFailures`. Ctrl-C raises :class:`memenv.cli.CommandInterrupted` saying how many cells
+    were kept (with ``out``; a plain KeyboardInterrupt without).
 
     Returns (summary table, one row per episode).
     """
     specs = [e if isinstance(e, EnvSpec) else EnvSpec.parse(e) for e in envs]
     strategies = list(strategies)
+    if max_failures < 0:
+        raise ValueError(f"max_failures must be >= 0, got {max_failures}")
+    store = None if out is None else BenchStore(out, bench_settings(strategies, specs, episodes, seed, sweep), fresh)
+    if store is not None:
+        store.check()
     for spec in specs:  # fail before any work on a strategy an env family does not have
         for name in strategies:
             policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
             if is_served(name):
                 policy.client.check()  # a server that is down fails here, naming its URL
-    rows, summary = [], []
-    bar = tqdm(total=len(specs) * len(strategies) * episodes, desc="bench", unit="ep", disable=not progress)
-    for spec in specs:
-        for name in strategies:
-            policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
-            kwargs = bench_env_kwargs(spec, policy)
-            env = gym.make(spec.env_id, **kwargs)
-            steps, start = 0, time.perf_counter()
-            cell = []
-            seeds = [seed + i for i in range(episodes)]
-            concurrent = hasattr(policy, "run_episodes")  # served models: episodes run on a thread pool
-            if concurrent:
-                results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, run_episode,
-                                              on_done=lambda: bar.update(1))
-            else:
-                results = (run_episode(env, policy, s) + ({},) for s in seeds)
-            for i, (episode, n, extra) in enumerate(results):
-                steps += n
-                cell.append({
-                    "env": spec.label, "strategy": name, "seed": seed + i, "f1": episode["f1"], "em": episode["em"],
-                    "peak_context_tokens": episode["peak_context_tokens"],
-                    "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
-                    "invalid_actions": episode["invalid_actions"], "answered": episode["answered"], **extra,
-                    **_ability_scores(episode),
-                })
-                if not concurrent:
-                    bar.update(1)
-            elapsed = time.perf_counter() - start
-            env.close()
-            frame = pd.DataFrame(cell)
-            summary.append({
-                "env": spec.label, "strategy": name, "episodes": episodes, "f1": frame.f1.mean(), "em": frame.em.mean(),
-                "peak_context_tokens": frame.peak_context_tokens.mean(),
-                "total_context_tokens": frame.total_context_tokens.mean(), "invocations": frame.invocations.mean(),
-                "invalid_rate": frame.invalid_actions.sum() / max(1, frame.invocations.sum()),
-                "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
-                **{k: frame[k].mean() for k in frame.columns if k.startswith("server_")},  # tokens per episode
-                **{c: frame[c].mean() for c in frame.columns if c.startswith("score")},
-            })
-            rows.extend(cell)
-    bar.close()
+    plan = [(spec, name) for spec in specs for name in strategies]
+    done = store.start() if store is not None else {}
+    done = {key: cell for key, cell in done.items() if not cell["summary"].get("failed")}  # failed: run again
+    resumed = sum((spec.label, name) in done for spec, name in plan)
+    if resumed:
+        print(f"resuming: {resumed} of {len(plan)} cells already in {store.out} (--fresh runs them again)")
+    runner = _EpisodeRunner(max_failures)
+    cells: list[dict[str, Any]] = []
+    kept = resumed
+
+    def note() -> str:
+        return f"{kept} of {len(plan)} cells kept in {store.out} (rerun the same command to continue)"
+
+    bar = tqdm(total=(len(plan) - resumed) * episodes, desc="bench", unit="ep", disable=not progress)
+    try:
+        with _interrupt_sets(runner.stop):
+            for spec, name in plan:
+                if (spec.label, name) in done:
+                    cells.append(done[(spec.label, name)])
+                    continue
+                cell = _run_cell(spec, name, episodes, seed, runner, bar)
+                if runner.too_many:
+                    where = f"; {note()}" if store is not None else ""
+                    raise TooManyFailures(f"stopped after {len(runner.failures)} failed episodes (more than "
+                                          f"--max-failures {max_failures}); last: {runner.failures[-1]}{where}",
+                                          runner.failures)
+                if store is not None:
+                    store.save(cell)
+                    kept += 1
+                cells.append(cell)
+    except KeyboardInterrupt:
+        runner.stop.set()
+        if store is None:
+            raise
+        raise CommandInterrupted(note()) from None
+    finally:
+        bar.close()
+    summary = [cell["summary"] for cell in cells]
+    rows = [row for cell in cells for row in cell["episodes"]]
     scores = sorted({c for row in summary for c in row if c.startswith("score")}, key=lambda c: (c != "score", c))
     extra_columns = [k for k in dict.fromkeys(k for row in summary for k in row)
                      if k not in SUMMARY_COLUMNS and k not in scores] + scores
     return pd.DataFrame(summary, columns=SUMMARY_COLUMNS + extra_columns), pd.DataFrame(rows)
+
+
+def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: _EpisodeRunner, bar) -> dict[str, Any]:
+    """One (env, strategy) cell: ``{"env", "strategy", "summary": row, "episodes": rows}``."""
+    policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
+    kwargs = bench_env_kwargs(spec, policy)
+    env = gym.make(spec.env_id, **kwargs)
+    steps, start = 0, time.perf_counter()
+    cell = []
+    seeds = [seed + i for i in range(episodes)]
+    concurrent = hasattr(policy, "run_episodes")  # served models: episodes run on a thread pool
+    try:
+        if concurrent:
+            results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, runner,
+                                          on_done=lambda: bar.update(1))
+        else:
+            results = (runner(env, policy, s) + ({},) for s in seeds)
+        for i, (episode, n, extra) in enumerate(results):
+            if not concurrent:
+                bar.update(1)
+            if episode.get("stopped"):
+                continue
+            steps += n
+            row = {"env": spec.label, "strategy": name, "seed": seed + i}
+            if "error" in episode:
+                cell.append({**row, "error": episode["error"]})
+                continue
+            cell.append({
+                **row, "f1": episode["f1"], "em": episode["em"],
+                "peak_context_tokens": episode["peak_context_tokens"],
+                "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
+                "invalid_actions": episode["invalid_actions"], "answered": episode["answered"], **extra,
+                **_ability_scores(episode),
+            })
+    finally:
+        env.close()
+    elapsed = time.perf_counter() - start
+    frame = pd.DataFrame(cell)
+    failed = int(frame["error"].notna().sum()) if "error" in frame else 0
+    ok = frame[frame["error"].isna()] if "error" in frame else frame
+    ok = ok.reindex(columns=list(dict.fromkeys([*frame.columns, "f1", "em", "peak_context_tokens",
+                                                "total_context_tokens", "invocations", "invalid_actions"])))
+    summary = {
+        "env": spec.label, "strategy": name, "episodes": len(ok), "failed": failed, "f1": ok.f1.mean(),
+        "em": ok.em.mean(), "peak_context_tokens": ok.peak_context_tokens.mean(),
+        "total_context_tokens": ok.total_context_tokens.mean(), "invocations": ok.invocations.mean(),
+        "invalid_rate": ok.invalid_actions.sum() / max(1, ok.invocations.sum()) if len(ok) else float("nan"),
+        "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
+        **{k: ok[k].mean() for k in frame.columns if k.startswith("server_")},  # tokens per episode
+        **{c: ok[c].mean() for c in frame.columns if c.startswith("score")},
+    }
+    return {"env": spec.label, "strategy": name, "summary": summary, "episodes": cell}
 
 
 def _ability_scores(episode: dict[str, Any]) -> dict[str, float]:
@@ -279,11 +565,17 @@ class Sweep:
             raise ValueError(f"bad sweep {text!r}: no values after '='")
         return cls(key, tuple(values))
 
+    @property
+    def text(self) -> str:
+        """``KEY=V1,V2,...`` as parsed (how a bench manifest records the sweep)."""
+        return f"{self.key}=" + ",".join(map(repr, self.values))
+
 
 def run_sweep(strategies: Iterable[str], envs: Iterable[str | EnvSpec], sweep: str | Sweep,
               episodes: int = DEFAULT_EPISODES, seed: int = 0,
-              progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:func:`run_bench` with ``sweep.key = v`` for every value ``v``, on every env spec.
+              progress: bool = True, **bench_kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`run_bench` with ``sweep.key = v`` for every value ``v``, on every env spec (``bench_kwargs``:
+    ``out``, ``max_failures``, ``fresh`` of :func:`run_bench`).
 
     Returns (sweep table, one row per episode). The sweep table has one row per (env, strategy, value) and
     the columns ``env`` (the base spec's label), ``strategy``, the swept key (e.g. ``objectives``), then the
@@ -291,7 +583,8 @@ def run_sweep(strategies: Iterable[str], envs: Iterable[str | EnvSpec], sweep: s
     """
     sweep = sweep if isinstance(sweep, Sweep) else Sweep.parse(sweep)
     runs = sweep_specs(envs, sweep)
-    summary, rows = run_bench(strategies, [spec for spec, _, _ in runs], episodes, seed, progress)
+    summary, rows = run_bench(strategies, [spec for spec, _, _ in runs], episodes, seed, progress,
+                              sweep=sweep.text, **bench_kwargs)
     where = {spec.label: (base, value) for spec, base, value in runs}
     for frame in (summary, rows):
         labels = list(frame.env)
@@ -402,15 +695,27 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
             env.close()
 
 
+def _check_out(args: argparse.Namespace, specs: list[EnvSpec], sweep: str | None = None) -> Path:
+    """``--out`` is checked before the set-up and any episode (see :class:`BenchStore`)."""
+    out = Path(args.out)
+    BenchStore(out, bench_settings(args.strategies, specs, args.episodes, args.seed, sweep), args.fresh).check()
+    return out
+
+
+def _bench_kwargs(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    return {"out": out, "max_failures": args.max_failures, "fresh": args.fresh}
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     envs = args.envs if args.envs is not None else list(SWEEP_ENVS)
     with user_input("--sweep"):
         sweep = Sweep.parse(args.sweep)
     with user_input("--envs"):
         runs = sweep_specs(envs, sweep)
+    out = _check_out(args, [spec for spec, _, _ in runs], sweep.text)
     check_setup(args.strategies, [spec for spec, _, _ in runs])
-    table, episodes = run_sweep(args.strategies, envs, sweep, args.episodes, args.seed, progress=not args.quiet)
-    out = Path(args.out)
+    table, episodes = run_sweep(args.strategies, envs, sweep, args.episodes, args.seed, progress=not args.quiet,
+                                **_bench_kwargs(args, out))
     write_atomic(out / "sweep.csv", lambda tmp: table.to_csv(tmp, index=False))
     write_atomic(out / "sweep_episodes.csv", lambda tmp: episodes.to_csv(tmp, index=False))
     plot_sweep(table, sweep.key, out / "sweep.png")
@@ -426,9 +731,10 @@ def _run(args: argparse.Namespace) -> int:
         args.envs = list(DEFAULT_ENVS)
     with user_input("--envs"):
         specs = [EnvSpec.parse(spec) for spec in args.envs]
+    out = _check_out(args, specs)
     check_setup(args.strategies, specs)
-    summary, episodes = run_bench(args.strategies, specs, args.episodes, args.seed, progress=not args.quiet)
-    out = Path(args.out)
+    summary, episodes = run_bench(args.strategies, specs, args.episodes, args.seed, progress=not args.quiet,
+                                  **_bench_kwargs(args, out))
     write_atomic(out / "results.csv", lambda tmp: summary.to_csv(tmp, index=False))
     write_atomic(out / "episodes.csv", lambda tmp: episodes.to_csv(tmp, index=False))
     plot_tradeoff(summary, out / "f1_vs_peak_context.png")
@@ -453,7 +759,17 @@ def register_cli(subparsers) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the first episode (episode i uses seed + i)")
     parser.add_argument("--out", default="bench_out",
-                        help="output folder (results.csv, episodes.csv, f1_vs_peak_context.png; sweep.* with --sweep)")
+                        help="output folder (results.csv, episodes.csv, f1_vs_peak_context.png; sweep.* with --sweep; "
+                             "bench.json and cells/: the finished cells, so that the same command run again "
+                             "continues where it stopped)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every cell again, replacing the cells of an earlier bench in --out "
+                             "(default: finished cells of the same settings are kept and skipped)")
+    parser.add_argument("--max-failures", dest="max_failures", type=non_negative_int, default=DEFAULT_MAX_FAILURES,
+                        metavar="N",
+                        help="stop the run (exit status 1, finished cells kept) once more than N episodes failed "
+                             "on a served model, retrieval server or judge; 0 stops at the first failure. Failed "
+                             "episodes are counted in the failed column and left out of the means")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--sweep", metavar="KEY=V1,V2,...", default=None,
                         help="sweep an env kwarg over values on every --envs spec, e.g. objectives=1,2,4,8,16; "
