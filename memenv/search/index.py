@@ -50,7 +50,9 @@ text MemQA indexes in memory, so an env over an index ranks as one over the load
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import math
 import multiprocessing
@@ -774,10 +776,10 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def _npy_header(path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
-    """``(dtype, shape, data offset)`` from a ``.npy`` file's header (``ValueError`` if it has none, or a
-    Fortran-ordered array, which the index never writes)."""
-    with open(path, "rb") as f:
+def _npy_header(source: Path | io.BufferedIOBase) -> tuple[np.dtype, tuple[int, ...], int]:
+    """``(dtype, shape, data offset)`` from a ``.npy`` file's header, read from the file or from a file-like of
+    its first bytes (``ValueError`` if it has none, or a Fortran-ordered array, which the index never writes)."""
+    with (open(source, "rb") if isinstance(source, Path) else contextlib.nullcontext(source)) as f:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -801,6 +803,8 @@ class _IndexFiles:
         self.folder, self.manifest = folder, manifest
         self.records: dict[str, dict[str, Any]] = manifest.get("files") or {}
         self.sizes: dict[str, int] = {}
+        self.heads: dict[str, bytes] = {}
+        self.tails: dict[str, bytes] = {}
         if self.records:
             for name in self.records:
                 self.check_file(name)
@@ -809,42 +813,47 @@ class _IndexFiles:
         raise IndexCorruptError(f"{self.folder / name}: {what}; {_rebuild_hint(self.folder, self.manifest)}")
 
     def check_file(self, name: str) -> int:
-        """The file's size, after checking it (and its head and tail CRC-32s) against the manifest's record."""
+        """The file's size, after checking it (and its head and tail CRC-32s) against the manifest's record;
+        its first and last 64 KiB are kept for the other checks."""
         if name in self.sizes:
             return self.sizes[name]
         path = self.folder / name
         try:
-            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(_CHECK_BYTES)
+                tail = head
+                if size > _CHECK_BYTES:
+                    f.seek(size - _CHECK_BYTES)
+                    tail = f.read(_CHECK_BYTES)
         except FileNotFoundError:
             self.fail(name, "missing")
+        except IsADirectoryError:
+            self.fail(name, "a folder, not a file")
         record = self.records.get(name)
         if record is not None:
             if size != record["size"]:
                 self.fail(name, f"{size} bytes, {record['size']} when the index was built (cut, extended or "
                                 "replaced)")
-            with open(path, "rb") as f:
-                head = f.read(_CHECK_BYTES)
-                f.seek(max(0, size - _CHECK_BYTES))
-                tail = f.read(_CHECK_BYTES)
-            for part, data in (("first", head), ("last", tail)):
-                if zlib.crc32(data) != record.get(f"{'head' if part == 'first' else 'tail'}_crc32"):
-                    self.fail(name, f"its {part} {min(size, _CHECK_BYTES)} bytes differ from those written when "
-                                    "the index was built (checksum mismatch: changed or damaged)")
-        self.sizes[name] = size
+            for part, data, key in (("first", head, "head_crc32"), ("last", tail, "tail_crc32")):
+                if zlib.crc32(data) != record.get(key):
+                    self.fail(name, f"its {part} {len(data)} bytes differ from those written when the index was "
+                                    "built (checksum mismatch: changed or damaged)")
+        self.sizes[name], self.heads[name], self.tails[name] = size, head, tail
         return size
 
     def header_dtype(self, name: str) -> str:
         return self.header(name, None, None, "")[0].name
 
     def header(self, name: str, dtype: Any, shape: tuple[int | None, ...] | None, why: str,
-               required: bool = True) -> tuple[np.dtype, tuple[int, ...]]:
-        """Check an array file's header against its size, the manifest's record, and ``dtype`` and ``shape``
-        (``None``: any extent on that axis) when given."""
+               required: bool = True) -> tuple[np.dtype, tuple[int, ...], int]:
+        """``(dtype, shape, data offset)`` of an array file, after checking its header against its size, the
+        manifest's record, and ``dtype`` and ``shape`` (``None``: any extent on that axis) when given."""
         if not required and name not in self.records and not (self.folder / name).is_file():
-            return np.dtype(dtype), ()
+            return np.dtype(dtype), (), 0
         size = self.check_file(name)
         try:
-            found_dtype, found_shape, offset = _npy_header(self.folder / name)
+            found_dtype, found_shape, offset = _npy_header(io.BytesIO(self.heads[name]))
         except (ValueError, OSError, SyntaxError) as e:  # SyntaxError: numpy's literal_eval of a mangled header
             self.fail(name, f"not a readable .npy array ({e})")
         data = math.prod(found_shape) * found_dtype.itemsize
@@ -862,12 +871,18 @@ class _IndexFiles:
                 want is not None and got != want for got, want in zip(found_shape, shape))):
             expected = tuple("any" if want is None else want for want in shape)
             self.fail(name, f"shape {found_shape}, expected {expected} ({why} in {MANIFEST})".replace("'", ""))
-        return found_dtype, found_shape
+        return found_dtype, found_shape, offset
 
     def array(self, name: str, dtype: Any, shape: tuple[int | None, ...], why: str) -> np.ndarray:
-        """The checked array, memory-mapped read-only, as a plain ndarray view."""
-        self.header(name, dtype, shape, why)
-        return np.load(self.folder / name, mmap_mode="r").view(np.ndarray)
+        """The checked array, memory-mapped read-only, as a plain ndarray view (an empty one in memory: there is
+        nothing to map)."""
+        found_dtype, found_shape, offset = self.header(name, dtype, shape, why)
+        if not math.prod(found_shape):
+            empty = np.zeros(found_shape, dtype=found_dtype)
+            empty.flags.writeable = False
+            return empty
+        return np.memmap(self.folder / name, dtype=found_dtype, mode="r", offset=offset,
+                         shape=found_shape).view(np.ndarray)
 
     def check_postings(self, indptr: np.ndarray, n_postings: int) -> None:
         if int(indptr[0]) != 0 or int(indptr[-1]) != n_postings:
@@ -879,7 +894,7 @@ class _IndexFiles:
         index built before they were written), its line count (a pass over the file; with a record, the count
         is checked when the vocabulary is first read)."""
         size = self.check_file("terms.txt")
-        if (size == 0) != (n_terms == 0) or (size and self._byte("terms.txt", size - 1) != b"\n"):
+        if (size == 0) != (n_terms == 0) or (size and self.tails["terms.txt"][-1:] != b"\n"):
             self.fail("terms.txt", f"{size} bytes not ending a line, for n_terms = {n_terms} (cut or damaged)")
         if "terms.txt" not in self.records:
             lines = 0
@@ -901,17 +916,15 @@ class _IndexFiles:
         at = offsets[picks]
         if np.any(np.diff(at) <= 0) or at[0] <= 0:
             self.fail("doc_offsets.npy", "offsets not increasing (damaged)")
-        with open(self.folder / "docs.jsonl", "rb") as f:
-            for i, position in zip(picks, at):
-                f.seek(int(position) - 1)
-                if f.read(1) != b"\n":
-                    self.fail("docs.jsonl", f"record {int(i)} does not end where doc_offsets.npy says (byte "
-                                            f"{int(position)}): damaged, or the offsets belong to another store")
-
-    def _byte(self, name: str, position: int) -> bytes:
-        with open(self.folder / name, "rb") as f:
-            f.seek(position)
-            return f.read(1)
+        fd = os.open(self.folder / "docs.jsonl", os.O_RDONLY)
+        try:
+            ends = [os.pread(fd, 1, int(position) - 1) for position in at]  # unbuffered: one byte each
+        finally:
+            os.close(fd)
+        for i, position, byte in zip(picks, at, ends):
+            if byte != b"\n":
+                self.fail("docs.jsonl", f"record {int(i)} does not end where doc_offsets.npy says (byte "
+                                        f"{int(position)}): damaged, or the offsets belong to another store")
 
 
 class DocumentStore(Sequence[Document]):
