@@ -149,9 +149,11 @@ def test_logprobs_and_gradients_equal_one_forward_per_record(sizes):
     ref_lp = torch.cat(ref_lp)
     ref_grad = torch.cat([p.grad.flatten() for p in model.parameters()])
     model.zero_grad(set_to_none=True)
-    # fp32: summation orders differ (key sets, matmul shapes); a few tens of ulp of the values compared
-    lp_tol = 64 * EPS * max(1.0, float(ref_lp.abs().max()))
-    grad_tol = 64 * EPS * float(ref_grad.abs().max()) * len(sequences)
+    # fp32: only summation orders differ (key sets, matmul shapes): 16 ulp of the largest |log-prob| (measured:
+    # 4-8 ulp, AVX2 and AVX-512), 64 ulp of the largest gradient entry, a sum over every scored token (measured
+    # 8 ulp); a leak of one key across records moves log-probs by ~1e-2
+    lp_tol = 16 * EPS * max(1.0, float(ref_lp.abs().max()))
+    grad_tol = 64 * EPS * float(ref_grad.abs().max())
     assert (ref_lp - torch.cat([torch.tensor(r.response_logprobs) for r in records])).abs().max() <= 1e-4
     batches = pack(sequences, "prefix_tree", records=records, **sizes)
     if sizes.get("row_len") == 350:  # split tries: several rows in one batch, padded row ends
@@ -174,7 +176,7 @@ def test_auto_backend_and_the_layouts_of_teacher_and_trainer():
         tree_h, tree_t = records_action_hidden(model, records, ScoringLayout("aligned", "prefix_tree"), tok, 0)
         ref_h, ref_t = records_action_hidden(model, records, ScoringLayout("aligned", "padded"), tok, 0)
     assert torch.equal(tree_t, ref_t)
-    assert (tree_h - ref_h).abs().max() <= 64 * EPS * max(1.0, float(ref_h.abs().max()))
+    assert (tree_h - ref_h).abs().max() <= 16 * EPS * max(1.0, float(ref_h.abs().max()))
     assert MemOPDConfig(packing="prefix_tree").layout().packing == "prefix_tree"
     with pytest.raises(ValueError, match="prefix_tree"):
         MemOPDConfig(packing="trie")
