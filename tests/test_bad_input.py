@@ -1021,6 +1021,44 @@ def test_env_make_reports_the_malformed_file(files, tmp_path: Path, kind: str, k
     assert str(bad) in str(info.value) and "record 1" in str(info.value)
 
 
+# `memenv index build`: what would lose the user's files, and bad BM25 parameters (tests/test_index_safety.py
+# has the rest). Each: one line, exit 2, nothing changed.
+INDEX_BUILD_CASES = [
+    (["{corpus}", "{folder}"], "holds the corpus"),
+    (["{corpus}", "{corpus}"], "is the corpus file itself"),
+    (["{corpus}", "{folder}/other"], "is not a memenv index"),
+    (["{corpus}", "{folder}/new", "--k1", "nan"], "k1 must be a finite number > 0, got nan"),
+    (["{corpus}", "{folder}/new", "--k1", "-1"], "k1 must be a finite number > 0"),
+    (["{corpus}", "{folder}/new", "--b", "5"], "b must be a finite number in [0, 1]"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", INDEX_BUILD_CASES)
+def test_index_build_refuses_in_one_line_and_changes_nothing(files, capsys, args: list, fragment: str) -> None:
+    from memenv.cli import main
+
+    folder = Path(files["corpus"]).parent
+    (folder / "other").mkdir()
+    (folder / "other" / "keep.txt").write_text("mine\n")
+    before = {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    argv = ["index", "build", *(a.format(corpus=files["corpus"], folder=folder) for a in args), "--workers", "0"]
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and fragment in errors[0], errors
+    assert {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} == before
+
+
+def test_damaged_index_fails_at_make_naming_the_file(files, tmp_path: Path) -> None:
+    from memenv.search.index import IndexCorruptError, build_index
+
+    build_index(files["corpus"], tmp_path / "idx", progress=False, workers=0)
+    terms = tmp_path / "idx" / "terms.txt"
+    terms.write_bytes(terms.read_bytes()[: terms.stat().st_size // 2])
+    with pytest.raises(IndexCorruptError) as info:
+        gym.make("MemQA-v0", index_path=str(tmp_path / "idx"), questions_path=files["questions"])
+    assert str(terms) in str(info.value) and "when the index was built" in str(info.value)
+
+
 def test_beam_env_reports_malformed_questions_at_make_and_chat_at_reset(files) -> None:
     conversation = Path(files["beam"]) / "2"
     questions = conversation / "probing_questions" / "probing_questions.json"
