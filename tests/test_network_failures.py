@@ -398,3 +398,20 @@ def test_every_client_error_is_a_service_error():
         assert issubclass(cls, ServiceError)
     assert issubclass(RetrieverError, ConnectionError)  # as before: an OSError
     assert issubclass(ServerError, RuntimeError) and issubclass(JudgeError, RuntimeError)
+
+
+def test_env_step_over_a_broken_retrieval_server_raises_the_typed_error(tmp_path):
+    """What the bench counts as a failed episode: the env's step raises :class:`RetrieverError` (a
+    :class:`ServiceError`) naming the server."""
+    import gymnasium as gym
+
+    import memenv  # noqa: F401 - registers the environments
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "q0", "question": "Capital of France?", "answers": ["Paris"]}) + "\n")
+    with StandIn({"/retrieve": answer(200, {"result": [None]})}) as server:
+        env = gym.make("MemQA-v0", search_backend=server.url + "/retrieve", questions_path=questions, objectives=1)
+        env.reset(seed=0)
+        with pytest.raises(ServiceError, match=rf"^retrieval server {server.url}/retrieve: result 0 is NoneType"):
+            env.step("<memory>m</memory><search>capital of france</search>")
+        env.close()
