@@ -299,6 +299,11 @@ def build_index(
 ) -> Path:
     """Index the corpus JSON Lines file ``corpus_path`` into the directory ``out_dir`` (replaced atomically).
 
+    ``out_dir`` must not exist, or be an empty folder, or hold an index (a damaged one too) and nothing else;
+    anything else (the corpus file, a folder holding the corpus, any other file or folder) raises ``ValueError``
+    before any work, and nothing is written. Temporary folders left beside ``out_dir`` by builds whose process
+    has died are removed first.
+
     Args:
         params: BM25 parameters (stored in the manifest; queries use them).
         chunk_docs: documents tokenised per chunk (bounds the build's memory with ``merge_postings``).
@@ -310,7 +315,8 @@ def build_index(
         progress: show tqdm bars (bytes read, then postings merged).
 
     Returns the index directory. Raises :class:`~tasks.types.DataFormatError` naming the file and line of a
-    malformed record, or the lines of a repeated document id.
+    malformed record (an id that is not valid Unicode included), or the records of a repeated document id;
+    ``ValueError`` for parameters out of range (:func:`check_bm25_params`).
     """
     corpus_path, out_dir = Path(corpus_path), Path(out_dir)
     if chunk_docs < 1 or merge_postings < 1 or range_docs < 1:
@@ -770,9 +776,10 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     if files is not None and not (isinstance(files, dict) and all(
             isinstance(r, dict) and isinstance(r.get("size"), int) for r in files.values())):
         raise bad("files must map each file name to its size and checksums")
-    if "corpus" in manifest and not (isinstance(manifest["corpus"], dict)
-                                     and isinstance(manifest["corpus"].get("fingerprint"), dict)):
-        raise bad("corpus must hold the corpus path and fingerprint")
+    corpus = manifest.get("corpus")
+    if not (isinstance(corpus, dict) and isinstance(corpus.get("path"), str)
+            and isinstance(corpus.get("fingerprint"), dict)):
+        raise bad(f"corpus must hold the corpus path and fingerprint, got {corpus!r}")
     return manifest
 
 
@@ -1374,7 +1381,8 @@ def register_cli(sub, run=build_command) -> None:
     actions = index.add_subparsers(dest="index_command", required=True)
     build = actions.add_parser("build", help="index CORPUS (JSON Lines) into OUT_DIR")
     build.add_argument("corpus", help="corpus JSONL: {id, title, text} or {id, contents} per line")
-    build.add_argument("out_dir", help="index directory to write (replaced atomically)")
+    build.add_argument("out_dir", help="index folder to create, or an index to replace (atomically); any other "
+                                       "existing folder or file is refused")
     build.add_argument("--k1", type=float, default=BM25Params.k1)
     build.add_argument("--b", type=float, default=BM25Params.b)
     build.add_argument("--epsilon", type=float, default=BM25Params.epsilon)
