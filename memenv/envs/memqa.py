@@ -215,7 +215,7 @@ class MemQAEnv(MemEnvBase):
         objectives: questions per episode, answered together as ``<answer>a1; a2; ...</answer>``.
         top_k: documents returned per search.
         max_turns: invocations per episode (default ``2 * objectives * max(hops) + 2``).
-        context: ``memory`` | ``history`` | ``window:K`` | ``none`` (see DESIGN.md).
+        context: ``memory`` | ``history`` | ``window:K`` | ``none`` (see docs/design.md).
         context_budget: observation budget in tokens (left-truncates the body, keeps the task block).
         token_counter: callable ``str -> int`` (default: whitespace words).
         memory_budget: optional cap on the memory, in tokens (the start is kept).
