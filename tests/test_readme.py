@@ -1,8 +1,9 @@
-"""Every ```python block of README.md runs, as a person pasting it would (each in a fresh namespace).
+"""Every ```python block of README.md and docs/*.md runs, as a person pasting it would (each in a fresh namespace).
 
 Long blocks run with a smaller budget: :data:`SMALLER` rewrites a piece of a block's text (each rewrite
-must match, so a README edit cannot silently turn it off). After a block, :data:`CHECKS` asserts what the
-README says its variables hold.
+must match exactly once, so an edit cannot silently turn it off). After a block, :data:`CHECKS` asserts what the
+page says its variables hold. A block that cannot run here (it needs checkpoints trained for minutes) is listed
+in :data:`NOT_RUN` with the reason and the test that covers the same call; every entry must match one block.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 # block text -> the same with a smaller budget (seconds in CI instead of minutes)
@@ -20,11 +22,25 @@ SMALLER = {
     # one short rollout (n_steps=128) instead of 30 of 2,048 steps
     "seed=0).learn(60_000, progress_bar=True)": "seed=0, n_steps=128, batch_size=64).learn(128, progress_bar=True)",
     "num_envs=4,": "num_envs=2,",
+    # 64 and 16 task rows instead of 4,096 and 256
+    'memenv_verl_dataset("MemQA-v0", 4096,': 'memenv_verl_dataset("MemQA-v0", 64,',
+    'memenv_verl_dataset("MemQA-v0", 256,': 'memenv_verl_dataset("MemQA-v0", 16,',
+}
+
+# marker -> why the block is not run here (and what covers it)
+NOT_RUN = {
+    "train_memopd(cfg": "needs the teacher and student checkpoints of the commands above it (minutes of SFT); "
+                        "train_memopd on tiny models is tested in tests/test_distill_trainer.py",
 }
 
 
-def readme_blocks() -> list[str]:
-    return BLOCK.findall(README.read_text(encoding="utf-8"))
+def page_blocks() -> list[tuple[str, str]]:
+    """``(page name, block text)`` of every python block, page by page."""
+    out = []
+    for page in PAGES:
+        name = page.relative_to(ROOT).as_posix()
+        out += [(name, code) for code in BLOCK.findall(page.read_text(encoding="utf-8"))]
+    return out
 
 
 def _vector_recipe(ns: dict) -> None:
@@ -64,53 +80,78 @@ def _sb3(ns: dict) -> None:
     assert ns["model"].num_timesteps == 128 and ns["model"].n_steps == 128
 
 
+def _beam(ns: dict) -> None:
+    env = ns["env"]  # the last one made: the SelfMem loop
+    assert env.spec.id == "MemDialog-BEAM-v0" and env.unwrapped.refine_strategy
+
+
+def _verl_data(ns: dict) -> None:
+    import pandas as pd
+
+    train, val = pd.read_parquet("memqa_train.parquet"), pd.read_parquet("memqa_val.parquet")
+    assert len(train) == 64 and len(val) == 16
+    assert set(train.agent_name) == {"memenv_agent"}
+    seeds = lambda df: {row["seed"] for row in df.extra_info}  # noqa: E731
+    assert not seeds(train) & seeds(val)  # validation tasks are not training tasks
+
+
 CHECKS = {"sub_env_info": _vector_recipe, "<search>Wigei</search>": _quick_start, "make_strategy": _strategy,
-          "MaskablePPO": _sb3, "build_index(": _index, "PrefetchSearches(": _server}
+          "MaskablePPO": _sb3, "build_index(": _index, "PrefetchSearches(": _server,
+          "refine_strategy=True": _beam, "memenv_verl_dataset(": _verl_data}
 
 # A block that talks to a retrieval server gets one: the test's own (tests/test_remote.py) on a free port.
 SERVER_URL = "http://127.0.0.1:8000/retrieve"
 
 
-def test_readme_has_the_snippets_and_every_rewrite_applies():
-    blocks = readme_blocks()
-    assert len(blocks) >= 4
+def test_pages_have_the_snippets_and_every_rewrite_applies():
+    blocks = [code for _, code in page_blocks()]
+    assert len(blocks) >= 8
     text = "\n".join(blocks)
-    for old in SMALLER:
-        assert text.count(old) == 1, f"README no longer contains {old!r}: update SMALLER"
+    for marker in SMALLER:
+        assert text.count(marker) == 1, f"the pages no longer contain {marker!r} once: update SMALLER"
+    for marker in NOT_RUN:
+        assert sum(marker in b for b in blocks) == 1, f"no single block contains {marker!r}: update NOT_RUN"
     for marker in CHECKS:
         assert any(marker in b for b in blocks), marker
+    readme = [code for page, code in page_blocks() if page == "README.md"]
+    assert any("<search>Wigei</search>" in b for b in readme)  # the quick start stays on the first page
 
 
-@pytest.mark.parametrize("index", range(len(readme_blocks())),
-                         ids=[b.strip().splitlines()[0][:40] for b in readme_blocks()])
-def test_readme_snippet_runs(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("index", range(len(page_blocks())),
+                         ids=[f"{page}:{code.strip().splitlines()[0][:40]}" for page, code in page_blocks()])
+def test_snippet_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # files a snippet writes land here
-    code = readme_blocks()[index]
+    page, code = page_blocks()[index]
+    for marker, reason in NOT_RUN.items():
+        if marker in code:
+            pytest.skip(f"{page}: {reason}")
     if SERVER_URL in code:
-        _run_with_server(code, index)
+        _run_with_server(code, page, index)
         return
     if "sb3_contrib" in code:
         pytest.importorskip("sb3_contrib")
+    if "to_parquet" in code:
+        pytest.importorskip("pyarrow")
     for old, new in SMALLER.items():
         code = code.replace(old, new)
-    _run(code, index)
+    _run(code, page, index)
 
 
-def _run_with_server(code: str, index: int) -> None:
+def _run_with_server(code: str, page: str, index: int) -> None:
     from test_remote import RetrievalServer
 
     Path("questions.jsonl").write_text('{"question": "Which city is the capital of France?", '
                                        '"golden_answers": ["Paris"]}\n')
     with RetrievalServer() as server:
-        _run(code.replace(SERVER_URL, server.url), index)
+        _run(code.replace(SERVER_URL, server.url), page, index)
 
 
-def _run(code: str, index: int) -> None:
+def _run(code: str, page: str, index: int) -> None:
     torch = pytest.importorskip("torch") if "torch" in code else None
     threads = torch.get_num_threads() if torch else None
-    ns: dict = {"__name__": f"readme_block_{index}"}
+    ns: dict = {"__name__": f"page_block_{index}"}
     try:
-        exec(compile(code, f"README.md[python block {index}]", "exec"), ns)
+        exec(compile(code, f"{page}[python block {index}]", "exec"), ns)
     finally:
         if torch:
             torch.set_num_threads(threads)  # the snippet sets 1; leave the test process as it was

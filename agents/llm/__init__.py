@@ -3,7 +3,7 @@
 - :mod:`agents.llm.models`: tiny Qwen2/Llama models built from a config with a tokenizer trained on task text;
   ``save_pretrained`` / ``load_pretrained`` from local paths (nothing is downloaded).
 - :mod:`agents.llm.policy`: :class:`LLMPolicy`, batched token-exact sampling (prompt ids, sampled ids, log-probs).
-- :mod:`agents.llm.records`: the :class:`InvocationRecord` of DESIGN.md, with JSONL save/load.
+- :mod:`agents.llm.records`: the :class:`InvocationRecord` (docs/design.md), with JSONL save/load.
 - :mod:`agents.llm.rollouts`: episodes over lists or vector envs, joined with the env snapshots into records.
 - :mod:`agents.llm.training`: what the trainers share (actor-critic, batching, torchrun, checkpoints, metrics).
 - :mod:`agents.llm.sft`, :mod:`agents.llm.ppo`: behaviour cloning of the oracle; PPO and GRPO.

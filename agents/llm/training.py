@@ -1,7 +1,7 @@
 """What the SFT and PPO/GRPO trainers share: the actor(-critic) module, batching of invocations, distributed
 set-up (``torchrun``), atomic checkpoints with resume, ``metrics.csv`` and the learning-curve PNG.
 
-Batching: one invocation per sequence (already memory-aligned, see DESIGN.md), right-padded; the model sees
+Batching: one invocation per sequence (already memory-aligned, see docs/design.md), right-padded; the model sees
 ``prompt_ids + response_ids`` at positions ``0..n-1``; log-probs, entropies and values are computed only at
 the response (action) positions: the logits of response token t come from the hidden state at position
 ``len(prompt) + t - 1``. Observation tokens never get loss.

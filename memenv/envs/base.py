@@ -1,7 +1,7 @@
 """Machinery every memenv environment shares: text spaces, the context window, snapshots and episode stats.
 
 Subclasses implement the task (what the tools do, how answers are scored); this base keeps the observation
-builder, the invocation snapshot of DESIGN.md's info contract and the episode summary in one place.
+builder, the invocation snapshot of the info contract (docs/design.md) and the episode summary in one place.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class MemEnvBase(gym.Env):
 
     def _record(self, *, action: Any, memory_before: str, tool: str | None, tool_input: str | None,
                 tool_output: str, valid: bool, error: str | None, reward: float, **extra: Any) -> dict[str, Any]:
-        """The invocation snapshot of DESIGN.md for the observation just acted on.
+        """The invocation snapshot (docs/design.md, "The info contract") for the observation just acted on.
 
         Every step of an env returns the same keys with the same types (vector envs batch a key per step, and
         an int array cannot take a None): ``retrieved_ids`` is ``[]`` when the step retrieved nothing,
@@ -258,7 +258,7 @@ class MemEnvBase(gym.Env):
 
     def _episode_info(self, em: list[float], f1: list[float], answers: list[str], answered: bool,
                          **extra: Any) -> dict[str, Any]:
-        """``info["summary"]`` of DESIGN.md: scores per objective, their sum and mean, and the episode stats.
+        """``info["summary"]`` (docs/design.md): scores per objective, their sum and mean, and the episode stats.
 
         ``self.questions`` (the episode's :class:`tasks.Question` list) gives the gold answers.
         """
