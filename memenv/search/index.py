@@ -69,7 +69,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -389,8 +389,8 @@ def _is_index_dir(folder: Path, entries: list[str] | None = None) -> bool:
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    """What the manifest records of an index file (checked by :func:`_check_file` on open): its size, CRC-32s
-    of its first and last 64 KiB, and an array's dtype and shape."""
+    """What the manifest records of an index file (checked by :meth:`_IndexFiles.check_file` on open): its
+    size, CRC-32s of its first and last 64 KiB, and an array's dtype and shape."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(_CHECK_BYTES)
@@ -403,14 +403,15 @@ def _file_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _owner_is_gone(folder: Path, pid_text: str) -> bool:
+def _owner_is_gone(folder: Path) -> bool:
     """Whether the build that made ``folder`` is surely over: its owner file names this host and a process that
-    no longer exists, or (no owner file, or another host) nothing in it changed for an hour."""
+    no longer exists; or, without an owner file on this host (a build of an earlier version, one of another host
+    on a shared disk, or one killed before it wrote the file), nothing in it changed for an hour."""
     try:
         owner = json.loads((folder / _OWNER).read_text(encoding="utf-8"))
         host, pid = owner["host"], int(owner["pid"])
     except (OSError, ValueError, KeyError, TypeError):
-        host, pid = None, int(pid_text) if pid_text.isdigit() else None
+        host, pid = None, None
     if host == socket.gethostname() and pid is not None:
         if pid == os.getpid():
             return False  # another build in this process
@@ -429,8 +430,8 @@ def _owner_is_gone(folder: Path, pid_text: str) -> bool:
 
 
 def _remove_stale_builds(target: Path) -> None:
-    """Remove what killed builds of ``target`` left beside it: ``.NAME.building-PID-*`` folders whose build is
-    over (:func:`_owner_is_gone`) and ``.NAME.old-PID*`` folders (an index moved aside for its replacement).
+    """Remove what killed builds of ``target`` left beside it: ``.NAME.building-*`` folders whose build is over
+    (:func:`_owner_is_gone`) and ``.NAME.old-*`` folders (an index moved aside for its replacement).
     Only folders holding nothing but build and index files are removed; anything else is left, with a warning
     for an ``.old-`` entry that is not an index (earlier versions could move a corpus file there)."""
     building, old = f".{target.name}.building-", f".{target.name}.old-"
@@ -447,8 +448,7 @@ def _remove_stale_builds(target: Path) -> None:
                 entries = set(os.listdir(path))
             except OSError:
                 continue
-            if entries <= {MANIFEST, *INDEX_FILES, *_BUILD_FILES} and _owner_is_gone(path, name[len(building):]
-                                                                                    .split("-")[0]):
+            if entries <= {MANIFEST, *INDEX_FILES, *_BUILD_FILES} and _owner_is_gone(path):
                 shutil.rmtree(path, ignore_errors=True)
         elif name.startswith(old):
             if path.is_dir() and not path.is_symlink() and _is_index_dir(path):
@@ -816,7 +816,7 @@ class _IndexFiles:
             for name in self.records:
                 self.check_file(name)
 
-    def fail(self, name: str, what: str) -> IndexCorruptError:
+    def fail(self, name: str, what: str) -> NoReturn:
         raise IndexCorruptError(f"{self.folder / name}: {what}; {_rebuild_hint(self.folder, self.manifest)}")
 
     def check_file(self, name: str) -> int:
