@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         command = f"memenv {args.command}"
         if not hasattr(args, "func"):
             parser.error(f"command {args.command!r} is not available in this installation")
-        return _run_command(args, command)
+        status = _run_command(args, command)
+        sys.stdout.flush()  # a reader that went away is seen here, not in the interpreter's exit
+        return status
     except BrokenPipeError:  # the reader of stdout went away (memenv bench | head): nothing more to print
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

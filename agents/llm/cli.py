@@ -49,7 +49,7 @@ def _parse_value(text: str) -> Any:
 def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str, Any]:
     """``--set KEY=VALUE`` items into ``values`` (fields of the dataclass ``cls``); a bad item or an unknown
     field raises :class:`memenv.cli.CommandError` naming it."""
-    known = {f.name for f in fields(cls)}
+    known = {f.name: f for f in fields(cls)}
     for item in items or []:
         if "=" not in item:
             raise CommandError(f"--set expects KEY=VALUE, got {item!r}")
@@ -57,8 +57,15 @@ def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str,
         if key not in known:
             raise CommandError(f"{cls.__name__} has no field {key!r}; fields: {', '.join(sorted(known))}")
         parsed = _parse_value(value)
+        kind = str(known[key].type)
+        numeric = ("float" in kind or "int" in kind) and "str" not in kind
+        if numeric and isinstance(parsed, str):
+            try:
+                parsed = float(value)
+            except ValueError:
+                raise CommandError(f"--set {item}: {key} takes a number") from None
         if isinstance(parsed, float) and not math.isfinite(parsed):
-            raise CommandError(f"--set {item}: expected a finite number")
+            raise CommandError(f"--set {item}: {key} takes a finite number")
         values[key] = parsed
     return values
 

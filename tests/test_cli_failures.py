@@ -1,0 +1,504 @@
+"""Failures after start-up in the ``memenv`` commands: a bad ``--out`` fails before any work, ``memenv bench``
+keeps each finished cell and resumes, counts an episode that fails on a served model instead of crashing,
+Ctrl-C is one line and exit 130 with the finished work kept, and bad checkpoints and records files are one
+line naming the file (and the line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import agents.scripted.bench as bench
+from agents.scripted.qa_strategies import make_strategy
+from memenv.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = "MemQA-v0:objectives=1,hops=2"
+QUICK = ["--envs", ENV, "MemQA-v0:objectives=2,hops=2", "--strategies", "relevance", "history", "-n", "2", "--quiet"]
+
+
+def run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+def last_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines, "nothing on stderr"
+    return lines[-1]
+
+
+@pytest.fixture
+def episodes_run(monkeypatch):
+    """Counts the episodes the bench runs (the seeds, in order)."""
+    seen: list[int] = []
+    real = bench.run_episode
+
+    def counting(env, policy, seed, stop=None):
+        seen.append(seed)
+        return real(env, policy, seed, stop)
+
+    monkeypatch.setattr(bench, "run_episode", counting)
+    return seen
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------------ --out, up front
+def _out_mistakes(tmp_path: Path) -> list[tuple[list[str], str]]:
+    afile = tmp_path / "results.txt"
+    afile.write_text("the user's own file\n")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "results.csv").write_text("a,b\n1,2\n")
+    return [
+        (["--out", str(afile)], "is a file, not a folder"),
+        (["--out", str(afile / "sub")], "is a file, so no folder can be made under it"),
+        (["--out", str(theirs)], "holds results.csv, not written by a resumable memenv bench"),
+    ]
+
+
+def test_bench_out_mistakes_fail_before_the_first_episode(tmp_path, capsys, episodes_run, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for extra, words in _out_mistakes(tmp_path):
+        before = snapshot(tmp_path)
+        assert run(["bench", *QUICK, *extra]) == 2, extra
+        message = last_line(capsys)
+        assert message.startswith("memenv bench: error: --out") and words in message, message
+        assert episodes_run == []  # not one episode ran
+        assert snapshot(tmp_path) == before  # nothing written, nothing replaced
+
+
+def test_bench_out_on_a_read_only_file_system_fails_before_the_first_episode(capsys, episodes_run):
+    target = Path("/sys/memenv-bench-out")  # sysfs refuses new entries, even to root
+    try:
+        target.mkdir()
+    except OSError:
+        pass
+    else:  # pragma: no cover - a system where /sys takes folders: nothing to test here
+        target.rmdir()
+        pytest.skip("/sys is writable here")
+    assert run(["bench", *QUICK, "--out", str(target)]) == 2
+    message = last_line(capsys)
+    assert message.startswith(f"memenv bench: error: --out {target}: cannot write there"), message
+    assert episodes_run == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
+def test_bench_out_in_a_folder_without_write_permission(tmp_path, capsys, episodes_run):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        assert run(["bench", *QUICK, "--out", str(locked / "out")]) == 2
+        assert "is not writable" in last_line(capsys)
+    finally:
+        locked.chmod(0o700)
+    assert episodes_run == []
+
+
+# ------------------------------------------------------------------------------------------ bench: resume
+def test_bench_resumes_finished_cells_and_refuses_other_settings(tmp_path, capsys, episodes_run):
+    out = tmp_path / "out"
+    assert run(["bench", *QUICK, "--out", str(out)]) == 0
+    assert len(episodes_run) == 2 * 2 * 2
+    first = pd.read_csv(out / "results.csv")
+    manifest = json.loads((out / "bench.json").read_text())
+    assert manifest["settings"]["episodes"] == 2 and len(list((out / "cells").glob("cell-*.json"))) == 4
+    capsys.readouterr()
+
+    # the same command again: every cell is read back, none runs
+    episodes_run.clear()
+    assert run(["bench", *QUICK, "--out", str(out)]) == 0
+    assert episodes_run == []
+    assert "resuming: 4 of 4 cells already in" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(pd.read_csv(out / "results.csv"), first)
+
+    # a lost cell runs again, alone
+    cell = out / "cells" / bench._cell_file("MemQA-v0:objectives=2,hops=2", "history")
+    cell.unlink()
+    assert run(["bench", *QUICK, "--out", str(out)]) == 0
+    assert episodes_run == [0, 1]
+    assert cell.exists()
+    again = pd.read_csv(out / "results.csv").drop(columns="steps_per_s")
+    pd.testing.assert_frame_equal(again, first.drop(columns="steps_per_s"))
+    capsys.readouterr()
+
+    # other settings: refused with one line, before any episode; the earlier bench is untouched
+    before = snapshot(out)
+    episodes_run.clear()
+    for change, words in ((["-n", "3"], "episodes: 2 there, 3 here"), (["--seed", "5"], "seed: 0 there, 5 here"),
+                          (["--strategies", "relevance"], "strategies: relevance history there, relevance here")):
+        argv = ["bench", *QUICK, "--out", str(out), *change]
+        assert run(argv) == 2
+        message = last_line(capsys)
+        assert message.startswith(f"memenv bench: error: --out {out}: holds a bench of other settings"), message
+        assert words in message and "--fresh" in message, message
+    assert episodes_run == [] and snapshot(out) == before
+
+    # --fresh: every cell again, with the new settings
+    assert run(["bench", *QUICK, "--out", str(out), "-n", "3", "--fresh"]) == 0
+    assert len(episodes_run) == 4 * 3
+    assert (pd.read_csv(out / "results.csv").episodes == 3).all()
+    assert len(list((out / "cells").glob("cell-*.json"))) == 4
+
+
+def test_bench_refuses_a_manifest_that_is_not_ours(tmp_path, capsys, episodes_run):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench.json").write_text('{"format": "something else"')
+    assert run(["bench", *QUICK, "--out", str(out)]) == 2
+    message = last_line(capsys)
+    assert "bench.json is not a bench manifest" in message and "line 1" in message, message
+    assert run(["bench", *QUICK, "--out", str(out), "--fresh"]) == 2  # --fresh replaces only a bench's own cells
+    assert episodes_run == [] and (out / "bench.json").read_text() == '{"format": "something else"'
+
+
+# --------------------------------------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_in_bench_keeps_the_finished_cells(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    real = bench.run_episode
+    calls = []
+
+    def interrupted_on_the_fifth(env, policy, seed, stop=None):
+        calls.append(seed)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(env, policy, seed, stop)
+
+    monkeypatch.setattr(bench, "run_episode", interrupted_on_the_fifth)
+    assert run(["bench", *QUICK, "--out", str(out)]) == 130
+    assert last_line(capsys) == (f"memenv bench: interrupted: 2 of 4 cells kept in {out} "
+                                 "(rerun the same command to continue)")
+    assert len(list((out / "cells").glob("cell-*.json"))) == 2
+    assert not (out / "results.csv").exists()  # the results of an unfinished bench are not written as if whole
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupt(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", interrupt)
+    assert run(["play", "MemQA-v0", "--kw", "objectives=1"]) == 130
+    assert last_line(capsys) == "memenv play: interrupted"
+
+
+def test_ctrl_c_in_train_says_what_was_kept(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    import agents.llm.sft
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(agents.llm.sft, "train_sft", interrupted)
+    out = tmp_path / "run"
+    assert run(["train", "--algo", "sft", "--out", str(out), "--quiet"]) == 130
+    assert last_line(capsys) == f"memenv train: interrupted: no checkpoint written yet in {out}"
+
+
+def test_sigint_mid_bench_ends_with_one_line_and_the_rerun_finishes(tmp_path):
+    """A real Ctrl-C (SIGINT to the process) while cells are running; then the same command completes the
+    bench from the kept cells."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "memenv.cli", "bench", "--envs", ENV, "MemQA-v0:objectives=4,hops=2",
+            "MemQA-v0:objectives=8,hops=2", "--strategies", "relevance", "history", "keep-all", "-n", "6",
+            "--quiet", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list((out / "cells").glob("cell-*.json"))) >= 2:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the bench ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    message = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(rf"memenv bench: interrupted: (\d) of 9 cells kept in {re.escape(str(out))} "
+                         r"\(rerun the same command to continue\)", message)
+    assert match, message
+    kept = int(match.group(1))
+    assert 2 <= kept < 9 and len(list((out / "cells").glob("cell-*.json"))) == kept
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"resuming: {kept} of 9 cells already in {out}" in done.stdout
+    assert len(pd.read_csv(out / "results.csv")) == 9
+
+
+# ---------------------------------------------------------------------------- bench: failed episodes
+class FlakyServer:
+    """An OpenAI-compatible completions server on 127.0.0.1 whose model is the ``relevance`` strategy; while
+    ``failing`` is above 0 it answers that many completion requests with HTTP 400 (no retry helps)."""
+
+    def __init__(self, failing: int = 0) -> None:
+        self.failing, self.lock, self.policy = failing, threading.Lock(), make_strategy("relevance")
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"data": [{"id": "m"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with owner.lock:
+                    fail = owner.failing > 0
+                    owner.failing -= fail
+                if fail:
+                    return self._send(400, {"error": "the model cannot take this prompt"})
+                action = owner.policy.act(body["prompt"])
+                cut = min((action.find(s) for s in body["stop"] if s in action), default=len(action))
+                matched = next((s for s in body["stop"] if action.find(s) == cut), None)
+                self._send(200, {"choices": [{"index": 0, "text": action[:cut], "stop_reason": matched,
+                                              "finish_reason": "stop" if matched else "length"}],
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FlakyServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_failed_episodes_are_counted_shown_and_run_again_on_resume(tmp_path, capsys):
+    out = tmp_path / "out"
+    with FlakyServer(failing=2) as server:
+        served = f"openai:m@{server.url}"
+        argv = ["bench", "--envs", ENV, "--strategies", "relevance", served, "-n", "6", "--quiet", "--out", str(out)]
+        assert run(argv) == 0
+        printed = capsys.readouterr().out
+        table = pd.read_csv(out / "results.csv").set_index("strategy")
+        assert "failed" in printed.splitlines()[0]  # the table shows the column
+        assert table.loc[served, "failed"] == 2 and table.loc[served, "episodes"] == 4
+        assert table.loc["relevance", "failed"] == 0 and table.loc["relevance", "episodes"] == 6
+        rows = pd.read_csv(out / "episodes.csv")
+        errors = rows[rows.strategy == served].error.dropna()
+        assert len(errors) == 2 and all(server.url in e and "400" in e for e in errors)
+        ok = rows[(rows.strategy == served) & rows.error.isna()]
+        # the means are those of the episodes that ran (a failed episode is not a zero)
+        assert table.loc[served, "f1"] == pytest.approx(ok.f1.mean())
+        # the cell with failures runs again on the next run of the same command; the whole one does not
+        assert run(argv) == 0
+        assert "resuming: 1 of 2 cells" in capsys.readouterr().out
+        table = pd.read_csv(out / "results.csv").set_index("strategy")
+        assert table.loc[served, "failed"] == 0 and table.loc[served, "episodes"] == 6
+        assert table.loc[served, "f1"] == pytest.approx(table.loc["relevance", "f1"])
+
+
+def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    with FlakyServer(failing=10**6) as server:
+        served = f"openai:m@{server.url}"
+        argv = ["bench", "--envs", ENV, "--strategies", "relevance", served, "-n", "20", "--quiet", "--out", str(out),
+                "--max-failures", "1"]
+        start = time.perf_counter()
+        assert run(argv) == 1
+        assert time.perf_counter() - start < 30
+        message = last_line(capsys)
+        assert re.match(r"memenv bench: error: stopped after \d+ failed episodes \(more than --max-failures 1\); "
+                        rf"last: .*{re.escape(server.url)}.*; 1 of 2 cells kept in {re.escape(str(out))}", message), \
+            message
+        assert len(list((out / "cells").glob("cell-*.json"))) == 1
+        server.failing = 0  # the server is back: the same command finishes the bench
+        assert run(argv) == 0
+        table = pd.read_csv(out / "results.csv")
+        assert list(table.failed) == [0, 0] and list(table.episodes) == [20, 20]
+
+
+def test_max_failures_zero_stops_at_the_first_failure(tmp_path, capsys):
+    with FlakyServer(failing=1) as server:
+        argv = ["bench", "--envs", ENV, "--strategies", f"openai:m@{server.url}", "-n", "3", "--quiet",
+                "--out", str(tmp_path / "out"), "--max-failures", "0"]
+        assert run(argv) == 1
+        assert "stopped after 1 failed episodes (more than --max-failures 0)" in last_line(capsys)
+
+
+def test_a_bug_in_an_episode_keeps_its_traceback(tmp_path, monkeypatch):
+    def broken(env, policy, seed, stop=None):
+        raise ZeroDivisionError("a bug, not a service failure")
+
+    monkeypatch.setattr(bench, "run_episode", broken)
+    with pytest.raises(ZeroDivisionError):
+        main(["bench", *QUICK, "--out", str(tmp_path / "out")])
+
+
+# --------------------------------------------------------------------------- train / distill: --out, models
+def _fake_checkpoint(folder: Path, *, config: str | None = None, cut_weights: bool = False) -> Path:
+    """The files of a checkpoint folder (not loadable weights): enough for the checks that precede loading."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(config if config is not None else
+                                        '{\n  "model_type": "qwen2",\n  "hidden_size": 8\n}\n')
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + bytes(16)
+    (folder / "model.safetensors").write_bytes(data[:-5] if cut_weights else data)
+    (folder / "tokenizer.json").write_text('{"model": {}}')
+    return folder
+
+
+@pytest.fixture
+def torch_stack():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+
+def test_train_and_distill_out_mistakes_fail_before_any_work(tmp_path, capsys, torch_stack):
+    teacher = _fake_checkpoint(tmp_path / "teacher")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine\n")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "metrics.csv").write_text("step,loss\n1,2\n")
+    (earlier / "checkpoint-0000010").mkdir()
+    commands = {"train": ["train", "--algo", "sft"], "distill": ["distill", "--teacher", str(teacher)]}
+    for name, command in commands.items():
+        for out, words in ((afile, "is a file, not a folder"), (afile / "x", "no folder can be made under it"),
+                           (earlier, "holds an earlier run (metrics.csv, checkpoint-0000010); --resume continues it"),
+                           (teacher, "holds a config.json that is not a memenv training run's")):
+            before = snapshot(tmp_path)
+            assert run([*command, "--out", str(out)]) == 2, (name, out)
+            message = last_line(capsys)
+            assert message.startswith(f"memenv {name}: error: --out {out}") and words in message, message
+            assert snapshot(tmp_path) == before
+
+
+def test_train_model_folder_without_a_checkpoint(tmp_path, capsys, torch_stack):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run(["train", "--algo", "ppo", "--model", str(empty), "--out", str(tmp_path / "run")]) == 2
+    assert last_line(capsys) == f"memenv train: error: --model {empty}: no model checkpoint there (config.json missing)"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("cut_config", "config.json is not valid JSON (line 3 column"),
+    ("no_model_type", "config.json is not a model config (no model_type)"),
+    ("cut_weights", "model.safetensors is cut"),
+])
+def test_distill_teacher_with_a_damaged_checkpoint(tmp_path, capsys, damage, words, torch_stack):
+    config = {"cut_config": '{\n  "model_type": "qwen2",\n  "hidden', "no_model_type": '{"hidden_size": 8}'}
+    teacher = _fake_checkpoint(tmp_path / "teacher", config=config.get(damage), cut_weights=damage == "cut_weights")
+    assert run(["distill", "--teacher", str(teacher), "--out", str(tmp_path / "run")]) == 2
+    message = last_line(capsys)
+    assert message.startswith(f"memenv distill: error: --teacher {teacher}: ") and words in message, message
+    assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------------------- records files
+RECORD = {"episode_id": "e1", "turn": 1, "prompt_ids": [1, 2], "response_ids": [3], "response_logprobs": [-0.5],
+          "action_mask": [1], "memory_mask": [0]}
+
+
+@pytest.mark.parametrize("content,words", [
+    ("\n".join([json.dumps(RECORD)] * 2 + [json.dumps(RECORD)[:25]]), "line 3: not valid JSON"),
+    ("[1, 2, 3]\n", "line 1: expected a JSON object (an invocation record), got list"),
+    (json.dumps(RECORD) + "\n\n" + json.dumps({**RECORD, "response_ids": "abc"}) + "\n",
+     'line 3: response_ids must be a list of token ids, got "abc"'),
+    (json.dumps({k: v for k, v in RECORD.items() if k != "turn"}) + "\n", "line 1: not an invocation record (missing turn)"),
+    (json.dumps({**RECORD, "action_mask": [1, 1]}) + "\n", "line 1: record ('e1', 1): response_ids (1)"),
+])
+def test_distill_diagnose_names_the_records_line(tmp_path, capsys, content, words, torch_stack):
+    records = tmp_path / "records.jsonl"
+    records.write_text(content)
+    model = _fake_checkpoint(tmp_path / "model")
+    assert run(["distill", "diagnose", "--records", str(records), "--model", str(model)]) == 2
+    message = last_line(capsys)
+    assert message.startswith(f"memenv distill: error: --records: {records} {words.split(':')[0]}"), message
+    assert words in message, message
+
+
+def test_records_loader_names_the_line_of_bytes_that_are_not_utf8(tmp_path):
+    from agents.llm.records import load_records
+
+    path = tmp_path / "r.jsonl"
+    good = (json.dumps(RECORD) + "\n").encode()
+    path.write_bytes(good * 2 + b'{"episode_id": "\xff"}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{path} line 3: not UTF-8 text")):
+        load_records(path)
+    path.write_bytes(good * 2)
+    assert [r.key for r in load_records(path)] == [("e1", 1), ("e1", 1)]
+
+
+NUMERIC_MISTAKES = [
+    (["bench", "--max-failures", "-1"], "--max-failures"),
+    (["bench", "--max-failures", "nan"], "--max-failures"),
+    (["distill", "--lambda", "nan"], "--lambda"),
+    (["distill", "--beta", "inf"], "--beta"),
+    (["distill", "--top-k", "0"], "--top-k"),
+    (["distill", "--chunk", "-4"], "--chunk"),
+    (["distill", "--token-budget", "0"], "--token-budget"),
+    (["distill", "--credit-coef", "-1"], "--credit-coef"),
+    (["distill", "--lr", "nan"], "--lr"),
+    (["distill", "--kl-coef", "-0.1"], "--kl-coef"),
+    (["distill", "--temperature", "0"], "--temperature"),
+    (["distill", "--updates", "0"], "--updates"),
+    (["distill", "--save-every", "0"], "--save-every"),
+    (["distill", "--max-seconds", "inf"], "--max-seconds"),
+    (["distill", "--seed", "-1"], "--seed"),
+    (["distill", "diagnose", "--records", "r", "--model", "m", "--clip", "1.5"], "--clip"),
+    (["distill", "diagnose", "--records", "r", "--model", "m", "--clip", "nan"], "--clip"),
+    (["distill", "diagnose", "--records", "r", "--model", "m", "--token-budget", "0"], "--token-budget"),
+    (["train", "--algo", "sft", "--set", "lr=nan"], "lr=nan"),
+    (["train", "--algo", "sft", "--set", "warmup=inf"], "warmup=inf"),
+]
+
+
+@pytest.mark.parametrize("argv,word", NUMERIC_MISTAKES, ids=[" ".join(a) for a, _ in NUMERIC_MISTAKES])
+def test_numeric_options_are_finite_and_in_range(argv, word, capsys, tmp_path, monkeypatch):
+    if argv[0] in ("train", "distill"):
+        pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    assert run(argv) == 2
+    message = last_line(capsys)
+    assert message.startswith(f"memenv {argv[0]}") and "error:" in message and word in message, message
+    assert not list(tmp_path.iterdir())
+
+
+def test_cut_pipe_is_not_a_traceback(tmp_path):
+    """``memenv bench | head -1``: the reader goes away; the command ends quietly."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "memenv.cli", "bench", *QUICK, "--out", str(tmp_path / "o")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # nobody reads the table
+    _, stderr = proc.communicate(timeout=120)
+    assert b"Traceback" not in stderr and proc.returncode == 141, stderr.decode()
+    assert len(list((tmp_path / "o" / "cells").glob("cell-*.json"))) == 4  # the work itself was kept
