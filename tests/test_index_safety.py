@@ -196,6 +196,31 @@ def test_leftovers_of_dead_builds_are_removed_and_live_ones_kept(tmp_path):
         live_proc.wait()
 
 
+def test_a_killed_build_is_cleaned_by_the_next_one(tmp_path):
+    """A real build killed mid-way (SIGKILL: no clean-up runs) leaves its folder; the next build removes it."""
+    corpus = write_corpus(tmp_path / "c.jsonl", n=60000)
+    script = ("import sys; from memenv.search.index import build_index; "
+              "build_index(sys.argv[1], sys.argv[2], progress=False, workers=0, chunk_docs=500)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(corpus), str(tmp_path / "idx")])
+    try:
+        deadline = time.monotonic() + 60
+        leftover = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = [p for p in tmp_path.iterdir() if p.name.startswith(".idx.building-")]
+            if found and (found[0] / "run_tid.bin").is_file() and (found[0] / "run_tid.bin").stat().st_size:
+                leftover = found[0]
+                break
+            time.sleep(0.01)
+        assert leftover is not None, "the build ended before it could be killed"
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert leftover.is_dir() and not (tmp_path / "idx").exists()
+    build_index(write_corpus(tmp_path / "small.jsonl"), tmp_path / "idx", progress=False, workers=0)
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl", "idx", "small.jsonl"]
+
+
 def test_a_build_that_fails_leaves_nothing_behind(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
