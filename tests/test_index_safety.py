@@ -119,10 +119,10 @@ def test_build_refuses_a_folder_or_file_that_is_not_an_index(tmp_path, capsys):
 def test_an_index_holding_a_file_of_the_users_is_not_replaced(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl")
     build_index(corpus, tmp_path / "idx", progress=False, workers=0)
-    (tmp_path / "idx" / "README").write_text("my notes about this index\n")
-    with pytest.raises(ValueError, match=r"is not a memenv index \(it holds 'README'"):
+    (tmp_path / "idx" / "zz-notes.txt").write_text("my notes about this index\n")  # sorts after the index files
+    with pytest.raises(ValueError, match=r"is not a memenv index \(it holds 'zz-notes.txt' and 15 more"):
         build_index(corpus, tmp_path / "idx", progress=False, workers=0)
-    assert (tmp_path / "idx" / "README").read_text() == "my notes about this index\n"
+    assert (tmp_path / "idx" / "zz-notes.txt").read_text() == "my notes about this index\n"
 
 
 def test_replacing_an_index_and_an_empty_folder_still_works(tmp_path):
@@ -138,6 +138,11 @@ def test_replacing_an_index_and_an_empty_folder_still_works(tmp_path):
     (tmp_path / "idx" / "post_doc.npy").unlink()
     build_index(corpus, tmp_path / "idx", progress=False, workers=0)
     assert BM25Index(tmp_path / "idx").k1 == 1.5
+    # Through a symlink: the index it points to is replaced, the link kept.
+    (tmp_path / "link").symlink_to(tmp_path / "idx")
+    build_index(corpus, tmp_path / "link", progress=False, workers=0, params=BM25Params(b=0.5))
+    assert (tmp_path / "link").is_symlink() and BM25Index(tmp_path / "idx").b == 0.5
+    (tmp_path / "link").unlink()
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl", "idx"]  # nothing left beside it
 
 

@@ -369,7 +369,8 @@ def _check_out_dir(corpus_path: Path, out_dir: Path, target: Path) -> None:
         raise ValueError(f"index folder {out_dir} exists and is not a folder; give a new folder for the index")
     entries = sorted(os.listdir(target))
     if entries and not _is_index_dir(target, entries):
-        raise ValueError(f"index folder {out_dir} exists and is not a memenv index (it holds {entries[0]!r}"
+        foreign = [e for e in entries if e not in (MANIFEST, *INDEX_FILES)] or entries
+        raise ValueError(f"index folder {out_dir} exists and is not a memenv index (it holds {foreign[0]!r}"
                          f"{f' and {len(entries) - 1} more' if len(entries) > 1 else ''}); refusing to replace "
                          "it: give a new or empty folder")
 
