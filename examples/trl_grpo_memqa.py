@@ -3,12 +3,14 @@
 CPU, tiny model, a few minutes (no hub, no GPU)::
 
     python examples/trl_grpo_memqa.py                       # make_tiny model, 8 GRPO steps: shows the plumbing
-    memenv train sft --out runs/sft && \
-    python examples/trl_grpo_memqa.py --model runs/sft/<checkpoint> --steps 50   # from a behaviour-cloned start
+    python examples/trl_grpo_memqa.py --sft-steps 300 --steps 50   # GRPO from a behaviour-cloned start
+    memenv train --algo sft --out runs/sft --steps 300 && \\
+        python examples/trl_grpo_memqa.py --model runs/sft/checkpoint-0000300 --steps 50   # or from memenv train
 
 A random tiny model almost never emits a valid action, so its episode returns are all 0 and GRPO has no
-signal (every advantage is 0); start from an SFT checkpoint (``--model``, or ``--sft-steps N`` here) to see
-returns move.
+signal (every advantage is 0); start from an SFT checkpoint (``--sft-steps N`` here, or ``--model`` with a
+checkpoint folder) to see returns move. ``--sft-steps`` builds a d=64 x 2-layer model; ``memenv train``'s
+default is d=128 x 4 layers, so its GRPO steps are several times slower.
 
 A real checkpoint on a GPU with vLLM (colocated in the training process; trl 1.16, ``pip install vllm``)::
 
