@@ -254,8 +254,9 @@ class FlakyServer:
     """An OpenAI-compatible completions server on 127.0.0.1 whose model is the ``relevance`` strategy; while
     ``failing`` is above 0 it answers that many completion requests with HTTP 400 (no retry helps)."""
 
-    def __init__(self, failing: int = 0) -> None:
+    def __init__(self, failing: int = 0, delay: float = 0.0) -> None:
         self.failing, self.lock, self.policy = failing, threading.Lock(), make_strategy("relevance")
+        self.delay, self.completions = delay, 0
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -278,6 +279,8 @@ class FlakyServer:
                 with owner.lock:
                     fail = owner.failing > 0
                     owner.failing -= fail
+                    owner.completions += 1
+                time.sleep(owner.delay)
                 if fail:
                     return self._send(400, {"error": "the model cannot take this prompt"})
                 action = owner.policy.act(body["prompt"])
@@ -351,6 +354,68 @@ def test_max_failures_zero_stops_at_the_first_failure(tmp_path, capsys):
                 "--out", str(tmp_path / "out"), "--max-failures", "0"]
         assert run(argv) == 1
         assert "stopped after 1 failed episodes (more than --max-failures 0)" in last_line(capsys)
+
+
+def test_sigint_while_served_episodes_run_on_threads_stops_them_soon(tmp_path):
+    """Ctrl-C while a served model's episodes run on the thread pool: the running episodes stop at their next
+    step (the queued ones never start), so the command ends after the requests in flight, not after the
+    running episodes' remaining ~20 turns each."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    long_env = "MemQA-v0:objectives=8,hops=3"  # ~26 turns an episode
+    with FlakyServer(delay=0.05) as server:
+        argv = [sys.executable, "-m", "memenv.cli", "bench", "--envs", long_env, "--strategies", "relevance",
+                f"openai:m@{server.url}", "-n", "40", "--quiet", "--out", str(out)]
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None and server.completions < 40:
+                time.sleep(0.02)
+            assert proc.poll() is None and server.completions >= 40
+            proc.send_signal(signal.SIGINT)
+            at_signal = server.completions
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        extra = server.completions - at_signal
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (f"memenv bench: interrupted: 1 of 2 cells kept in {out} "
+                                               "(rerun the same command to continue)")
+    # 8 worker threads: each finishes the request it has in flight (and may have sent one more meanwhile);
+    # episodes run to their end would send ~20 more each
+    assert extra <= 24, extra
+
+
+def test_bench_checkpoint_strategy_that_is_damaged(tmp_path, capsys, torch_stack):
+    model = _fake_checkpoint(tmp_path / "model", cut_weights=True)
+    assert run(["bench", "--envs", ENV, "--strategies", str(model), "-n", "1", "--quiet",
+                "--out", str(tmp_path / "out")]) == 2
+    message = last_line(capsys)
+    assert "model.safetensors is cut" in message and str(model) in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_resume_from_a_damaged_checkpoint(tmp_path, capsys, torch_stack):
+    out = tmp_path / "run"
+    checkpoint = _fake_checkpoint(out / "checkpoint-0000004", config='{"model_type": "qwen2",')
+    (checkpoint / "trainer_state.pt").write_bytes(b"")
+    (out / "latest").write_text("checkpoint-0000004\n")
+    (out / "config.json").write_text(json.dumps({"out_dir": str(out)}))
+    assert run(["train", "--algo", "sft", "--out", str(out), "--resume", "--quiet"]) == 2
+    message = last_line(capsys)
+    assert message.startswith(f"memenv train: error: --resume: --out {checkpoint}: config.json is not valid JSON"), \
+        message
+
+
+def test_diagnose_csv_that_is_a_folder(tmp_path, capsys, torch_stack):
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps(RECORD) + "\n")
+    model = _fake_checkpoint(tmp_path / "model")
+    assert run(["distill", "diagnose", "--records", str(records), "--model", str(model), "--csv", str(tmp_path)]) == 2
+    assert last_line(capsys) == f"memenv distill: error: --csv {tmp_path}: is a folder, not a file"
 
 
 def test_a_bug_in_an_episode_keeps_its_traceback(tmp_path, monkeypatch):

@@ -143,7 +143,10 @@ def check_run_out(out: str | os.PathLike, resume: bool, option: str = "--out") -
         if not isinstance(data, dict) or "out_dir" not in data:
             raise CommandError(f"{option} {os.fspath(out)}: holds a config.json that is not a memenv training "
                                "run's (a model checkpoint?); choose another --out")
-    if resume or int(os.environ.get("RANK", "0")) != 0:
+    if resume:
+        _check_resume_point(folder, option)
+        return folder
+    if int(os.environ.get("RANK", "0")) != 0:
         return folder
     found = [name for name in RUN_FILES if (folder / name).exists()]
     found += sorted(p.name for p in folder.glob("checkpoint-*"))
@@ -151,6 +154,23 @@ def check_run_out(out: str | os.PathLike, resume: bool, option: str = "--out") -
         raise CommandError(f"{option} {os.fspath(out)}: holds an earlier run ({', '.join(found[:3])}"
                            f"{', ...' if len(found) > 3 else ''}); --resume continues it, or choose another --out")
     return folder
+
+
+def _check_resume_point(folder: Path, option: str) -> None:
+    """With ``--resume``: the checkpoint ``OUT/latest`` names is whole (a damaged one fails here, in one line,
+    rather than deep in the loader). No ``latest``: the run starts from the start, as the trainers do."""
+    pointer = folder / "latest"
+    if not pointer.is_file():
+        return
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"--resume: cannot read {pointer} ({exc})") from None
+    checkpoint = folder / name
+    if not name or not checkpoint.is_dir():
+        return  # the trainers fall back to the newest whole checkpoint-N folder
+    if (checkpoint / "trainer_state.pt").is_file():  # else the trainers fall back to an older whole one
+        check_checkpoint(checkpoint, f"--resume: {option}")
 
 
 def interrupted_note(out: str | os.PathLike) -> str:

@@ -179,6 +179,9 @@ def _checkpoint_strategy(path: str):
     except ImportError as err:
         raise CommandError(f"--strategies {path}: a model checkpoint needs the LLM stack "
                            f"(pip install -e '.[llm]'): {err}") from err
+    from agents.llm.cli import check_checkpoint
+
+    check_checkpoint(path, "--strategies")  # a damaged folder is one line, before its weights are read
     return CheckpointStrategy(path)
 
 
