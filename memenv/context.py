@@ -10,6 +10,7 @@ envs rule this out at make time for the fixed part of the task block (instructio
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -32,9 +33,40 @@ def sanitize(text: str) -> str:
 
 
 
+# Texts are counted and cut in pieces of this many characters, so a huge text never becomes a list of all its
+# words (a 50 MB text is ~8M words: ~500 MB of small strings).
+_PIECE = 1 << 16
+_WINDOW = 4096  # the first window of _last_word_starts (characters)
+
+
 def count_words(text: str) -> int:
-    """The default token counter: whitespace-separated words."""
-    return len(text.split())
+    """The default token counter: whitespace-separated words (``len(text.split())``), counted piece by piece."""
+    if len(text) <= _PIECE:
+        return len(text.split())
+    total = 0
+    for start in range(0, len(text), _PIECE):
+        total += len(text[start:start + _PIECE].split())
+        # a word across the cut is counted on both sides
+        if start and not text[start - 1].isspace() and not text[start].isspace():
+            total -= 1
+    return total
+
+
+def _last_word_starts(text: str, k: int) -> list[int]:
+    """Where the last ``k`` words of ``text`` start, newest first (fewer when ``text`` has fewer words).
+    Scans back from the end in growing windows: O(characters scanned) time, O(k) memory."""
+    found: list[int] = []  # word starts, newest first
+    end, window = len(text), max(_WINDOW, 16 * k)
+    while end > 0:
+        start = max(0, end - window)
+        starts = [m.start() for m in _WORD.finditer(text, start, end)]
+        if starts and start > 0 and starts[0] == start and not text[start - 1].isspace():
+            starts.pop(0)  # a word cut by the window's edge: its start lies further back
+        found.extend(reversed(starts))
+        if len(found) >= k:
+            return found[:k]
+        end, window = start, window * 2
+    return found
 
 
 @dataclass(frozen=True)
@@ -80,10 +112,10 @@ def truncate_left(text: str, budget: int, counter: TokenCounter | None = None) -
     if budget <= 0:
         return "", (counter or count_words)(text)
     if counter is None:
-        starts = [m.start() for m in _WORD.finditer(text)]
+        starts = _last_word_starts(text, budget + 1)
         if len(starts) <= budget:
             return text, 0
-        return text[starts[len(starts) - budget]:], len(starts) - budget
+        return text[starts[budget - 1]:], count_words(text) - budget
     total = counter(text)
     if total <= budget:
         return text, 0
@@ -103,11 +135,12 @@ def truncate_right(text: str, budget: int, counter: TokenCounter | None = None) 
     """Keep the *start* of ``text`` within ``budget`` tokens, cutting at a word boundary (whitespace inside
     the kept part, newlines included, is preserved). Returns the kept text and the number of tokens dropped."""
     count = counter or count_words
-    ends = [m.end() for m in _WORD.finditer(text)]
     if counter is None:
+        ends = [m.end() for m in itertools.islice(_WORD.finditer(text), max(budget, 0) + 1)]
         if len(ends) <= budget:
             return text, 0
-        return (text[:ends[budget - 1]] if budget > 0 else ""), len(ends) - max(budget, 0)
+        return (text[:ends[budget - 1]] if budget > 0 else ""), count_words(text) - max(budget, 0)
+    ends = [m.end() for m in _WORD.finditer(text)]
     total = count(text)
     if total <= budget:
         return text, 0

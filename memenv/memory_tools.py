@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from memenv.context import count_words
+from memenv.protocol import action_too_long
 from memenv.search.bm25 import make_backend
 
 __all__ = ["MEMORY_MODES", "STORE_TOOLS", "TOOL_NAMES", "MemoryStore", "StoreError", "ToolCall", "check_tools_context",
@@ -71,6 +72,9 @@ def parse_tool_call(text: object, allowed: tuple[str, ...] = TOOL_NAMES) -> Tool
     usage = " or ".join(_usage(name) for name in allowed)
     if not isinstance(text, str):
         return ToolCall(error=f"action must be a string, got {type(text).__name__}")
+    too_long = action_too_long(text)  # over the action space: refused unread, whatever its size
+    if too_long:
+        return ToolCall(error=too_long)
     body = text
     think = _THINK.match(body)
     if think:

@@ -1,7 +1,8 @@
 """The action protocol: ``[<think>…</think>] [<memory>…</memory>] <search>…</search> | <answer>…</answer>``.
 
 Parsing never raises on action text: a malformed action comes back as a :class:`ParsedAction` with
-``error`` set to a message a person (or a model) can act on.
+``error`` set to a message a person (or a model) can act on. An action longer than :data:`MAX_ACTION_CHARS`
+(the envs' action space) is refused before it is read, so a huge text costs nothing beyond itself.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import re
 from dataclasses import dataclass
 
 TOOLS = ("search", "answer")
+#: The longest action text read (characters): the ``max_length`` of the envs' Text action space
+#: (``max_action_chars`` of :class:`memenv.envs.base.MemEnvBase`).
+MAX_ACTION_CHARS = 100_000
 _TAG = re.compile(r"<(/?)(think|memory|search|answer)>")
 _OPEN = re.compile(r"<(think|memory|search|answer)>")
+_WORD = re.compile(r"\S{1,64}")
 
 
 @dataclass(frozen=True)
@@ -29,20 +34,41 @@ class ParsedAction:
 
 
 def _snippet(text: str, limit: int = 40) -> str:
-    text = " ".join(text.split())
+    """The start of ``text``, whitespace runs collapsed, at most ``limit`` characters (reads O(limit) of it)."""
+    parts: list[str] = []
+    size, end = 0, None
+    for match in _WORD.finditer(text):  # pieces of at most 64 characters: a huge word is not copied whole
+        if end is not None and match.start() > end:
+            parts.append(" ")
+        parts.append(match.group())
+        size, end = size + len(match.group()) + 1, match.end()
+        if size > limit:
+            break
+    text = "".join(parts)
     return repr(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
+def action_too_long(text: str, max_chars: int | None = MAX_ACTION_CHARS) -> str | None:
+    """The error for an action text over ``max_chars`` characters (None: no limit), or None."""
+    if max_chars is None or len(text) <= max_chars:
+        return None
+    return (f"action is {len(text):,} characters: over the {max_chars:,} an action may have (the action "
+            "space's max_length); nothing of it was read")
+
+
 def parse_action(text: str, *, require_memory: bool = True, tools: tuple[str, ...] = TOOLS,
-                 allow_memory_only: bool = False) -> ParsedAction:
+                 allow_memory_only: bool = False, max_chars: int | None = MAX_ACTION_CHARS) -> ParsedAction:
     """Parse ``text`` into a :class:`ParsedAction`.
 
     ``require_memory``: the action must rewrite the memory (compressed-memory modes).
     ``tools``: which tool tags are accepted. ``allow_memory_only``: a lone ``<memory>`` block is a complete
-    action (reading envs between chunks).
+    action (reading envs between chunks). ``max_chars``: a longer text is refused unread (None: no limit).
     """
     if not isinstance(text, str):
         return ParsedAction(error=f"action must be a string, got {type(text).__name__}")
+    too_long = action_too_long(text, max_chars)
+    if too_long:
+        return ParsedAction(error=too_long)
     # One left-to-right scan (linear time even on 100k characters of unclosed tags): each opening tag's
     # block runs to the first matching closing tag; text between blocks must be blank.
     blocks: list[tuple[str, str]] = []

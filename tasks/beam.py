@@ -32,6 +32,8 @@ import datetime as _dt
 import json
 import math
 import os
+import re
+import secrets
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,7 +54,9 @@ __all__ = [
     "BeamMessage",
     "BatchStream",
     "ConversationSource",
+    "MAX_MESSAGE_CHARS",
     "SyntheticBeamChat",
+    "cut_marker",
     "find_conversations",
     "iter_chat_batches",
     "load_probing_questions",
@@ -73,6 +77,13 @@ _WRITE_KEY = {
     "summarization": "ideal_summary", "temporal_reasoning": "answer",
 }
 CHAT_FILE = "chat.json"
+#: The longest message content kept (characters): a longer one keeps its first ``MAX_MESSAGE_CHARS`` characters
+#: and :func:`cut_marker`, and the rest is never decoded or held. memenv's observations hold at most 1,000,000
+#: characters, so none could show more of one message.
+MAX_MESSAGE_CHARS = 1_000_000
+# What the piecewise reader puts after a string it cut, then the count of characters cut (the nonce keeps real
+# text from ever looking like it).
+_CUT_TAG = f"\x00cut-{secrets.token_hex(8)}:"
 QUESTIONS_FILE = os.path.join("probing_questions", "probing_questions.json")
 
 
@@ -86,6 +97,7 @@ class BeamMessage:
     time_anchor: str | None = None
     question_type: str | None = None
     speaker: str | None = None  # a named speaker (LoCoMo/MemDialog conversations); BEAM's are the roles
+    cut_chars: int = 0  # characters of the content not loaded (see MAX_MESSAGE_CHARS); the content ends with cut_marker()
 
     def render(self) -> str:
         """``User (#id): content`` (the line the env shows; the speaker's name instead of the role if set)."""
@@ -122,12 +134,31 @@ class BeamBatch:
 
 
 # ---------------------------------------------------------------------------------------------------- loader
+def cut_marker(cut: int) -> str:
+    """What ends the content of a message cut at load: how many characters were not loaded."""
+    return f" [... {cut:,} more characters of this message not loaded]"  # ASCII: an ASCII text stays 1 byte a character
+
+
+def _cut_content(content: str, limit: int) -> tuple[str, int]:
+    """``content`` within ``limit`` characters (plus :func:`cut_marker`), and the number of characters cut."""
+    if len(content) <= limit:
+        return content, 0
+    rest = content[limit:limit + len(_CUT_TAG) + 20]
+    cut = int(rest[len(_CUT_TAG):]) if rest.startswith(_CUT_TAG) else len(content) - limit
+    return content[:limit] + cut_marker(cut), cut
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
 def _where(path: Path, position: int, number: Any = None) -> str:
     label = f"{path}: batch {position}"
-    return label + (f" (batch_number {number!r})" if number is not None else "")
+    return label + (f" (batch_number {_short(number)})" if number is not None else "")
 
 
-def _parse_batch(raw: Any, path: Path, position: int) -> BeamBatch:
+def _parse_batch(raw: Any, path: Path, position: int, max_message_chars: int = MAX_MESSAGE_CHARS) -> BeamBatch:
     if not isinstance(raw, dict):
         raise DataFormatError(f"{_where(path, position)}: expected an object, got {type(raw).__name__}")
     number = raw.get("batch_number")
@@ -136,7 +167,7 @@ def _parse_batch(raw: Any, path: Path, position: int) -> BeamBatch:
         if key not in raw:
             raise DataFormatError(f"{where}: missing key {key!r}")
     if isinstance(number, bool) or not isinstance(number, (int, str)):
-        raise DataFormatError(f"{where}: batch_number must be an integer or a string, got {number!r}")
+        raise DataFormatError(f"{where}: batch_number must be an integer or a string, got {_short(number)}")
     anchor = raw.get("time_anchor", "")
     if not isinstance(anchor, str):
         raise DataFormatError(f"{where}: time_anchor must be a string, got {type(anchor).__name__}")
@@ -156,7 +187,7 @@ def _parse_batch(raw: Any, path: Path, position: int) -> BeamBatch:
                 if key not in msg:
                     raise DataFormatError(f"{at}: missing key {key!r}")
             if msg["role"] not in ("user", "assistant"):
-                raise DataFormatError(f"{at}: role must be 'user' or 'assistant', got {msg['role']!r}")
+                raise DataFormatError(f"{at}: role must be 'user' or 'assistant', got {_short(msg['role'])}")
             if not isinstance(msg["content"], str):
                 raise DataFormatError(f"{at}: content must be a string, got {type(msg['content']).__name__}")
             for key in ("id", "index"):
@@ -166,86 +197,226 @@ def _parse_batch(raw: Any, path: Path, position: int) -> BeamBatch:
             for key in ("time_anchor", "question_type"):
                 if msg.get(key) is not None and not isinstance(msg[key], str):
                     raise DataFormatError(f"{at}: {key} must be a string, got {_type_name(msg[key])}")
-            messages.append(BeamMessage(msg["role"], msg["id"], msg.get("index", k), msg["content"],
-                                        msg.get("time_anchor"), msg.get("question_type")))
+            content, cut = _cut_content(msg["content"], max_message_chars)
+            messages.append(BeamMessage(msg["role"], msg["id"], msg.get("index", k), content,
+                                        msg.get("time_anchor"), msg.get("question_type"), cut_chars=cut))
         turns.append(tuple(messages))
     return BeamBatch(position, number, anchor, tuple(turns))
 
 
-def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16) -> Iterator[BeamBatch]:
+def iter_chat_batches(path: str | os.PathLike, read_size: int = 1 << 16,
+                      max_message_chars: int = MAX_MESSAGE_CHARS) -> Iterator[BeamBatch]:
     """Stream the batches of a BEAM ``chat.json`` one at a time (memory: one batch plus the read buffer).
+
+    A message longer than ``max_message_chars`` characters keeps its first ``max_message_chars`` and a marker
+    with the count of the rest (:func:`cut_marker`); the rest is never decoded or held, so a single huge
+    message costs O(``max_message_chars``) memory, not its size.
 
     Raises :class:`FileNotFoundError` for a missing file and :class:`DataFormatError` naming the file and the
     batch for invalid JSON, a truncated file, or a batch, turn or message of the wrong shape.
     """
     path = Path(path)
     decoder = json.JSONDecoder()
-    position = 0  # the batch being read
     with open(path, encoding="utf-8-sig") as f:
-        buf, pos, eof = "", 0, False
-        chunk = read_size
-
-        def fill() -> bool:
-            nonlocal buf, pos, eof, chunk
-            try:
-                data = f.read(chunk)
-            except UnicodeDecodeError as err:
-                raise DataFormatError(f"{path}: not UTF-8 text ({err.reason}), reading batch {position}") from None
-            if not data:
-                eof = True
-                return False
-            buf = buf[pos:] + data
-            pos = 0
-            return True
-
-        def skip_ws() -> None:
-            nonlocal pos
-            while True:
-                while pos < len(buf) and buf[pos] in " \t\r\n":
-                    pos += 1
-                if pos < len(buf) or not fill():
-                    return
-
-        skip_ws()
-        if pos >= len(buf):
+        reader = _ChatReader(f, path, read_size)
+        reader.skip_ws()
+        if reader.pos >= len(reader.buf):
             raise DataFormatError(f"{path}: empty file (expected a JSON array of batches)")
-        if buf[pos] != "[":
-            raise DataFormatError(f"{path}: expected a JSON array of batches, found {buf[pos]!r} at the start")
-        pos += 1
-        skip_ws()
-        if pos < len(buf) and buf[pos] == "]":
+        if reader.buf[reader.pos] != "[":
+            raise DataFormatError(f"{path}: expected a JSON array of batches, found {reader.buf[reader.pos]!r} "
+                                  "at the start")
+        reader.pos += 1
+        reader.skip_ws()
+        if reader.pos < len(reader.buf) and reader.buf[reader.pos] == "]":
             return
         while True:
-            skip_ws()
-            while True:
-                try:
-                    raw, end = decoder.raw_decode(buf, pos)
-                    break
-                except RecursionError:
-                    raise DataFormatError(f"{_where(path, position)}: {_TOO_DEEP}") from None
-                except json.JSONDecodeError as err:
-                    # The batch runs past the buffer: read more, doubling the read size so a huge batch costs
-                    # O(size) reads rather than O(size^2 / read_size); back to read_size after it.
-                    chunk = min(chunk * 2, 1 << 24)
-                    if eof or not fill():
-                        line_hint = f" ({err.msg})"
-                        raise DataFormatError(f"{_where(path, position)}: invalid or truncated JSON{line_hint}") from None
-            pos, chunk = end, read_size
-            yield _parse_batch(raw, path, position)
-            position += 1
-            skip_ws()
+            reader.skip_ws()
+            raw = reader.batch(decoder, max_message_chars)
+            yield _parse_batch(raw, path, reader.position, max_message_chars)
+            reader.position += 1
+            reader.skip_ws()
+            position, buf, pos = reader.position, reader.buf, reader.pos
             if pos >= len(buf):
                 raise DataFormatError(f"{path}: truncated after batch {position - 1} (missing ']')")
             if buf[pos] == ",":
-                pos += 1
+                reader.pos += 1
                 continue
             if buf[pos] == "]":
-                pos += 1
-                skip_ws()
-                if pos < len(buf):
+                reader.pos += 1
+                reader.skip_ws()
+                if reader.pos < len(reader.buf):
                     raise DataFormatError(f"{path}: unexpected data after the JSON array")
                 return
             raise DataFormatError(f"{path}: after batch {position - 1}: expected ',' or ']', found {buf[pos]!r}")
+
+
+# A batch still unfinished after this many buffered characters is read piece by piece (_ChatReader.huge_batch).
+_HUGE_BATCH_CHARS = 1 << 20
+_STRUCTURE = re.compile(r'["\[\]{},]')
+# An escape that a piece must not end with: a \\u escape not yet complete, or the high half of a surrogate pair.
+_TAIL_ESCAPE = re.compile(r'\\u(?:[0-9a-fA-F]{0,3}|[dD][89abAB][0-9a-fA-F]{2})$')
+
+
+class _ChatReader:
+    """The read buffer of :func:`iter_chat_batches`: text read from ``chat.json`` and the parse position in it."""
+
+    def __init__(self, f: Any, path: Path, read_size: int) -> None:
+        self.f, self.path, self.read_size = f, path, read_size
+        self.buf, self.pos, self.eof = "", 0, False
+        self.position = 0  # the batch being read
+
+    def fill(self, size: int | None = None) -> bool:
+        """Append up to ``size`` characters, dropping what lies before ``pos``; False at the end of the file."""
+        try:
+            data = self.f.read(size or self.read_size)
+        except UnicodeDecodeError as err:
+            raise DataFormatError(f"{self.path}: not UTF-8 text ({err.reason}), reading batch {self.position}") from None
+        if not data:
+            self.eof = True
+            return False
+        buf = self.buf[self.pos:]
+        self.buf = ""  # the only reference left is ``buf``: CPython then appends in place instead of copying
+        buf += data
+        self.buf, self.pos = buf, 0
+        return True
+
+    def skip_ws(self) -> None:
+        while True:
+            buf, pos = self.buf, self.pos
+            while pos < len(buf) and buf[pos] in " \t\r\n":
+                pos += 1
+            self.pos = pos
+            if pos < len(buf) or not self.fill():
+                return
+
+    def batch(self, decoder: json.JSONDecoder, limit: int) -> Any:
+        """The JSON value of the batch at ``pos``: decoded whole while it fits in a few MB of buffer, else read
+        piece by piece (:meth:`huge_batch`)."""
+        chunk = self.read_size
+        while True:
+            failed = None
+            try:
+                raw, end = decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise DataFormatError(f"{_where(self.path, self.position)}: {_TOO_DEEP}") from None
+            except json.JSONDecodeError as err:
+                failed = err.msg  # the error holds the whole buffer: let it go before the buffer grows
+            if failed is None:
+                self.pos = end
+                if end > self.read_size:  # do not keep a big batch's text alive while the batch is used
+                    self.buf, self.pos = self.buf[end:], 0
+                return raw
+            # The batch runs past the buffer: read more, doubling the read size so a big batch costs O(size)
+            # reads rather than O(size^2 / read_size); past _HUGE_BATCH_CHARS, piece by piece.
+            chunk = chunk * 2
+            if len(self.buf) - self.pos + chunk > _HUGE_BATCH_CHARS and not self.eof:
+                return self.huge_batch(limit)
+            if self.eof or not self.fill(chunk):
+                raise DataFormatError(f"{_where(self.path, self.position)}: invalid or truncated JSON ({failed})")
+
+    def huge_batch(self, limit: int) -> Any:
+        """A batch too big for the buffer, read by its structure: string literals one by one (each cut to
+        ``limit`` characters, :meth:`literal`), the text between them as is; the result is then decoded."""
+        out: list[str] = []
+        depth = 0
+        while True:
+            match = _STRUCTURE.search(self.buf, self.pos)
+            if match is None:
+                out.append(self.buf[self.pos:])
+                self.pos = len(self.buf)
+                if not self.fill(1 << 18):
+                    raise DataFormatError(f"{_where(self.path, self.position)}: invalid or truncated JSON "
+                                          "(the file ends inside the batch)")
+                continue
+            char = match.group()
+            out.append(self.buf[self.pos:match.start()])
+            self.pos = match.start()
+            if char == '"':
+                out.append(self.literal(limit))
+                if depth == 0:
+                    break
+                continue
+            if depth == 0 and char in ",]":  # a batch that is a bare number or word: _parse_batch names it
+                break
+            depth += 1 if char in "[{" else -1 if char in "]}" else 0
+            out.append(char)
+            self.pos += 1
+            if depth == 0:
+                break
+        try:
+            return json.loads("".join(out))
+        except RecursionError:
+            raise DataFormatError(f"{_where(self.path, self.position)}: {_TOO_DEEP}") from None
+        except json.JSONDecodeError as err:
+            raise DataFormatError(f"{_where(self.path, self.position)}: invalid JSON ({err.msg})") from None
+
+    def literal(self, limit: int) -> str:
+        """The JSON string literal at ``pos`` as JSON text: as it is when it decodes to at most ``limit``
+        characters, else its first ``limit`` characters, :data:`_CUT_TAG` and the number of characters cut.
+        Decoded piece by piece as it is read (memory: ``limit`` characters plus one read)."""
+        start = self.pos
+        self.pos += 1
+        head: list[str] = []
+        kept = cut = 0
+        while True:
+            buf = self.buf
+            end = _closing_quote(buf, self.pos)
+            closed = end >= 0
+            if closed and not head and end - start - 1 <= limit:  # short and whole: decoded length <= raw length
+                self.pos = end + 1
+                return buf[start:end + 1]
+            if not closed:  # never cut inside an escape or between the halves of a surrogate pair
+                end = len(buf) - (_backslashes_before(buf, len(buf)) % 2)
+                end = _safe_end(buf, self.pos, end)
+            if end > self.pos:
+                try:
+                    text = json.loads('"' + buf[self.pos:end] + '"')
+                except json.JSONDecodeError as err:
+                    raise DataFormatError(f"{_where(self.path, self.position)}: invalid JSON in a string "
+                                          f"({err.msg})") from None
+                if kept < limit:
+                    head.append(text)
+                    kept += len(text)
+                else:
+                    cut += len(text)
+                self.pos = end
+            if closed:
+                self.pos += 1
+                break
+            if not self.fill(1 << 18):
+                raise DataFormatError(f"{_where(self.path, self.position)}: invalid or truncated JSON "
+                                      "(the file ends inside a string)")
+        value = "".join(head)
+        if len(value) > limit:
+            cut += len(value) - limit
+            value = value[:limit]
+        return json.dumps(value + (f"{_CUT_TAG}{cut}" if cut else ""), ensure_ascii=False)
+
+
+def _closing_quote(buf: str, pos: int) -> int:
+    """The index of the first unescaped ``"`` at or after ``pos``, or -1."""
+    while True:
+        i = buf.find('"', pos)
+        if i < 0 or _backslashes_before(buf, i) % 2 == 0:
+            return i
+        pos = i + 1
+
+
+def _backslashes_before(text: str, i: int) -> int:
+    j = i
+    while j > 0 and text[j - 1] == "\\":
+        j -= 1
+    return i - j
+
+
+def _safe_end(buf: str, lo: int, end: int) -> int:
+    """``end``, moved back before an escape that is incomplete or the first half of a surrogate pair."""
+    for _ in range(2):  # a high surrogate may come right before an incomplete low one
+        tail = _TAIL_ESCAPE.search(buf, max(lo, end - 12), end)
+        if tail is None or _backslashes_before(buf, tail.start()) % 2:
+            break
+        end = tail.start()
+    return end
 
 
 def _reference(raw: dict, at: str) -> tuple[str, str]:
@@ -366,17 +537,21 @@ class BeamConversation:
     n_messages: int
     n_tokens: int
     id: str = ""
+    max_message_chars: int = MAX_MESSAGE_CHARS
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "BeamConversation":
-        """Check a directory's layout and count its batches in one streaming pass (nothing kept)."""
+    def open(cls, path: str | os.PathLike, max_message_chars: int = MAX_MESSAGE_CHARS) -> "BeamConversation":
+        """Check a directory's layout and count its batches in one streaming pass (nothing kept).
+
+        ``n_tokens`` counts the whitespace tokens of the messages as loaded: a message longer than
+        ``max_message_chars`` counts its first ``max_message_chars`` characters (see :func:`iter_chat_batches`)."""
         path = Path(path)
         chat, questions_file = path / CHAT_FILE, path / QUESTIONS_FILE
         for required in (chat, questions_file):
             if not required.is_file():
                 raise FileNotFoundError(f"BEAM conversation {path}: missing {required.relative_to(path)}")
         n_batches = n_messages = n_tokens = 0
-        for batch in iter_chat_batches(chat):
+        for batch in iter_chat_batches(chat, max_message_chars=max_message_chars):
             n_batches += 1
             n_messages += sum(len(turn) for turn in batch.turns)
             n_tokens += batch.n_tokens
@@ -385,11 +560,12 @@ class BeamConversation:
         questions = load_probing_questions(questions_file, path.name)
         if not questions:
             raise DataFormatError(f"{questions_file}: no probing questions")
-        return cls(path, questions, n_batches, n_messages, n_tokens, path.name)
+        return cls(path, questions, n_batches, n_messages, n_tokens, path.name, max_message_chars)
 
     def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
         """The batches from position ``start`` on (earlier ones are parsed and dropped: the file is streamed)."""
-        return (b for b in iter_chat_batches(self.path / CHAT_FILE) if b.position >= start)
+        return (b for b in iter_chat_batches(self.path / CHAT_FILE, max_message_chars=self.max_message_chars)
+                if b.position >= start)
 
 
 @dataclass
