@@ -158,3 +158,65 @@ def _run(code: str, page: str, index: int) -> None:
     for marker, check in CHECKS.items():
         if marker in code:
             check(ns)
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} (.+)$", re.MULTILINE)
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = BLOCK.sub("", re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE))
+    return {_slug(h) for h in HEADING.findall(text)}
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_figure_is_shown_on_a_page():
+    shown = {(page.parent / t).resolve() for page in PAGES for t in LINK.findall(page.read_text(encoding="utf-8"))}
+    unused = [f.name for f in sorted((ROOT / "docs" / "figures").glob("*.png")) if f.resolve() not in shown]
+    assert not unused, f"figures no page shows: {unused}"
+
+
+def test_pages_name_the_dependency_versions_of_pyproject():
+    """A version a page states for a dependency is the one pyproject.toml requires."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    specs = [*project["dependencies"], *(d for group in project["optional-dependencies"].values() for d in group)]
+    required = {}
+    for spec in specs:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*(>=\s*[0-9][^,;\s]*)", spec)
+        if m:
+            required[m.group(1).lower()] = m.group(2).replace(" ", "")
+    assert {"torch", "transformers", "tokenizers"} <= set(required)
+    wrong = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"\b([a-z][a-z0-9_-]+)(>=[0-9][0-9.]*)", text):
+            name, version = m.groups()
+            if "pins" in text[max(0, m.start() - 12):m.start()]:  # another package's pin (verl's), not ours
+                continue
+            if name in required and version != required[name]:
+                wrong.append(f"{page.relative_to(ROOT)}: {name}{version}, pyproject: {name}{required[name]}")
+    assert not wrong, "\n".join(wrong)
