@@ -370,6 +370,20 @@ def test_a_damaged_index_fails_at_gym_make_not_at_step(built, tmp_path):
         gym.make("MemQA-v0", index_path=out2, questions_path=questions)
 
 
+def test_an_index_replaced_after_a_first_make_is_verified_again(built, tmp_path):
+    # Envs share one opened index per path; a folder rebuilt (or swapped) since must not reuse the old one.
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What about {w}?", "answers": [w]}) + "\n"
+                                 for i, w in enumerate(WORDS)))
+    out = damaged_copy(built, tmp_path)
+    gym.make("MemQA-v0", index_path=out, questions_path=questions).close()
+    shutil.rmtree(out)
+    out = damaged_copy(built, tmp_path)  # a fresh manifest file at the same path
+    shorter_array(out / "post_doc.npy")
+    with pytest.raises(IndexCorruptError, match=r"post_doc\.npy"):
+        gym.make("MemQA-v0", index_path=out, questions_path=questions)
+
+
 def test_a_store_damaged_after_open_names_the_record(built, tmp_path):
     out = damaged_copy(built, tmp_path)
     index = BM25Index(out)

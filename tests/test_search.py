@@ -299,3 +299,12 @@ def test_ascii_fast_path_equals_the_regular_expression_on_every_ascii_character(
         expected = [t for t in re.findall(r"[a-z0-9]+", text.lower()) if t not in STOPWORDS]
         assert tokenize(text) == expected, repr(text)
     assert word_tokens("The Cat_sat") == ["the", "cat", "sat"]  # before the stopword filter
+
+
+@pytest.mark.parametrize("backend", ["bm25", "rank_bm25"])
+@pytest.mark.parametrize("kw, named", [({"k1": float("nan")}, "k1"), ({"k1": -1.0}, "k1"), ({"b": 5}, "b"),
+                                        ({"b": -0.1}, "b"), ({"epsilon": float("inf")}, "epsilon")])
+def test_in_memory_backends_refuse_bm25_parameters_out_of_range(backend, kw, named):
+    # The same rule as the disk index: a NaN k1 would make every score NaN and every search match nothing.
+    with pytest.raises(ValueError, match=f"BM25 parameter {named} must be a finite number"):
+        make_backend(backend, ["paris is in france", "berlin is in germany"], **kw)

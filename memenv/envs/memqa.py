@@ -24,11 +24,11 @@ from memenv.scoring.qa import score_objectives, split_answers
 from memenv.search.index import BM25Index, QuestionPool
 from memenv.search.remote import RemoteRetriever, is_retriever_url, shared_retriever
 from memenv.search.bm25 import BACKENDS, SearchBackend, make_backend
-from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_int_tuple, check_path,
-                               check_rate)
+from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_int_tuple, check_number,
+                               check_path, check_rate)
 from tasks.corpus import load_questions_jsonl
 from tasks.types import Document, QADataset, Question
-from tasks.world import World, build_world, objective_capacity
+from tasks.world import QUESTION_POOLS, World, build_world, objective_capacity, question_pool
 
 INSTRUCTIONS = {
     True: (
@@ -105,10 +105,20 @@ def check_qa_task(objectives: Any, hops: Any, comparison_rate: Any) -> tuple[int
 
 
 @functools.lru_cache(maxsize=8)
-def _open_index(index_path: str, corpus_path: str | None, corpus_stat: tuple | None) -> BM25Index:
+def _open_index(index_path: str, corpus_path: str | None, corpus_stat: tuple | None,
+                manifest_stat: tuple | None) -> BM25Index:
     """One memory-mapped index per (directory, corpus) per process; the corpus is checked by fingerprint
-    (``corpus_stat`` keys the cache, so a corpus changed since is checked again)."""
+    (``corpus_stat`` keys the cache, so a corpus changed since is checked again) and the index's manifest by
+    size and mtime (a rebuilt or replaced index is opened, and verified, again)."""
     return BM25Index(index_path, corpus_path=corpus_path)
+
+
+def _stat_or_none(path: str) -> tuple | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # opening the index then names what is missing
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino  # ctime: a copy keeps mtime, not ctime
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,7 +135,7 @@ def resolve_scaled_search(index_path, search_backend: str, corpus_path, question
             raise ValueError("give index_path= or a retrieval server url as search_backend=, not both")
         corpus = None if corpus_path is None else os.fspath(corpus_path)
         stat = None if corpus is None else (os.stat(corpus).st_size, os.stat(corpus).st_mtime_ns)
-        index = _open_index(os.fspath(index_path), corpus, stat)
+        index = _open_index(os.fspath(index_path), corpus, stat, _stat_or_none(os.path.join(index_path, "manifest.json")))
         documents: Any = index.documents
     else:
         index, documents = shared_retriever(search_backend), ()
@@ -203,6 +213,10 @@ def _check_question_count(objectives: int, source: Any, what: str) -> None:
                          f"(its question count)")
 
 
+def _in_pool(question: Question, *, pool: str, fraction: float, salt: str) -> bool:
+    return question_pool(question, fraction, salt) == pool
+
+
 class MemQAEnv(MemEnvBase):
     """Multi-objective search QA with explicit memory rewrites.
 
@@ -213,6 +227,10 @@ class MemQAEnv(MemEnvBase):
 
     Args:
         objectives: questions per episode, answered together as ``<answer>a1; a2; ...</answer>``.
+        question_split: the synthetic world's question pool: ``all`` (default), ``train`` or ``heldout``, a
+            split of its questions by subject entity fixed before any training (:func:`tasks.world.question_pool`):
+            an agent trained on ``train`` episodes never saw a ``heldout`` question; the documents are shared.
+        heldout_fraction: share of the world's entities whose questions are held out (default 0.25).
         top_k: documents returned per search.
         max_turns: invocations per episode (default ``2 * objectives * max(hops) + 2``).
         context: ``memory`` | ``history`` | ``window:K`` | ``none`` (see docs/design.md).
@@ -244,6 +262,8 @@ class MemQAEnv(MemEnvBase):
         distractors: int = 3,
         comparison_rate: float = 0.25,
         world_seed: int = 0,
+        question_split: str = "all",
+        heldout_fraction: float = 0.25,
         dataset: str = "synthetic",
         data_path: str | os.PathLike | None = None,
         data_limit: int | None = None,
@@ -299,6 +319,20 @@ class MemQAEnv(MemEnvBase):
                 distractors=distractors, world_seed=world_seed)
             self.documents = _sanitized_corpus(self.source)
             self.index = _search_index(self.source, search_backend)
+        self.question_split = check_choice("question_split", question_split, QUESTION_POOLS)
+        self.heldout_fraction = check_number("heldout_fraction", heldout_fraction, minimum=0.01, maximum=0.99)
+        self._accept = None
+        if self.question_split != "all":
+            if not isinstance(self.source, World):
+                raise ValueError(f"question_split={question_split!r} splits the synthetic world's questions; this "
+                                 "task source has its own question file (split that file instead)")
+            share = self.heldout_fraction if self.question_split == "heldout" else 1 - self.heldout_fraction
+            capacity = objective_capacity(int(len(self.documents) * share), self.hops, self.comparison_rate)
+            if self.objectives > capacity:
+                raise ValueError(f"objectives={self.objectives} is more than the {question_split!r} pool "
+                                 f"(heldout_fraction={self.heldout_fraction}) holds: at most {capacity}")
+            self._accept = functools.partial(_in_pool, pool=self.question_split, fraction=self.heldout_fraction,
+                                             salt=f"world{world_seed}")
         if self.max_turns is None:
             # Tools: a document found costs a search, up to top_k adds and a store search or two.
             per_document = self.top_k + 3 if tools else 1
@@ -354,7 +388,7 @@ class MemQAEnv(MemEnvBase):
         super().reset(seed=seed)
         if isinstance(self.source, World):
             self.questions = self.source.sample_questions(self.np_random, self.objectives, self.hops,
-                                                          self.comparison_rate)
+                                                          self.comparison_rate, accept=self._accept)
         else:
             self.questions = self.source.sample_questions(self.np_random, self.objectives)
         self._task_text = self._compose_task([q.question for q in self.questions])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import math
+import numbers
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from memenv.validation import ArgumentTypeError
+
 __all__ = [
     "BACKENDS",
     "STOPWORDS",
@@ -37,6 +40,7 @@ __all__ = [
     "BM25Sparse",
     "SearchBackend",
     "Tokenizer",
+    "check_bm25_params",
     "make_backend",
     "okapi_doc_norm",
     "okapi_idf",
@@ -176,6 +180,22 @@ def okapi_weights(idf: np.ndarray, tf: np.ndarray, doc_norm: np.ndarray, k1: flo
     return idf * (tf_f * (k1 + 1) / (tf_f + doc_norm))
 
 
+def check_bm25_params(k1: Any, b: Any, epsilon: Any = 0.25) -> tuple[float, float, float]:
+    """``(k1, b, epsilon)`` as floats if they are valid BM25 Okapi parameters: finite, ``k1 > 0``,
+    ``0 <= b <= 1``, ``epsilon >= 0``; else a ``ValueError`` (:class:`~memenv.validation.ArgumentTypeError`,
+    also a ``TypeError``, for a non-number) naming the one that is not."""
+    out = []
+    for name, value, ok, rule in (("k1", k1, lambda v: v > 0, "> 0"), ("b", b, lambda v: 0 <= v <= 1, "in [0, 1]"),
+                                  ("epsilon", epsilon, lambda v: v >= 0, ">= 0")):
+        expected = f"BM25 parameter {name} must be a finite number {rule}"
+        if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{expected}, got {value!r} ({type(value).__name__})")
+        if not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"{expected}, got {value!r}")
+        out.append(float(value))
+    return out[0], out[1], out[2]
+
+
 class _OkapiBackend(SearchBackend):
     """Shared BM25 Okapi parameters (``rank_bm25.BM25Okapi``'s defaults)."""
 
@@ -187,7 +207,7 @@ class _OkapiBackend(SearchBackend):
         b: float = 0.75,
         epsilon: float = 0.25,
     ) -> None:
-        self.k1, self.b, self.epsilon = k1, b, epsilon
+        self.k1, self.b, self.epsilon = check_bm25_params(k1, b, epsilon)
         super().__init__(texts, tokenizer)
 
 

@@ -56,7 +56,6 @@ import io
 import json
 import math
 import multiprocessing
-import numbers
 import os
 import secrets
 import shutil
@@ -75,10 +74,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memenv.context import sanitize
-from memenv.search.bm25 import (STOPWORDS, SearchBackend, okapi_doc_norm, okapi_idf, okapi_weights, tokenize,
-                           word_tokens)
+from memenv.search.bm25 import (STOPWORDS, SearchBackend, check_bm25_params, okapi_doc_norm, okapi_idf, okapi_weights,
+                                 tokenize, word_tokens)
 from tasks.corpus import RecordLocation, document_from_record
-from memenv.validation import ArgumentTypeError
 from tasks.types import DataFormatError, Document, QADataset, Question
 
 __all__ = [
@@ -110,22 +108,6 @@ _BUILD_FILES = ("run_tid.bin", "run_did.bin", "run_tf.bin", "build-owner.json")
 _OWNER = "build-owner.json"
 #: A leftover build folder without a live owner on this host is removed once nothing in it changed for this long.
 _STALE_SECONDS = 3600.0
-
-
-def check_bm25_params(k1: Any, b: Any, epsilon: Any = 0.25) -> tuple[float, float, float]:
-    """``(k1, b, epsilon)`` as floats if they are valid BM25 Okapi parameters: finite, ``k1 > 0``,
-    ``0 <= b <= 1``, ``epsilon >= 0``; else a ``ValueError`` (:class:`~memenv.validation.ArgumentTypeError`,
-    also a ``TypeError``, for a non-number) naming the one that is not."""
-    out = []
-    for name, value, ok, rule in (("k1", k1, lambda v: v > 0, "> 0"), ("b", b, lambda v: 0 <= v <= 1, "in [0, 1]"),
-                                  ("epsilon", epsilon, lambda v: v >= 0, ">= 0")):
-        expected = f"BM25 parameter {name} must be a finite number {rule}"
-        if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
-            raise ArgumentTypeError(f"{expected}, got {value!r} ({type(value).__name__})")
-        if not (math.isfinite(value) and ok(value)):
-            raise ValueError(f"{expected}, got {value!r}")
-        out.append(float(value))
-    return out[0], out[1], out[2]
 
 
 @dataclass(frozen=True)
@@ -1213,7 +1195,7 @@ class BM25Index(SearchBackend):
         # ranges' starts and ends interleaved: ascending, so one call finds both.
         edges = np.empty(2 * n, dtype=self.post_doc.dtype)
         edges[0::2], edges[1::2] = first, first + width
-        starts, counts, base = [], [], []
+        starts, counts = [], []
         for t in terms:
             lo, hi = int(self.indptr[t]), int(self.indptr[t + 1])
             found = np.searchsorted(self.post_doc[lo:hi], edges)
