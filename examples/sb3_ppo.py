@@ -8,7 +8,7 @@ macro-actions (search / answer with a candidate string, keep / drop a memory sen
 ``action_masks()``. Its default task is one single-hop question per episode over a 300-document synthetic
 corpus. Both agents are evaluated, deterministically, on held-out seeds (never seen in training) against a
 uniformly random policy (unmasked, and masked to valid macro-actions). Prints F1 of each and wall time.
-Needs ``stable-baselines3`` and ``sb3-contrib`` (``pip install memenv[sb3]``).
+Needs ``stable-baselines3`` and ``sb3-contrib`` (``pip install -e '.[sb3]'`` in the repository).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GRPO with TRL on MemQA-v0 through memenv's rollout_func (``pip install 'memenv[trl]'``).
+"""GRPO with TRL on MemQA-v0 through memenv's rollout_func (``pip install -e '.[trl]'``).
 
 CPU, tiny model, a few minutes (no hub, no GPU)::
 
