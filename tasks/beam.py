@@ -10,7 +10,9 @@ reference sits under an ability-dependent key (:data:`REFERENCE_KEYS`: ``answer`
 ``ideal_answer``, ``ideal_summary`` or ``expected_compliance`` with ``compliance_indicators``).
 
 Memory: a 10M-token chat is never materialised. :func:`iter_chat_batches` parses ``chat.json`` one batch at a
-time (``json.JSONDecoder.raw_decode`` over a growing read buffer, so at most one batch is held), and
+time (``json.JSONDecoder.raw_decode`` over a growing read buffer, so at most one batch is held; a batch past
+1 Mi characters is read piece by piece, and a message longer than :data:`MAX_MESSAGE_CHARS` keeps its start and
+a marker with the count cut, the rest never decoded or held, so one 50 MB message costs ~1 MB), and
 :class:`SyntheticBeamChat` keeps only a plan of its facts (O(number of questions)) and renders each batch on
 demand from a per-batch seed. Both yield :class:`BeamBatch` objects; a batch is one session of the env.
 
