@@ -160,6 +160,18 @@ def test_bench_resumes_finished_cells_and_refuses_other_settings(tmp_path, capsy
     assert len(list((out / "cells").glob("cell-*.json"))) == 4
 
 
+def test_a_checkpoint_retrained_in_place_is_not_resumed(tmp_path):
+    model = _fake_checkpoint(tmp_path / "model")
+    specs = [bench.EnvSpec.parse(ENV)]
+    before = bench.bench_settings(["relevance", str(model)], specs, 2, 0)
+    assert bench.bench_settings(["relevance", str(model)], specs, 2, 0) == before
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"")  # rewritten: same bytes, new modification time
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert bench.bench_settings(["relevance", str(model)], specs, 2, 0)["checkpoints"] != before["checkpoints"]
+    assert "checkpoints" not in bench.bench_settings(["relevance"], specs, 2, 0)
+
+
 def test_bench_refuses_a_manifest_that_is_not_ours(tmp_path, capsys, episodes_run):
     out = tmp_path / "out"
     out.mkdir()

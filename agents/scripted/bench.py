@@ -377,8 +377,20 @@ def _shown(value: Any) -> str:
 def bench_settings(strategies: Iterable[str], specs: Iterable[EnvSpec], episodes: int, seed: int,
                    sweep: str | None = None) -> dict[str, Any]:
     """What the results of a bench depend on (the manifest's ``settings``: a resume needs the same)."""
-    return {"strategies": list(strategies), "envs": [spec.label for spec in specs], "episodes": int(episodes),
-            "seed": int(seed), "sweep": sweep}
+    strategies = list(strategies)
+    settings = {"strategies": strategies, "envs": [spec.label for spec in specs], "episodes": int(episodes),
+                "seed": int(seed), "sweep": sweep}
+    models = {name: _weights_stamp(name) for name in strategies if is_model_path(name)}
+    if models:  # a checkpoint retrained in place is another strategy: its old cells are not reused
+        settings["checkpoints"] = models
+    return settings
+
+
+def _weights_stamp(folder: str) -> str:
+    """A short digest of the size and modification time of a checkpoint folder's weight files."""
+    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).iterdir()
+                   if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    return hashlib.sha1(json.dumps(stamp).encode()).hexdigest()[:12]
 
 
 def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes: int = DEFAULT_EPISODES,
