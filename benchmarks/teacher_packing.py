@@ -1,4 +1,4 @@
-"""Teacher scoring and actor forward+backward on packed invocations vs padded per-invocation batches.
+"""Teacher scoring and actor forward+backward on packed invocations vs the best padded per-invocation batches.
 
 Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
 
@@ -9,28 +9,34 @@ Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
   of those ids, one sequence at a time (``agents.llm.policy.sequence_logprobs``): what a policy that sampled
   these actions would have recorded, so RCE stays meaningful. Action lengths vary (a short search, a growing
   memory rewrite) and prompts grow with the memory, as with a trained policy; the invocations of an episode
-  share their task block.
-- ``random``: rollouts of the tiny random-init Qwen2 student at T=1 (GRPO-style: ``--groups`` task seeds x
+  share their task block and, turn to turn, the memory the previous invocation kept.
+- ``random``: GRPO groups: rollouts of the tiny random-init Qwen2 student at T=1 (``--groups`` task seeds x
   ``--group-size`` episodes each). It samples to ``--max-new-tokens`` on every turn, so responses have one
-  length (up to an early stop) and padding is a few % (6.5% measured): only the shared prefix can gain.
+  length (up to an early stop) and padding is a few %: only prefix sharing can gain.
 
-In one run, alternating rounds, each packing of the same records is timed for
+In one run, each packing of the same records is timed for
 
 - teacher scoring: a frozen teacher (wider than the student), no grad, full-vocabulary log-probs at the sampled
   action positions only (``distill.packing.action_hidden`` + the lm head in chunks), reported as invocation
   tokens per second (the same records for every packing, so the ratio is the time ratio);
 - actor forward+backward: the student's log-probs of the sampled tokens with grad, ``-mean`` backward.
 
-RCE is checked in each: the student's recomputed log-probs vs the records' (max |delta|, must be <= 1e-4 in
-fp32) and the teacher's log-probs vs its padded scoring. Times are process CPU seconds (``time.process_time``),
-which other load on a shared machine does not inflate (with several threads they sum over threads). ``padded`` rows hold one invocation each, in record
-order, as many rows as ``--token-budget`` allows; packed rows hold up to ``row_len`` tokens (x the longest
-invocation, several values measured), forwards of at most ``--token-budget`` tokens for every method. Packed
-layouts run with two exact CPU attentions: ``sdpa`` with the explicit 4D mask (the reference; it pays O(row
-length^2) whatever the mask hides) and ``sdpa_blocks`` (each block of queries attends only its prefix and
-itself: ``distill.packing.attention_blocks``). The padded baseline uses sdpa with its mask.
+Baselines: ``padded`` rows hold one invocation each in record order (the naive baseline); ``sorted_padded``
+takes them longest first, so a batch holds rows of like length (the best padded baseline). Both run with both
+exact CPU attentions, ``sdpa`` with the explicit 4D mask and ``sdpa_blocks`` (each query block attends only its
+context and itself, ``distill.packing.attention_blocks``), and the best padded baseline of each pass is the
+fastest of those four. Packed layouts: ``padding_free`` and ``shared_prefix`` in rows of ``--row-lens`` x the
+longest invocation, and ``prefix_tree`` (one trie per episode / GRPO group; whole tries per row), with
+``sdpa_blocks``. Every layout runs forwards of at most ``--token-budget`` tokens, padding included, in one
+process at ``--threads`` threads. Round 0 warms up every layout (and checks RCE); the timed rounds then run
+the layouts in an order rotated by one each round, and each figure is the median over the rounds, so load from
+other processes on a shared machine falls on every layout alike. Times are process CPU seconds
+(``time.process_time``; with several threads they sum over threads).
 
-    python benchmarks/teacher_packing.py [--source oracle|random] [--threads 1] [--rounds 3]
+RCE is checked in each: the student's recomputed log-probs vs the records' (max |delta|, must be <= 1e-4 in
+fp32) and the teacher's log-probs vs its naive padded scoring.
+
+    python benchmarks/teacher_packing.py [--source oracle|random] [--threads 1] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -105,9 +111,10 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=64, help="attention head size (64-128 in real checkpoints)")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per forward pass, padding included")
-    p.add_argument("--row-lens", default="1,3,8", help="packed row lengths, in multiples of the longest invocation")
+    p.add_argument("--row-lens", default="1,8",
+                   help="padding-free and shared-prefix row lengths, in multiples of the longest invocation")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3, help="alternating timed rounds (the median is reported)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds after the warm-up (the median is reported)")
     args = p.parse_args(argv)
 
     import gymnasium as gym
@@ -152,16 +159,27 @@ def main(argv=None) -> int:
           + ", response " + _spread(len(r.response_ids) for r in records)
           + ", invocation " + _spread(len(s) for s in sequences))
 
-    padded = pack(sequences, "padded", token_budget=args.token_budget, pad_id=tok.pad_token_id)
-    print(f"padding share of the padded baseline: {1 - n_tokens / sum(b.n_slots for b in padded):.1%} of its "
-          f"{sum(b.n_slots for b in padded)} slots")
-    layouts = {"padded": (padded, "sdpa")}  # name -> (batches, attention backend)
+    naive = pack(sequences, "padded", token_budget=args.token_budget, pad_id=tok.pad_token_id)
+    naive_slots = sum(b.n_slots for b in naive)
+    layouts = {}  # name -> (batches, attention backend)
+    for method in ("padded", "sorted_padded"):
+        batches = naive if method == "padded" else pack(sequences, method, token_budget=args.token_budget,
+                                                         pad_id=tok.pad_token_id)
+        for backend in ("sdpa", "sdpa_blocks"):
+            layouts[f"{method} {backend}"] = (batches, backend)
     for k in [float(x) for x in args.row_lens.split(",")]:
         for method in ("padding_free", "shared_prefix"):
-            batches = pack(sequences, method, token_budget=args.token_budget, row_len=int(k * longest),
-                           pad_id=tok.pad_token_id, records=records)
-            for backend in ("sdpa", "sdpa_blocks"):
-                layouts[f"{method} {k:g}x {backend}"] = (batches, backend)
+            layouts[f"{method} {k:g}x sdpa_blocks"] = (
+                pack(sequences, method, token_budget=args.token_budget, row_len=int(k * longest),
+                     pad_id=tok.pad_token_id, records=records), "sdpa_blocks")
+    layouts["prefix_tree sdpa_blocks"] = (pack(sequences, "prefix_tree", token_budget=args.token_budget,
+                                               pad_id=tok.pad_token_id, records=records), "sdpa_blocks")
+    padded_names = [n for n in layouts if n.startswith(("padded ", "sorted_padded "))]
+    sorted_slots = sum(b.n_slots for b in layouts["sorted_padded sdpa"][0])
+    tree_tokens = sum(b.n_tokens for b in layouts["prefix_tree sdpa_blocks"][0])
+    print(f"padding share: {1 - n_tokens / naive_slots:.1%} of the {naive_slots} slots in record order, "
+          f"{1 - n_tokens / sorted_slots:.1%} of the {sorted_slots} sorted by length; the prefix tries hold "
+          f"{tree_tokens} tokens ({sorted_slots / tree_tokens:.2f}x fewer than the sorted padded slots)")
 
     def teacher_pass(batches, backend):
         with torch.no_grad():
@@ -178,7 +196,7 @@ def main(argv=None) -> int:
         return out
 
     def timed(fn, batches, backend):
-        start = time.process_time()  # CPU time of this process: fair on a shared machine with --threads 1
+        start = time.process_time()  # CPU time of this process: other processes' load is not counted
         values = fn(batches, backend)
         return time.process_time() - start, torch.cat(unpack(values, batches, len(records)))
 
@@ -186,15 +204,15 @@ def main(argv=None) -> int:
     times = {name: {"teacher": [], "actor": []} for name in layouts}
     rce = {}
     teacher_ref = None
-    for round_ in range(args.rounds + 1):  # round 0 warms up (and checks RCE)
-        names = list(layouts)
-        shift = round_ % len(names)  # rotate the order each round: no layout always runs first
+    names = list(layouts)
+    for round_ in range(args.rounds + 1):  # round 0 warms every layout up (and checks RCE)
+        shift = round_ % len(names)  # the order rotates each round: no layout always runs first or last
         for name in names[shift:] + names[:shift]:
             batches, backend = layouts[name]
             t_teacher, lp_teacher = timed(teacher_pass, batches, backend)
             t_actor, lp_actor = timed(actor_pass, batches, backend)
             if round_ == 0:
-                if teacher_ref is None:  # round 0 starts with padded: the teacher's reference
+                if teacher_ref is None:  # round 0 starts with naive padded sdpa: the teacher's reference
                     teacher_ref = lp_teacher
                 rce[name] = (float((lp_actor - recorded).abs().max()), float((lp_teacher - teacher_ref).abs().max()))
             else:
@@ -203,22 +221,31 @@ def main(argv=None) -> int:
 
     print(f"host: cpu capability {torch.backends.cpu.get_cpu_capability()}, dtype float32, "
           f"threads {torch.get_num_threads()}, torch {torch.__version__}; student d={args.hidden} x {args.layers} "
-          f"layers, teacher d={2 * args.hidden}; median of {args.rounds} rounds")
-    base = {k: statistics.median(times["padded"][k]) for k in ("teacher", "actor")}
-    header = (f"{'packing, row length, attention':<34}{'batches':>8}{'slots':>8}{'saved':>7}{'teacher tok/s':>15}{'x':>6}"
-              f"{'actor f+b cpu-s':>17}{'x':>6}{'RCE actor':>11}{'teacher':>10}")
+          f"layers, teacher d={2 * args.hidden}; token budget {args.token_budget}; median of {args.rounds} rounds "
+          f"after a warm-up round, order rotated each round")
+    med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    naive_t = med["padded sdpa"]
+    best = {k: min(padded_names, key=lambda n: med[n][k]) for k in ("teacher", "actor")}
+    best_t = {k: med[best[k]][k] for k in ("teacher", "actor")}
+    print(f"naive padded baseline: padded sdpa (record order); best padded baseline: teacher {best['teacher']}, "
+          f"actor {best['actor']} (the fastest of {', '.join(padded_names)})")
+    header = (f"{'packing, row length, attention':<30}{'batches':>8}{'slots':>8}{'saved':>7}{'teacher tok/s':>14}"
+              f"{'x naive':>8}{'x best':>7}{'actor f+b cpu-s':>16}{'x naive':>8}{'x best':>7}"
+              f"{'RCE actor':>10}{'teacher':>9}")
     print(header)
     ok = True
-    padded_slots = sum(b.n_slots for b in padded)
     for name, (batches, _) in layouts.items():
         slots = sum(b.n_slots for b in batches)
-        t_teacher = statistics.median(times[name]["teacher"])
-        t_actor = statistics.median(times[name]["actor"])
+        t_teacher, t_actor = med[name]["teacher"], med[name]["actor"]
         d_actor, d_teacher = rce[name]
         ok &= d_actor <= 1e-4 and d_teacher <= 1e-4
-        print(f"{name:<34}{len(batches):>8}{slots:>8}{1 - slots / padded_slots:>7.0%}"
-              f"{n_tokens / t_teacher:>15.0f}{base['teacher'] / t_teacher:>6.2f}{t_actor:>17.3f}"
-              f"{base['actor'] / t_actor:>6.2f}{d_actor:>11.1e}{d_teacher:>10.1e}")
+        print(f"{name:<30}{len(batches):>8}{slots:>8}{1 - slots / naive_slots:>7.0%}{n_tokens / t_teacher:>14.0f}"
+              f"{naive_t['teacher'] / t_teacher:>8.2f}{best_t['teacher'] / t_teacher:>7.2f}{t_actor:>16.3f}"
+              f"{naive_t['actor'] / t_actor:>8.2f}{best_t['actor'] / t_actor:>7.2f}{d_actor:>10.1e}{d_teacher:>9.1e}")
+    tree = med["prefix_tree sdpa_blocks"]
+    print(f"prefix tree vs the best padded baseline: teacher scoring {best_t['teacher'] / tree['teacher']:.2f}x, "
+          f"actor forward+backward {best_t['actor'] / tree['actor']:.2f}x (token limit "
+          f"{sorted_slots / tree_tokens:.2f}x)")
     print("RCE " + ("passes (<= 1e-4) for every packing" if ok else "FAILS for some packing"))
     return 0 if ok else 1
 

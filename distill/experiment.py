@@ -16,9 +16,10 @@ Stages, each cached under ``OUT`` and skipped on a rerun when its ``result.json`
    ``rl`` (GRPO alone), ``opd_persistent`` (GRPO + on-policy distillation scored on the persistent-history
    reconstruction: the matched control), ``memopd`` (aligned reconstruction) and ``memopd_himpo`` (aligned +
    HiMPO memory credit); at the end, greedy held-out evaluation on the same seeds as the start;
-4. ``timing.csv``: actor forward+backward CPU seconds per update, padded vs shared-prefix packing, on one
-   update's records; ``diagnostics.csv``: :func:`distill.diagnose.diagnose` of the persistent arm's final
-   student (p99 |d log-prob|, false-clip share);
+4. ``timing.csv``: actor forward+backward CPU seconds per update, padded (record order, and length-sorted
+   buckets: the best padded baseline) vs shared-prefix and prefix-tree packing, on one update's records;
+   ``diagnostics.csv``: :func:`distill.diagnose.diagnose` of the persistent arm's final student (p99
+   |d log-prob|, false-clip share);
 5. ``results.csv`` / ``results.md`` (tables, targets) and ``learning_curves.png``, written atomically.
 
 Statistics: the start and the end of an arm are evaluated on the same held-out seeds, so a gain is a *paired*
@@ -405,10 +406,14 @@ def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 1
 
 
 def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame:
-    """Actor forward+backward CPU seconds on one update's records of the start student: padded vs
-    shared-prefix packing (the dense-mask default and the arms' ``attention_backend``), for each reconstruction
-    (median of ``timing_rounds``), and the longest scored
-    sequence (peak tokens the actor and the teacher see per sequence)."""
+    """Actor forward+backward CPU seconds on one update's records of the start student, per reconstruction and
+    layout: the naive padded baseline (record order, dense-mask sdpa: ``("padded", "auto")``), padded with
+    ``sdpa_blocks``, length-sorted padded buckets under the same token budget with both attentions (the best
+    padded baseline is the fastest of these four), shared-prefix packing (dense mask and the arms'
+    ``attention_backend``) and the prefix tree. Every layout first runs once untimed (warm-up); then
+    ``timing_rounds`` rounds run every layout, in an order rotated by one each round, at the arms' thread count
+    (``threads``), and each figure is the median over the rounds. Also the longest scored sequence (peak tokens
+    the actor and the teacher see per sequence), and each layout's ratio to both baselines."""
     import torch
 
     from agents.llm.models import load_pretrained
@@ -420,27 +425,45 @@ def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame
     path = Path(cfg.out) / "timing.csv"
     if path.exists():
         return pd.read_csv(path)
-    lm, tok = load_pretrained(student["path"])
-    records = _sample_records(lm, tok, cfg, cfg.tasks_per_update * cfg.group_size)
-    module = ActorCritic(lm)
-    rows = []
-    for reconstruction in ("aligned", "persistent"):
-        peak = max(len(s) for s in reconstruct(records, reconstruction, tok))
-        layouts = dict.fromkeys([("padded", "auto"), ("shared_prefix", "auto"),
-                                 ("shared_prefix", cfg.attention_backend)])
-        for packing, backend in layouts:
-            forward = PackedActorForward(ScoringLayout(reconstruction, packing, 4096, backend), tok)
-            times = []
-            for _ in range(cfg.timing_rounds):
-                t0 = time.process_time()
-                out = forward(module, records, temperature=cfg.temperature, entropy=True)
-                (out.logp.sum() + out.entropy.sum()).backward()
-                times.append(time.process_time() - t0)
-                module.zero_grad(set_to_none=True)
-            rows.append({"reconstruction": reconstruction, "packing": packing, "backend": backend,
-                         "records": len(records),
-                         "action_tokens": int(out.logp.numel()), "peak_scored_tokens": peak,
-                         "actor_cpu_s": float(np.median(times)), "threads": torch.get_num_threads()})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # the arms' threads (the SFT stages before may have set more)
+    try:
+        lm, tok = load_pretrained(student["path"])
+        records = _sample_records(lm, tok, cfg, cfg.tasks_per_update * cfg.group_size)
+        module = ActorCritic(lm)
+        padded = [("padded", "auto"), ("padded", "sdpa_blocks"), ("sorted_padded", "auto"),
+                  ("sorted_padded", "sdpa_blocks")]
+        layouts = list(dict.fromkeys(padded + [("shared_prefix", "auto"), ("shared_prefix", cfg.attention_backend),
+                                               ("prefix_tree", "sdpa_blocks")]))
+        rows = []
+        for reconstruction in ("aligned", "persistent"):
+            peak = max(len(s) for s in reconstruct(records, reconstruction, tok))
+            forwards = {key: PackedActorForward(ScoringLayout(reconstruction, key[0], 4096, key[1]), tok)
+                        for key in layouts}
+            times: dict[tuple[str, str], list[float]] = {key: [] for key in layouts}
+            tokens = {}
+            for round_ in range(cfg.timing_rounds + 1):  # round 0: warm-up, not timed
+                shift = round_ % len(layouts)
+                for key in layouts[shift:] + layouts[:shift]:
+                    t0 = time.process_time()
+                    out = forwards[key](module, records, temperature=cfg.temperature, entropy=True)
+                    (out.logp.sum() + out.entropy.sum()).backward()
+                    if round_:
+                        times[key].append(time.process_time() - t0)
+                    module.zero_grad(set_to_none=True)
+                    tokens[key] = int(out.logp.numel())
+            median = {key: float(np.median(v)) for key, v in times.items()}
+            best = min(padded, key=median.__getitem__)
+            for packing, backend in layouts:
+                t = median[packing, backend]
+                rows.append({"reconstruction": reconstruction, "packing": packing, "backend": backend,
+                             "records": len(records), "action_tokens": tokens[packing, backend],
+                             "peak_scored_tokens": peak, "actor_cpu_s": t,
+                             "x_vs_naive_padded": median["padded", "auto"] / t,
+                             "x_vs_best_padded": median[best] / t, "best_padded": f"{best[0]} {best[1]}",
+                             "rounds": cfg.timing_rounds, "threads": torch.get_num_threads()})
+    finally:
+        torch.set_num_threads(threads)
     table = pd.DataFrame(rows)
     write_atomic(path, lambda tmp: table.to_csv(tmp, index=False))
     return table
