@@ -1,4 +1,4 @@
-"""Why the README's SB3 snippet could take minutes: torch threads x progress bar x a busy core.
+"""Why the SB3 snippet of docs/envs.md could take minutes: torch threads x progress bar x a busy core.
 
 Runs ``MaskablePPO("MlpPolicy", MemQANumeric(), seed=0).learn(N, progress_bar=...)`` in a fresh process per
 configuration, side by side in one run: progress bar on/off, torch threads at the default (one per core)
@@ -8,7 +8,7 @@ held by a busy loop (another job, as on a shared 2-core machine). Prints the sec
     python benchmarks/sb3_snippet_speed.py                 # learn(2048), every configuration
     python benchmarks/sb3_snippet_speed.py --steps 4096 --no-busy
 
-What it shows (2-core machine, see README "Stable-Baselines3"): with the default threads, the bar and a busy
+What it shows (2-core machine, see docs/envs.md, "Stable-Baselines3"): with the default threads, the bar and a busy
 core, torch's OpenMP workers spin between the MLP's small matrix products while the bar's refresh thread
 (rich) waits for the GIL, and ``learn`` takes ~10x longer; one torch thread, no bar, or passive OpenMP
 waiting each remove it. The wrapper itself steps ~1,400 times per second (``--wrapper-only``).

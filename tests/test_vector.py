@@ -1,6 +1,6 @@
 """Every registered env under Gymnasium's vector envs: text actions, snapshots in infos, autoreset modes.
 
-What Gymnasium 1.x does with memenv's values (asserted below, documented in the README):
+What Gymnasium 1.x does with memenv's values (asserted below, documented in docs/envs.md, "Vector envs"):
 
 - observations come back as a tuple of strings (``Text`` spaces batch to a ``Tuple``), actions go in as one;
 - dict infos are aggregated key by key, recursively: ``info["invocation"]`` is a dict whose values are
