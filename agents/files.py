@@ -36,20 +36,26 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
     """``fill(tmp_dir)`` writes a folder's contents into a temporary sibling folder, which then replaces
-    ``path`` (an existing ``path`` is moved aside first and removed after the swap)."""
+    ``path`` (an existing folder ``path`` is moved aside first and removed after the swap; if the swap is
+    interrupted, the earlier folder is put back). A ``path`` that is a file is not replaced: ``FileExistsError``."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} is a file, not a folder: not replaced")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    old: Path | None = None
     try:
         fill(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
-            os.replace(tmp, path)
+        os.replace(tmp, path)
+        if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+            old = None
     finally:
+        if old is not None and old.exists() and not path.exists():
+            os.replace(old, path)  # the swap did not happen (Ctrl-C, a full disk): the earlier folder stays
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path

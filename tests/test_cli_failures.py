@@ -579,3 +579,36 @@ def test_cut_pipe_is_not_a_traceback(tmp_path):
     _, stderr = proc.communicate(timeout=120)
     assert b"Traceback" not in stderr and proc.returncode == 141, stderr.decode()
     assert len(list((tmp_path / "o" / "cells").glob("cell-*.json"))) == 4  # the work itself was kept
+
+
+# ------------------------------------------------------------------------------------------ atomic folders
+def test_an_interrupted_folder_swap_puts_the_earlier_folder_back(tmp_path, monkeypatch):
+    import agents.files as files
+
+    target = tmp_path / "checkpoint"
+    target.mkdir()
+    (target / "weights").write_text("earlier")
+    real_replace = os.replace
+
+    def interrupted_second_replace(src, dst):
+        if Path(src).name.startswith(".checkpoint.tmp-"):  # the new folder moving into place
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", interrupted_second_replace)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_directory_atomic(target, lambda tmp: (tmp / "weights").write_text("newer"))
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert (target / "weights").read_text() == "earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # no hidden leftovers
+
+
+def test_a_file_is_not_replaced_by_a_folder(tmp_path):
+    from agents.files import write_directory_atomic
+
+    afile = tmp_path / "corpus.jsonl"
+    afile.write_text("{}\n")
+    with pytest.raises(FileExistsError, match="is a file, not a folder"):
+        write_directory_atomic(afile, lambda tmp: (tmp / "x").write_text("x"))
+    assert afile.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]
+
