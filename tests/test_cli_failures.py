@@ -85,6 +85,9 @@ def test_bench_out_mistakes_fail_before_the_first_episode(tmp_path, capsys, epis
         assert message.startswith("memenv bench: error: --out") and words in message, message
         assert episodes_run == []  # not one episode ran
         assert snapshot(tmp_path) == before  # nothing written, nothing replaced
+        sweep = ["bench", "--sweep", "objectives=1,2", "--strategies", "relevance", "-n", "1", "--quiet", *extra]
+        assert run(sweep) == 2 and words in last_line(capsys)
+        assert episodes_run == [] and snapshot(tmp_path) == before
 
 
 def test_bench_out_on_a_read_only_file_system_fails_before_the_first_episode(capsys, episodes_run):
