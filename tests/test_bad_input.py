@@ -4,6 +4,8 @@ Kwargs: ``gym.make`` raises ``ValueError`` (out of range) or ``TypeError`` (wron
 see :class:`memenv.validation.ArgumentTypeError`) whose message names the parameter and what it accepts.
 Files: every loader raises :class:`tasks.DataFormatError` naming the file and the record or line.
 Actions: whatever text an agent sends, ``step`` never raises.
+Commands (``memenv bench/train/distill`` after start-up: ``--out``, checkpoints, records files, Ctrl-C, failed
+services, numeric options): ``tests/test_cli_failures.py``.
 """
 
 from __future__ import annotations
