@@ -30,13 +30,13 @@ from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_nega
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
 RECONSTRUCTIONS = ("aligned", "persistent")
-PACKINGS = ("padded", "padding_free", "shared_prefix")
+PACKINGS = ("padded", "padding_free", "shared_prefix", "sorted_padded", "prefix_tree")
 CREDITS = ("none", "mempo", "himpo")
 # options copied as they are into the MemOPDConfig field of the same name (when given)
 _FIELDS = ("algo", "lr", "updates", "episodes_per_update", "group_size", "kl_coef", "temperature", "eval_every",
            "eval_episodes", "save_every", "num_envs", "max_new_tokens", "max_seconds", "threads", "distill_coef",
-           "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "packing", "token_budget", "credit",
-           "credit_coef")
+           "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "packing", "teacher_packing",
+           "token_budget", "credit", "credit_coef")
 
 
 def _fail(message: str) -> CommandError:
@@ -163,6 +163,9 @@ def register_cli(subparsers) -> None:
     g.add_argument("--reconstruction", choices=RECONSTRUCTIONS,
                    help="aligned (as sampled, default) or persistent (flattened transcript: the control)")
     g.add_argument("--packing", choices=PACKINGS, help="default shared_prefix")
+    g.add_argument("--teacher-packing", dest="teacher_packing", choices=PACKINGS,
+                   help="packing of the teacher's scoring (default: --packing); prefix_tree runs each shared prefix "
+                        "of an episode or GRPO group once")
     g.add_argument("--token-budget", dest="token_budget", type=positive_int, help="tokens per packed forward (default 4096)")
     g.add_argument("--credit", choices=CREDITS, help="memory credit on memory tokens (default none)")
     g.add_argument("--credit-coef", dest="credit_coef", type=non_negative_float, help="weight of the memory advantage")

@@ -32,12 +32,13 @@ mask costs O(row length^2) attention whatever it masks, so long rows pay for att
 block-sparse CUDA backends do not.
 
 Masks: every batch carries an explicit ``[R, 1, L, L]`` bool mask (True = may attend); a prefix tree's is
-built from ``tree_end`` (above), every other from three per-token ids: ``unit_ids`` (a prefix with its branches, or one plain sequence), ``seq_ids`` (one branch or
-sequence) and ``is_prefix``; token i may attend j iff ``j <= i`` and ``unit[i] == unit[j]`` and (``seq[i] ==
-seq[j]`` or ``is_prefix[j]``). Padding tokens each form their own unit, so they attend only to themselves
-(a fully masked query row would give NaN in sdpa). transformers (5.x) passes a 4D mask through unchanged
-(``masking_utils._preprocess_mask_arguments``); a 2D mask or a KV cache would leak across packed sequences, so
-the model body is always called with the 4D mask and ``use_cache=False``.
+built from ``tree_end`` (above), every other from three per-token ids: ``unit_ids`` (a prefix with its
+branches, or one plain sequence), ``seq_ids`` (one branch or sequence) and ``is_prefix``; token i may attend j
+iff ``j <= i`` and ``unit[i] == unit[j]`` and (``seq[i] == seq[j]`` or ``is_prefix[j]``). Padding tokens each
+form their own unit, so they attend only to themselves (a fully masked query row would give NaN in sdpa).
+transformers (5.x) passes a 4D mask through unchanged (``masking_utils._preprocess_mask_arguments``); a 2D mask
+or a KV cache would leak across packed sequences, so the model body is always called with the 4D mask and
+``use_cache=False``.
 
 Attention backends (:func:`hidden_states`, ``backend="auto"``): on CPU ``sdpa`` with the explicit mask (the
 reference), except for ``prefix_tree`` batches, whose rows hold whole tries: there ``sdpa_blocks``.
@@ -45,9 +46,10 @@ reference), except for ``prefix_tree`` batches, whose rows hold whole tries: the
 transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself;
 in a prefix tree, each chain of the trie attends the chains above it, :func:`tree_pieces`) instead of over the
 whole row, so packed rows cost sum(n x (context + n)) attention, not row length^2: the fastest CPU choice for
-long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence boundaries from ``position_ids``) for padded /
-padding-free batches when ``flash_attn`` is installed, else ``flex_attention`` with a block mask built from the
-same ids (any packing), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
+long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence
+boundaries from ``position_ids``) for padded / padding-free batches when ``flash_attn`` is installed, else
+``flex_attention`` with a block mask built from the same ids (any packing; for a prefix tree from
+``tree_end``), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
 on the CPU-only machines this was written on.
 """
 
@@ -298,7 +300,8 @@ def _pair_prefix(a: TokenSequence, b: TokenSequence) -> int:
     return i
 
 
-def _tree_units(sequences: Sequence[TokenSequence], records, row_len: int | None) -> list[tuple[list[int], list[int], int]]:
+def _tree_units(sequences: Sequence[TokenSequence], records,
+                row_len: int | None) -> list[tuple[list[int], list[int], int]]:
     """Per share key (:func:`_share_key`), the sequences in lexicographic order of their ``(id, position)``
     pairs, cut into consecutive runs whose tries hold at most ``row_len`` tokens (a sequence longer than that
     forms its own). Each unit is ``(members, lcp with the previous member (0 for the first), trie tokens)``."""

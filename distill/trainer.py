@@ -5,14 +5,14 @@ It is :func:`agents.llm.ppo.train_rl` with two plug-ins, not a copy of its loop:
 
 - the **actor forward** (:class:`PackedActorForward`): each minibatch's records are reconstructed
   (``reconstruction="aligned"``: each invocation as sampled; ``"persistent"``: the episode flattened into one
-  transcript, the paper's matched control) and packed (``packing="padded" | "padding_free" | "shared_prefix"``,
-  :mod:`distill.packing`); one student body forward gives the hidden states at the action positions, from which
-  the PPO side (log-probs, entropies, values) and the distillation side are both computed, the LM head applied in
-  checkpointed chunks (memory ``O(chunk x vocab)``);
+  transcript, the paper's matched control) and packed (``packing``: one of :data:`distill.packing.PACKINGS`,
+  ``"padded"`` to ``"prefix_tree"``); one student body forward gives the hidden states at the action positions,
+  from which the PPO side (log-probs, entropies, values) and the distillation side are both computed, the LM
+  head applied in checkpointed chunks (memory ``O(chunk x vocab)``);
 - the **loss hook** (:class:`MemOPDHook`): once per update it scores the update's records with the teacher on
-  the *teacher's* reconstruction and the same packing (keeping only the ``[N, d]`` hidden states at the action
-  positions) and applies memory credit to the advantages; on every minibatch it adds
-  ``distill_coef * mean_over_action_tokens(D(student || teacher))`` (:mod:`distill.losses`).
+  the *teacher's* reconstruction and packing (``teacher_packing``, default the actor's; keeping only the
+  ``[N, d]`` hidden states at the action positions) and applies memory credit to the advantages; on every
+  minibatch it adds ``distill_coef * mean_over_action_tokens(D(student || teacher))`` (:mod:`distill.losses`).
 
 Two reconstructions, set apart: ``reconstruction`` is the actor's (its PPO ratio, its entropy, the student side
 of the distillation term), ``teacher_reconstruction`` the teacher's scoring state (default: the actor's). The
@@ -67,7 +67,8 @@ class MemOPDConfig(PPOConfig):
     chunk: int = 1024  # action positions per LM-head application
     reconstruction: str = "aligned"  # aligned | persistent: the actor's (PPO ratio, student side of the loss)
     teacher_reconstruction: str | None = None  # aligned | persistent: the teacher's scoring (None: the actor's)
-    packing: str = "shared_prefix"  # padded | padding_free | shared_prefix
+    packing: str = "shared_prefix"  # distill.packing.PACKINGS (padded, ..., prefix_tree): the actor's
+    teacher_packing: str | None = None  # the teacher scoring's packing (None: the actor's); prefix_tree: fastest
     token_budget: int = 4096  # tokens per packed forward (rows x row length)
     attention_backend: str = "auto"  # distill.ATTENTION_BACKENDS; auto: dense-mask sdpa on CPU, flash/flex on CUDA
     credit: str = "none"  # none | mempo | himpo
@@ -95,13 +96,16 @@ class MemOPDConfig(PPOConfig):
         return ScoringLayout(self.reconstruction, self.packing, self.token_budget, self.attention_backend)
 
     def teacher_layout(self) -> ScoringLayout:
-        """The teacher's layout (its reconstruction, the actor's packing)."""
-        if self.teacher_reconstruction is None:
-            return self.layout()
-        try:
-            return replace(self.layout(), reconstruction=self.teacher_reconstruction)
-        except ValueError as err:
-            raise ValueError(f"teacher_reconstruction: {err}") from None
+        """The teacher's layout (its reconstruction and packing; each, when None, the actor's)."""
+        layout = self.layout()
+        for name, value in (("teacher_reconstruction", self.teacher_reconstruction),
+                            ("teacher_packing", self.teacher_packing)):
+            if value is not None:
+                try:
+                    layout = replace(layout, **{name.removeprefix("teacher_"): value})
+                except ValueError as err:
+                    raise ValueError(f"{name}: {err}") from None
+        return layout
 
     def credit_config(self) -> CreditConfig:
         return CreditConfig(kind=self.credit, coef=self.credit_coef, gate_temperature=self.credit_gate_temperature)

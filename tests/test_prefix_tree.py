@@ -180,3 +180,27 @@ def test_auto_backend_and_the_layouts_of_teacher_and_trainer():
     assert MemOPDConfig(packing="prefix_tree").layout().packing == "prefix_tree"
     with pytest.raises(ValueError, match="prefix_tree"):
         MemOPDConfig(packing="trie")
+
+
+def test_teacher_packing_is_its_own_option_and_scores_as_the_actor_packing_does():
+    from distill.cli import PACKINGS as CLI_PACKINGS
+    from distill.losses import DistillLossConfig
+    from distill.packing import PACKINGS
+    from distill.teacher import Teacher
+    from distill.trainer import MemOPDConfig, distillation_loss
+
+    assert CLI_PACKINGS == PACKINGS  # the torch-free CLI offers every packing
+    cfg = MemOPDConfig(teacher_packing="prefix_tree", teacher_reconstruction="persistent")
+    assert (cfg.layout().packing, cfg.layout().reconstruction) == ("shared_prefix", "aligned")
+    assert (cfg.teacher_layout().packing, cfg.teacher_layout().reconstruction) == ("prefix_tree", "persistent")
+    assert MemOPDConfig().teacher_layout() == MemOPDConfig().layout()
+    with pytest.raises(ValueError, match="teacher_packing: packing must be one of .*prefix_tree"):
+        MemOPDConfig(teacher_packing="trie")
+    model, tok, records = _group_records()
+    teacher = Teacher(tiny_model(tok, seed=3), tok)
+    layout = MemOPDConfig().layout()
+    losses = {p: distillation_loss(model, teacher, records, layout, DistillLossConfig(), tok,
+                                   MemOPDConfig(teacher_packing=p).teacher_layout())
+              for p in ("padded", "prefix_tree")}
+    assert losses["padded"] > 0
+    assert losses["prefix_tree"] == pytest.approx(losses["padded"], rel=64 * EPS)
