@@ -12,3 +12,15 @@ without torch.
 from agents.scripted import STRATEGIES, ScriptedPolicy, make_strategy
 
 __all__ = ["STRATEGIES", "ScriptedPolicy", "make_strategy"]
+
+
+def __getattr__(name: str):
+    # ``from agents import Agent`` meant for another distribution's top-level ``agents`` (openai-agents), which
+    # this package hides: say so in one line instead of "cannot import name". (memenv's side checks the
+    # other way round, another ``agents`` hiding this one: memenv.packages.)
+    from memenv.packages import PackageClashError, shadowed_by_ours
+
+    clash = shadowed_by_ours(__name__, name)
+    if clash:
+        raise PackageClashError(clash, name=__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
     register_index(sub, run=_index_build)  # `memenv index build`: part of memenv itself, no entry point needed
+    from memenv import PackageClashError, _check_agents_package
+    try:  # another distribution's top-level `agents` (openai-agents) hiding memenv's: one line, exit 2
+        _check_agents_package()
+    except PackageClashError as exc:
+        parser.exit(2, f"memenv: error: {exc}\n")
     for name, loader in _commands().items():
         try:
             loader()(sub)
