@@ -206,6 +206,26 @@ def test_ctrl_c_in_bench_keeps_the_finished_cells(tmp_path, capsys, monkeypatch)
     assert not (out / "results.csv").exists()  # the results of an unfinished bench are not written as if whole
 
 
+def test_a_data_file_damaged_past_the_set_up_check_is_one_line_and_keeps_the_cells(tmp_path, capsys, monkeypatch):
+    from tasks.types import DataFormatError
+
+    out = tmp_path / "out"
+    real = bench.run_episode
+    calls = []
+
+    def damaged_on_the_third(env, policy, seed, stop=None):
+        calls.append(seed)
+        if len(calls) == 3:
+            raise DataFormatError("chat.json record 7: 'content' must be a string")
+        return real(env, policy, seed, stop)
+
+    monkeypatch.setattr(bench, "run_episode", damaged_on_the_third)
+    assert run(["bench", *QUICK, "--out", str(out)]) == 2
+    assert last_line(capsys) == ("memenv bench: error: chat.json record 7: 'content' must be a string; 1 of 4 cells "
+                                 f"kept in {out} (rerun the same command to continue)")
+    assert len(list((out / "cells").glob("cell-*.json"))) == 1
+
+
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
     def interrupt(prompt=""):
         raise KeyboardInterrupt

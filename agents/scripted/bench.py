@@ -59,6 +59,7 @@ from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, make_st
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
 from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
                         positive_int, prepare_out_dir, user_input)
+from tasks.types import DataFormatError
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
 DEFAULT_EPISODES = 30
@@ -455,6 +456,10 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
         if store is None:
             raise
         raise CommandInterrupted(note()) from None
+    except DataFormatError as exc:  # a data file of the user's, damaged past what the set-up check reads
+        if store is None:
+            raise
+        raise CommandError(f"{exc}; {note()}") from exc
     finally:
         bar.close()
     summary = [cell["summary"] for cell in cells]
