@@ -27,6 +27,7 @@ from agents.llm.cli import apply_set, check_checkpoint, check_run_out, interrupt
 from distill import DIAGNOSE_METHODS
 from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
                         open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
+from tasks.types import DataFormatError
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
 RECONSTRUCTIONS = ("aligned", "persistent")
@@ -88,6 +89,8 @@ def _run(args: argparse.Namespace) -> int:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
         raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
+    except DataFormatError as exc:  # a data file of the user's, damaged past what the set-up check reads
+        raise _fail(f"{exc}; {interrupted_note(cfg.out_dir)}") from exc
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
     print(json.dumps(shown))
     print(f"wrote {cfg.out_dir}/metrics.csv, {cfg.out_dir}/learning_curve.png and checkpoints in {cfg.out_dir}")

@@ -501,6 +501,20 @@ def test_train_and_distill_out_mistakes_fail_before_any_work(tmp_path, capsys, t
             assert snapshot(tmp_path) == before
 
 
+def test_train_on_a_data_file_damaged_past_the_set_up_check(tmp_path, monkeypatch, capsys, torch_stack):
+    import agents.llm.sft
+    from tasks.types import DataFormatError
+
+    def damaged(cfg):
+        raise DataFormatError("hotpot.json record 12: 'context' must be a list")
+
+    monkeypatch.setattr(agents.llm.sft, "train_sft", damaged)
+    out = tmp_path / "run"
+    assert run(["train", "--algo", "sft", "--out", str(out), "--quiet"]) == 2
+    assert last_line(capsys) == ("memenv train: error: hotpot.json record 12: 'context' must be a list; no checkpoint "
+                                 f"written yet in {out}")
+
+
 def test_train_model_folder_without_a_checkpoint(tmp_path, capsys, torch_stack):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -28,6 +28,7 @@ import gymnasium as gym
 import memenv  # noqa: F401 - registers the envs
 from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_float,
                         non_negative_int, parse_kwargs, positive_float, positive_int, prepare_out_dir, user_input)
+from tasks.types import DataFormatError
 
 #: Files a training run writes into its ``--out`` folder besides its ``checkpoint-N`` folders.
 RUN_FILES = ("config.json", "metrics.csv", "learning_curve.png", "latest")
@@ -242,6 +243,8 @@ def _run(args: argparse.Namespace) -> int:
             last = train_rl(cfg)
     except KeyboardInterrupt:
         raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
+    except DataFormatError as exc:  # a data file of the user's, damaged past what the set-up check reads
+        raise CommandError(f"{exc}; {interrupted_note(cfg.out_dir)}") from exc
     if int(os.environ.get("RANK", "0")) == 0:
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
         print(json.dumps(shown))
