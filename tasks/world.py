@@ -20,7 +20,9 @@ the world's internals. Same seed, same world: all randomness comes from one ``nu
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -416,10 +418,12 @@ class World:
         )
 
     def sample_questions(self, rng: np.random.Generator, n: int, hops: int | tuple[int, ...] = 2,
-                         comparison_rate: float = 0.25) -> list[Question]:
+                         comparison_rate: float = 0.25,
+                         accept: Callable[[Question], bool] | None = None) -> list[Question]:
         """``n`` distinct questions (objectives) whose supporting documents do not overlap.
 
-        ``hops`` is one depth or a tuple of depths to draw from uniformly.
+        ``hops`` is one depth or a tuple of depths to draw from uniformly. ``accept``: only questions it accepts
+        are drawn (a question pool, e.g. :func:`question_pool`'s split).
         """
         depths = (hops,) if isinstance(hops, int) else tuple(hops)
         questions: list[Question] = []
@@ -430,6 +434,8 @@ class World:
             depth = int(depths[rng.integers(len(depths))])
             kind = "comparison" if depth >= 1 and rng.random() < comparison_rate else "bridge"
             q = self.sample_question(rng, depth, kind)
+            if accept is not None and not accept(q):
+                continue
             # Disjoint support keeps objectives independent (MEM1's multi-objective composition).
             if used.isdisjoint(q.supporting_ids) and q.answers[0] not in {x.answers[0] for x in questions}:
                 questions.append(q)
@@ -437,6 +443,20 @@ class World:
         if len(questions) < n:
             raise RuntimeError(f"world too small for {n} independent objectives")
         return questions
+
+
+QUESTION_POOLS = ("all", "train", "heldout")
+
+
+def question_pool(question: Question, heldout_fraction: float, salt: str = "") -> str:
+    """``"heldout"`` or ``"train"``: a split of the world's questions fixed before any training, by their
+    subject (the first supporting document: the entity the question starts from). A stable hash of
+    ``salt:subject`` puts a ``heldout_fraction`` share of the entities in the held-out pool, so every question
+    about a held-out entity, whatever its relation or wording, is held out, and no training question starts
+    from it."""
+    key = f"{salt}:{question.supporting_ids[0]}".encode()
+    u = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0**64
+    return "heldout" if u < heldout_fraction else "train"
 
 
 def objective_capacity(n_documents: int, hops: int | tuple[int, ...] = 2, comparison_rate: float = 0.25) -> int:
