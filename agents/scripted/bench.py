@@ -228,6 +228,9 @@ def _one_line(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+_STOPPED, _FAILED = "memenv_bench_stopped", "memenv_bench_failed"  # keys of an episode that did not finish
+
+
 class _EpisodeRunner:
     """Runs episodes for :func:`run_bench`: a service failure becomes a failed episode; past ``max_failures``
     of them, or on Ctrl-C (``stop``), the episodes not yet finished are abandoned."""
@@ -246,14 +249,14 @@ class _EpisodeRunner:
         try:
             return run_episode(env, policy, seed, self.stop)
         except Stopped:
-            return {"stopped": True}, 0
+            return {_STOPPED: True}, 0
         except SERVICE_ERRORS as err:
             message = _one_line(err)
             with self.lock:
                 self.failures.append(message)
                 if self.too_many:
                     self.stop.set()
-            return {"error": message}, 0
+            return {_FAILED: message}, 0
 
 
 @contextmanager
@@ -488,12 +491,12 @@ def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: _Episo
         for i, (episode, n, extra) in enumerate(results):
             if not concurrent:
                 bar.update(1)
-            if episode.get("stopped"):
+            if _STOPPED in episode:
                 continue
             steps += n
             row = {"env": spec.label, "strategy": name, "seed": seed + i}
-            if "error" in episode:
-                cell.append({**row, "error": episode["error"]})
+            if _FAILED in episode:
+                cell.append({**row, "error": episode[_FAILED]})
                 continue
             cell.append({
                 **row, "f1": episode["f1"], "em": episode["em"],
