@@ -1,5 +1,6 @@
-"""``memenv experiment memopd``: paired statistics on known numbers; a miniature end-to-end run (table
-structure, the same held-out seeds at start and end, figures recomputable from the per-seed CSVs, resume)."""
+"""``memenv experiment memopd``: seed-level statistics on known numbers; a miniature end-to-end run (table
+structure, the same evaluation episodes at start and end, figures recomputable from the per-seed CSVs, curves,
+resume, reruns with other settings refused); the CLI's one-line refusals."""
 
 import dataclasses
 import json
@@ -9,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distill.experiment import ARMS, RESULT_COLUMNS, ExperimentConfig, ModelSpec, arm_summary, paired_stats
+from distill.experiment import (ARMS, DEFAULT_ARMS, RESULT_COLUMNS, ExperimentConfig, ModelSpec, arm_summary,
+                               compare_arms, paired_stats)
 
 from memenv.cli import main
 
@@ -26,79 +28,104 @@ def test_paired_stats_known_numbers():
         paired_stats([0, 1], [0, 1, 1])
 
 
-def test_arm_summary_averages_training_seeds_before_pairing():
+def test_arm_summary_is_seed_level():
     start = pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 0.5, 1.0], "em": [0, 0, 1]})
     ends = [pd.DataFrame({"seed": [7, 8, 9], "f1": [1.0, 0.5, 1.0], "em": [1, 0, 1]}),
             pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 1.0, 1.0], "em": [0, 1, 1]})]
     out = arm_summary(start, ends)
-    d = np.array([0.5, 0.25, 0.0])  # mean end over the two seeds minus start, per held-out seed
-    assert out["gain_f1"] == pytest.approx(d.mean())
-    assert out["gain_f1_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
-    assert out["end_f1_std"] == pytest.approx(np.std([2.5 / 3, 2 / 3], ddof=1))  # spread over training seeds
-    assert out["gain_f1_seed_std"] == pytest.approx(np.std([2.5 / 3 - 0.5, 2 / 3 - 0.5], ddof=1))
-    with pytest.raises(ValueError, match="same held-out seeds"):
+    g = np.array([2.5 / 3 - 0.5, 2 / 3 - 0.5])  # per training seed: mean over episodes of end - start
+    assert out["gain_f1"] == pytest.approx(g.mean())
+    assert out["gain_f1_se"] == pytest.approx(g.std(ddof=1) / math.sqrt(2))  # across training seeds
+    assert out["gain_f1_df"] == 1 and out["gain_f1_t"] == pytest.approx(g.mean() / out["gain_f1_se"])
+    assert out["end_f1_seed_sd"] == pytest.approx(np.std([2.5 / 3, 2 / 3], ddof=1))
+    d = np.array([0.5, 0.25, 0.0])  # the old error: seeds averaged first, SE over episodes
+    assert out["gain_f1_episode_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
+    with pytest.raises(ValueError, match="same evaluation episodes"):
         arm_summary(start, [ends[0].assign(seed=[7, 8, 10])])
+    c = compare_arms(ends, [start, start])  # paired by training seed: the gains again
+    assert c["mean"] == pytest.approx(g.mean()) and c["se"] == pytest.approx(out["gain_f1_se"])
 
 
-def _tiny(out):
-    return ExperimentConfig(out=str(out), env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0,
-                                                      "max_turns": 2},
-                            teacher=ModelSpec(hidden=32, layers=1, heads=2, sft_steps=3, sft_minutes=None,
-                                              sft_episodes=4),
-                            student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None,
-                                              sft_episodes=4),
-                            student_max_steps=4, probe_episodes=2, sft_threads=1,
-                            vocab=400, tokenizer_episodes=8, seeds=2, updates=1, tasks_per_update=1, group_size=2,
-                            eval_episodes=4, max_new_tokens=10, num_envs=4, threads=1, workers=2, timing_rounds=1,
-                            diagnose_episodes=2, progress=False)
+def _tiny(out, **kw):
+    base = dict(out=str(out), env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2},
+                teacher=ModelSpec(hidden=32, layers=1, heads=2, sft_steps=3, sft_minutes=None, sft_episodes=4),
+                student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None, sft_episodes=4),
+                student_max_steps=4, probe_episodes=2, sft_threads=1, arms=DEFAULT_ARMS,
+                vocab=400, tokenizer_episodes=8, seeds=2, updates=2, tasks_per_update=1, group_size=2,
+                eval_episodes=4, seen_eval_episodes=3, curve_every=1, curve_episodes=2, max_new_tokens=10,
+                num_envs=4, threads=1, workers=2, timing_rounds=1, diagnose_episodes=2, progress=False)
+    return ExperimentConfig(**{**base, **kw})
 
 
-def test_miniature_run_table_pairing_and_resume(tmp_path):
+def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from agents.llm.training import eval_seeds
-    from distill.experiment import run_experiment
+    from distill.experiment import SettingsMismatchError, run_experiment
 
     cfg = _tiny(tmp_path / "exp")
     table = run_experiment(cfg)
     out = tmp_path / "exp"
     saved = pd.read_csv(out / "results.csv")
-    assert list(saved.columns) == RESULT_COLUMNS and list(saved.arm) == list(ARMS)
-    assert (saved.seeds == 2).all() and (saved.updates == 1).all() and (saved.eval_episodes == 4).all()
+    assert list(saved.columns) == RESULT_COLUMNS and list(saved.arm) == list(DEFAULT_ARMS)
+    assert (saved.seeds == 2).all() and (saved.updates == 2).all() and (saved.eval_episodes == 4).all()
+    assert (saved.seen_eval_episodes == 3).all() and (saved.inference == "seed-level t").all()
     start = pd.read_csv(out / "student" / "start_eval.csv")
     assert list(start.seed) == eval_seeds(4)
+    assert list(pd.read_csv(out / "student" / "start_eval_seen.csv").seed) == eval_seeds(3)
     # weak start: SFT rounds of 2 steps until the probe F1 reaches 0.15 (a 16-wide model does not) or 4 steps
     student = json.loads((out / "student" / "result.json").read_text())
     assert [p["steps"] for p in student["probes"]] == [2, 4] and student["sft_steps"] == 4
-    assert all(p["probe_f1"] < 0.15 for p in student["probes"])
-    for arm in ARMS:
+    for arm in DEFAULT_ARMS:
         ends = [pd.read_csv(out / "arms" / arm / f"seed{s}" / "end_eval.csv") for s in range(2)]
         for end in ends:
-            assert list(end.seed) == list(start.seed)  # the same held-out seeds at start and end
-        d = np.mean([e.f1.to_numpy() for e in ends], axis=0) - start.f1.to_numpy()
+            assert list(end.seed) == list(start.seed)  # the same evaluation episodes at start and end
+        g = np.array([e.f1.mean() - start.f1.mean() for e in ends])  # per training seed
         row = saved.set_index("arm").loc[arm]
         assert row.start_f1 == pytest.approx(start.f1.mean())
-        assert row.gain_f1 == pytest.approx(d.mean())
-        assert row.gain_f1_se == pytest.approx(d.std(ddof=1) / 2, nan_ok=True)
-    # the persistent reconstruction scores longer sequences than the aligned one
+        assert row.gain_f1 == pytest.approx(g.mean())
+        assert row.gain_f1_se == pytest.approx(g.std(ddof=1) / math.sqrt(2), nan_ok=True)
+        assert row.gain_f1_df == 1
+        for s in range(2):  # curve: update 1 from its checkpoint (then removed), update 2 = the end's episodes
+            run = out / "arms" / arm / f"seed{s}"
+            curve = pd.read_csv(run / "curve.csv")
+            assert list(curve["update"]) == [1, 1, 2, 2] and list(curve.seed) == eval_seeds(2) * 2
+            assert curve[curve["update"] == 2].f1.tolist() == ends[s].f1.head(2).tolist()
+            assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-0000002"]
+    comparisons = pd.read_csv(out / "comparisons.csv")
+    assert ("memopd", "teacher_persistent") in set(zip(comparisons.a, comparisons.b))
+    # the flattening arm's actor sees the longer (flattened) sequences, and so does the control's teacher
     by = saved.set_index("arm")
-    assert by.loc["opd_persistent", "peak_scored_tokens"] > by.loc["memopd", "peak_scored_tokens"]
-    assert math.isnan(by.loc["rl", "actor_s_packed"]) and by.loc["memopd", "actor_s_packed"] > 0
+    assert by.loc["flattening", "peak_scored_tokens"] > by.loc["memopd", "peak_scored_tokens"]
+    assert by.loc["teacher_persistent", "peak_scored_tokens"] == by.loc["flattening", "peak_scored_tokens"]
     diag = pd.read_csv(out / "diagnostics.csv").set_index("method")
     assert diag.loc["aligned", "p99_abs_dlogp"] <= 1e-4 < diag.loc["persistent", "p99_abs_dlogp"]
     md = (out / "results.md").read_text()
-    assert all(label in md for label, _ in ARMS.values()) and "Targets:" in md
+    assert all(ARMS[arm][0] in md for arm in DEFAULT_ARMS) and "Targets:" in md and "seed-level" in md
+    assert "teacher-persistent control separated" in md
     assert (out / "learning_curves.png").stat().st_size > 0
     # resume: every stage is cached, nothing is retrained
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
-    assert len(stamps) == 2 + len(ARMS) * 2
+    assert len(stamps) == 2 + len(DEFAULT_ARMS) * 2
     again = run_experiment(cfg)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == stamps
     pd.testing.assert_frame_equal(again, table)
     assert json.loads((out / "experiment.json").read_text())["seeds"] == 2
-    # cached arms of another configuration are refused, naming the file and the setting
-    with pytest.raises(ValueError, match="updates"):
-        run_experiment(dataclasses.replace(cfg, updates=2))
+    # a rerun with other settings is refused, naming them, before any work
+    with pytest.raises(SettingsMismatchError, match="updates 2 -> 3"):
+        run_experiment(dataclasses.replace(cfg, updates=3))
+    capsys.readouterr()
+    assert main(["experiment", "memopd", "--out", str(out), "--quick", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memenv experiment: error: ") and "other settings" in err and len(err.splitlines()) == 1
+    # fewer arms and seeds on the same folder reuse the cache
+    fewer = run_experiment(dataclasses.replace(cfg, arms=("rl", "memopd"), seeds=1))
+    assert list(fewer.arm) == ["rl", "memopd"] and {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == stamps
+    # a cached arm of another configuration (no experiment.json to compare) is refused too
+    (out / "experiment.json").unlink()
+    with pytest.raises(SettingsMismatchError, match="updates"):
+        run_experiment(dataclasses.replace(cfg, updates=3))
+    (out / "experiment.json").write_text(json.dumps(json.loads(json.dumps(dataclasses.asdict(cfg), default=list))))
     # a finished SFT whose result.json is missing is evaluated again, not trained again
     teacher = json.loads((out / "teacher" / "result.json").read_text())
     metrics = (out / "teacher" / "metrics.csv").read_bytes()
@@ -112,16 +139,33 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["experiment", "memopd", "--out", str(tmp_path / "x"), "--arms", "magic"])
     assert err.value.code == 2 and "--arms" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as err:
-        main(["experiment", "memopd", "--out", str(tmp_path / "x"), "--seeds", "0"])
-    assert err.value.code == 2 and "--seeds" in capsys.readouterr().err
-    for option, value, name in (("--lr", "0", "lr must be > 0"), ("--distill-coef", "-1", "distill_coef"),
-                                ("--student-start-f1", "1.5", "student_start_f1")):
-        assert main(["experiment", "memopd", "--out", str(tmp_path / "x"), option, value]) == 2
-        assert capsys.readouterr().err.strip() == f"memenv experiment: error: {name}" + (
-            {"lr must be > 0": ", got 0.0", "distill_coef": " must be >= 0, got -1.0",
-             "student_start_f1": " must be in [0, 1], got 1.5"}[name])
+    for option, value in (("--seeds", "0"), ("--teacher-minutes", "-5"), ("--teacher-minutes", "nan"),
+                          ("--teacher-minutes", "inf"), ("--lr", "0"), ("--lr", "nan"), ("--distill-coef", "-1"),
+                          ("--distill-coef", "nan"), ("--student-start-f1", "1.5"), ("--student-start-f1", "nan"),
+                          ("--updates", "-3"), ("--eval-episodes", "2.5"), ("--curve-every", "0"),
+                          ("--seen-eval-episodes", "x"), ("--curve-episodes", "0"), ("--workers", "0"),
+                          ("--threads", "nan"), ("--student-steps", "0"), ("--student-max-steps", "-1")):
+        with pytest.raises(SystemExit) as err:
+            main(["experiment", "memopd", "--out", str(tmp_path / "x"), option, value])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert err.value.code == 2 and option in lines[-1] and value in lines[-1], (option, value, lines)
+    # --out a file: one line, exit 2, nothing run
+    f = tmp_path / "file.txt"
+    f.write_text("keep")
+    assert main(["experiment", "memopd", "--out", str(f), "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err and "file" in err and f.read_text() == "keep"
     assert not (tmp_path / "x").exists()
+
+
+def test_config_rejects_bad_numbers():
+    for kw, name in (({"lr": float("nan")}, "lr"), ({"distill_coef": -1.0}, "distill_coef"),
+                     ({"heldout_fraction": 1.0}, "heldout_fraction"), ({"curve_every": 0}, "curve_every"),
+                     ({"teacher": ModelSpec(sft_minutes=-5.0)}, "teacher sft_minutes"),
+                     ({"teacher": ModelSpec(sft_minutes=float("nan"))}, "teacher sft_minutes"),
+                     ({"arms": ("rl", "opd_persistent")}, "arms")):
+        with pytest.raises(ValueError, match=name):
+            ExperimentConfig(**kw)
 
 
 def test_arm_workers_end_when_the_experiment_process_is_killed(tmp_path):
