@@ -2,7 +2,8 @@
 
     memenv distill --teacher runs/sft/checkpoint-0002000 --out runs/memopd --updates 50      # tiny student
     memenv distill --teacher T --student S --algo ppo --loss jsd --beta 0.5 --lambda 0.5 --out runs/memopd
-    memenv distill --teacher T --student S --reconstruction persistent --out runs/control   # matched control
+    memenv distill --teacher T --student S --teacher-reconstruction persistent --out runs/control   # matched control
+    memenv distill --teacher T --student S --reconstruction persistent --recompute-old-logprobs --out runs/flat
     memenv distill --teacher T --student S --credit himpo --out runs/himpo
     memenv distill --teacher T --out runs/memopd --resume                                   # continue
     memenv distill diagnose --records records.jsonl --model S                               # RCE table
@@ -36,7 +37,8 @@ CREDITS = ("none", "mempo", "himpo")
 # options copied as they are into the MemOPDConfig field of the same name (when given)
 _FIELDS = ("algo", "lr", "updates", "episodes_per_update", "group_size", "kl_coef", "temperature", "eval_every",
            "eval_episodes", "save_every", "num_envs", "max_new_tokens", "max_seconds", "threads", "distill_coef",
-           "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "packing", "teacher_packing",
+           "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "teacher_reconstruction", "packing",
+           "teacher_packing",
            "token_budget", "credit", "credit_coef")
 
 
@@ -164,7 +166,10 @@ def register_cli(subparsers) -> None:
                    help="close the top-k support with a tail bucket (default) or renormalise on it")
     g.add_argument("--chunk", type=positive_int, help="action positions per LM-head application (default 1024)")
     g.add_argument("--reconstruction", choices=RECONSTRUCTIONS,
-                   help="aligned (as sampled, default) or persistent (flattened transcript: the control)")
+                   help="the actor's: aligned (as sampled, default) or persistent (the flattened transcript)")
+    g.add_argument("--teacher-reconstruction", dest="teacher_reconstruction", choices=RECONSTRUCTIONS,
+                   help="the teacher's scoring (default: --reconstruction); persistent with an aligned actor is the "
+                        "matched control: the student's update is MemOPD's, only the teacher's state differs")
     g.add_argument("--packing", choices=PACKINGS, help="default shared_prefix")
     g.add_argument("--teacher-packing", dest="teacher_packing", choices=PACKINGS,
                    help="packing of the teacher's scoring (default: --packing); prefix_tree runs each shared prefix "

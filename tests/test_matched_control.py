@@ -126,3 +126,19 @@ def _info(record):
     obs = str(record.snapshot["observation"])
     start = obs.rfind("<information>")
     return obs[start:obs.find("</information>", start) + len("</information>")]
+
+
+def test_distill_cli_sets_the_teachers_reconstruction(tmp_path):
+    import argparse
+
+    from distill.cli import build_config, register_cli
+    from agents.llm.models import save_pretrained
+
+    teacher = save_pretrained(tiny_model(memqa_tokenizer(), seed=2), memqa_tokenizer(), tmp_path / "teacher")
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["distill", "--teacher", str(teacher), "--out", str(tmp_path / "o"),
+                              "--teacher-reconstruction", "persistent"])
+    cfg = build_config(args)
+    assert (cfg.reconstruction, cfg.teacher_layout().reconstruction, cfg.minibatch_unit) == \
+        ("aligned", "persistent", "invocation")
