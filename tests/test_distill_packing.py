@@ -64,6 +64,21 @@ def test_padding_free_first_fit_decreasing_block_diagonal_mask_and_reset_positio
     assert b1.input_ids.tolist() == [[1, 2, 3, 4]] and b2.input_ids.tolist() == [[1, 2, 5, 7, 8]]
 
 
+def test_sorted_padded_buckets_rows_of_like_length_under_the_same_budget():
+    lengths = [3, 9, 4, 8, 5]
+    sequences = [TokenSequence(list(range(1, n + 1)), list(range(n)), [Segment(i, 1, n - 1)])
+                 for i, n in enumerate(lengths)]
+    naive = pack(sequences, "padded", token_budget=18)
+    best = pack(sequences, "sorted_padded", token_budget=18)
+    # record order: [3, 9] | [4, 8] | [5]; longest first: [9, 8] | [5, 4, 3]
+    assert [tuple(b.input_ids.shape) for b in naive] == [(2, 9), (2, 8), (1, 5)]
+    assert [tuple(b.input_ids.shape) for b in best] == [(2, 9), (3, 5)]
+    assert sum(b.n_slots for b in best) == 33 < sum(b.n_slots for b in naive) == 39
+    assert all(b.n_slots <= 18 for b in best)
+    per_record = unpack([b.targets for b in best], best, len(lengths))
+    assert [p.tolist() for p in per_record] == [list(range(2, n + 1)) for n in lengths]
+
+
 def test_shared_prefix_keeps_one_copy_and_positions_continue_after_it():
     (batch,) = pack(_hand_sequences(), "shared_prefix", row_len=7, pad_id=0)
     # unit [1 2 | 3 4 | 5] (5 tokens) and C (2 tokens) share one row of 7
