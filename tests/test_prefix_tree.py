@@ -74,6 +74,17 @@ def test_identical_prompts_share_their_scoring_logit_and_padding_attends_only_it
         assert mask[r, :, j].nonzero().flatten().tolist() == [j]  # and nothing real sees it
 
 
+def test_a_repeated_sequence_adds_no_tokens_and_scores_on_the_same_columns():
+    a = TokenSequence([1, 2, 3, 4], [0, 1, 2, 3], [Segment(0, 2, 2)])
+    twin = TokenSequence([1, 2, 3, 4], [0, 1, 2, 3], [Segment(1, 2, 2)])
+    shifted = TokenSequence([1, 2, 3, 4], [5, 6, 7, 8], [Segment(2, 2, 2)])  # same ids, other positions
+    (batch,) = pack([a, twin, shifted], "prefix_tree")
+    assert batch.n_tokens == 8  # the twin is free; other positions are another context, not shared
+    cols = dict(zip(zip(batch.record_index.tolist(), batch.token_index.tolist()), batch.cols.tolist()))
+    assert [cols[0, t] for t in (0, 1)] == [cols[1, t] for t in (0, 1)]
+    assert {cols[2, 0], cols[2, 1]}.isdisjoint({cols[0, 0], cols[0, 1]})
+
+
 @functools.lru_cache(maxsize=None)
 def _group_records():
     tok = memqa_tokenizer()
