@@ -4,7 +4,10 @@ Task sources: a seeded synthetic chat per episode (default; :class:`tasks.beam.S
 ``chat_tokens`` whitespace tokens) or BEAM's layout (``data_path=`` a conversation directory or a folder of
 them; one per episode, drawn with ``np_random`` unless ``conversation=`` fixes it). Either way the chat is
 streamed: one batch (= one session) is held at a time, so memory stays flat up to 10M tokens (with
-``keep_snapshots=False``; see ``benchmarks/beam_rss.py``).
+``keep_snapshots=False``; see ``benchmarks/beam_rss.py``). A message longer than an observation can hold
+(:data:`tasks.beam.MAX_MESSAGE_CHARS`, 1,000,000 characters) is shown cut, with the count of characters not
+loaded, and costs ~1 MB whatever its size; an action over the action space's 100,000 characters is refused
+unread (``benchmarks/huge_inputs.py``).
 
 Two memory modes (``memory_mode=``):
 
