@@ -184,7 +184,7 @@ def main() -> int:
     p.add_argument("--stage", choices=["sft", "ppo", "grpo", "rl", "all", "plot", "eval"], default="all")
     p.add_argument("--out", type=Path, default=Path("runs/learn_memqa"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--env-kw", default=json.dumps(ENV_KW), help="MemQA-v0 kwargs as JSON (the issue's task by default)")
+    p.add_argument("--env-kw", default=json.dumps(ENV_KW), help="MemQA-v0 kwargs as JSON (default: 1 objective x 2 hops)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads (default: every core; the CPU-minute budgets then count all threads)")
     p.add_argument("--hidden", type=int, default=128)
