@@ -6,7 +6,7 @@
 
 Rows (``methods``): ``aligned`` (each invocation as sampled, one per padded row: the reference),
 ``padding_free``, ``shared_prefix`` (aligned invocations packed), and ``persistent`` (the episode flattened into
-one transcript, the misaligned control of the paper; needs the tokenizer, scored in padded rows).
+one transcript, the misaligned control of MemOPD's paper; needs the tokenizer, scored in padded rows).
 
 Columns: ``max_abs_dlogp`` / ``p99_abs_dlogp``: |recomputed - recorded| log-prob of the sampled tokens (the
 records' ``response_logprobs``; run it with the model that sampled them, else policy drift adds in);

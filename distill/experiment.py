@@ -3,7 +3,7 @@
     memenv experiment memopd --out runs/memopd            # the full run (teacher cached under OUT/teacher)
     memenv experiment memopd --out runs/memopd_quick --quick
 
-Task: MemQA-v0 with 2 objectives (the paper's Q2), single-hop questions, no comparisons and one document per
+Task: MemQA-v0 with 2 objectives (MemOPD's Q2 setting), single-hop questions, no comparisons and one document per
 search (a tiny teacher trained for 70 CPU-minutes reaches F1 ~0.9 there; see docs/results.md).
 
 Held-out questions: the world (world_seed 0, 1,200 documents) is fixed, and its questions are split before any
@@ -700,7 +700,7 @@ def comparisons_table(ends: dict[str, list[pd.DataFrame]],
 
 def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None = None,
             student: dict | None = None) -> list[dict[str, Any]]:
-    """The set-up conditions and the paper's targets, measured on held-out questions (``met`` a bool, ``value``
+    """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool, ``value``
     the figure). A gain or a difference counts only beyond 3 seed-level standard errors (|t| > 3); a ratio to a
     gain that is not positive is undefined."""
     by = table.set_index("arm")

@@ -5,7 +5,7 @@ It is :func:`agents.llm.ppo.train_rl` with two plug-ins, not a copy of its loop:
 
 - the **actor forward** (:class:`PackedActorForward`): each minibatch's records are reconstructed
   (``reconstruction="aligned"``: each invocation as sampled; ``"persistent"``: the episode flattened into one
-  transcript, the paper's matched control) and packed (``packing``: one of :data:`distill.packing.PACKINGS`,
+  transcript, MemOPD's matched control) and packed (``packing``: one of :data:`distill.packing.PACKINGS`,
   ``"padded"`` to ``"prefix_tree"``); one student body forward gives the hidden states at the action positions,
   from which the PPO side (log-probs, entropies, values) and the distillation side are both computed, the LM
   head applied in checkpointed chunks (memory ``O(chunk x vocab)``);
