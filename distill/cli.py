@@ -153,7 +153,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("--student", default=None, help="student checkpoint folder (default: a fresh tiny model)")
     p.add_argument("--algo", choices=["ppo", "grpo"], default=None, help="RL objective (default ppo)")
     p.add_argument("--env", default="MemQA-v0", help="environment id (default MemQA-v0)")
-    p.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs (default objectives=1 hops=2)")
+    p.add_argument("--kw", nargs="*", action="extend", metavar="KEY=VALUE", help="env kwargs (default objectives=1 hops=2)")
     p.add_argument("--out", default="runs/distill", help="output folder")
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/latest")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 
+from memenv.search.http import ServiceError
 from memenv.search.index import build_command as index_build_command
 from memenv.search.index import register_cli as register_index
 from memenv.protocol import TOOLS, parse_action
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
     play.add_argument("env", nargs="?", default="MemQA-v0", help="environment id")
     play.add_argument("--seed", type=non_negative_int, default=0, help="episode seed")
-    play.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
+    play.add_argument("--kw", nargs="*", action="extend", metavar="KEY=VALUE",
                       help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
     register_index(sub, run=_index_build)  # `memenv index build`: part of memenv itself, no entry point needed
@@ -332,8 +333,9 @@ def _index_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``memenv`` command. A user's mistake prints one line to stderr and returns 2; Ctrl-C prints one
-    line (what the command kept, when it says) and returns 130; bugs raise."""
+    """The ``memenv`` command. A user's mistake prints one line to stderr and returns 2; a remote service that
+    fails mid-run (:class:`~memenv.search.http.ServiceError`) one line and 1; Ctrl-C prints one line (what the
+    command kept, when it says) and returns 130; bugs raise."""
     command = "memenv"
     try:
         parser = build_parser()
@@ -360,6 +362,11 @@ def _run_command(args: argparse.Namespace, command: str) -> int:
     except CommandError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return exc.status
+    except ServiceError as exc:
+        # A retrieval server, served model or judge that failed mid-run: not the user's typing (exit 1, as the
+        # bench's --max-failures stop), but one line naming the URL and what came back, not a traceback.
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 1
     except ModuleNotFoundError as exc:
         extra = OPTIONAL_MODULES.get((exc.name or "").split(".")[0])
         if extra is None:  # not an optional dependency: a bug

@@ -189,3 +189,12 @@ def test_play_reports_the_end_of_an_episode(monkeypatch, capsys):
 def test_command_error_is_not_a_builtin_error():
     """CommandError must not be caught as one of the errors it stands for (they keep their tracebacks)."""
     assert not issubclass(CommandError, (ValueError, TypeError, LookupError, OSError))
+
+
+@pytest.mark.parametrize("command", [["play", "MemQA-v0"], ["train", "--algo", "sft", "--out", "o"], ["distill", "--out", "o"]])
+def test_repeated_kw_options_add_up(command):
+    # `--kw a=1 --kw b=2` must give both (argparse's default for nargs="*" keeps only the last one, silently).
+    from memenv.cli import build_parser
+
+    args, _ = build_parser().parse_known_args(command + ["--kw", "objectives=1", "--kw", "hops=2", "top_k=1"])
+    assert args.kw == ["objectives=1", "hops=2", "top_k=1"]

@@ -415,3 +415,21 @@ def test_env_step_over_a_broken_retrieval_server_raises_the_typed_error(tmp_path
         with pytest.raises(ServiceError, match=rf"^retrieval server {server.url}/retrieve: result 0 is NoneType"):
             env.step("<memory>m</memory><search>capital of france</search>")
         env.close()
+
+
+def test_memenv_play_over_a_retrieval_server_that_breaks_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    """Past start-up, a service failure in any command (here ``memenv play``'s search) ends in one line naming
+    the URL (exit 1: the server's fault, not the user's typing), not a traceback."""
+    from memenv.cli import main
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "q0", "question": "Capital of France?", "answers": ["Paris"]}) + "\n")
+    typed = iter(["search capital of france"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
+    with StandIn({"/retrieve": answer(200, {"result": [None]})}) as server:
+        status = main(["play", "MemQA-v0", "--kw", f"search_backend={server.url}/retrieve",
+                       "--kw", f"questions_path={questions}", "--kw", "objectives=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1
+    assert len(err) == 1 and err[0].startswith(f"memenv play: error: retrieval server {server.url}/retrieve: "
+                                               "result 0 is NoneType"), err

@@ -284,7 +284,7 @@ def register_cli(subparsers) -> None:
                    help="sft: imitate the oracle; ppo: value head + token GAE; grpo: group-normalised returns")
     p.add_argument("--model", default=None, help="local checkpoint folder (default: a fresh tiny model)")
     p.add_argument("--env", default="MemQA-v0", help="environment id")
-    p.add_argument("--kw", nargs="*", metavar="KEY=VALUE",
+    p.add_argument("--kw", nargs="*", action="extend", metavar="KEY=VALUE",
                    help="env kwargs, e.g. objectives=1 hops=2 (default: objectives=1 hops=2)")
     p.add_argument("--out", default="runs/train",
                    help="output folder (metrics.csv, checkpoints, config.json): new, or an earlier run's with --resume")
