@@ -18,9 +18,19 @@ def __getattr__(name: str):
     # ``from agents import Agent`` meant for another distribution's top-level ``agents`` (openai-agents), which
     # this package hides: say so in one line instead of "cannot import name". (memenv's side checks the
     # other way round, another ``agents`` hiding this one: memenv.packages.)
+    import dis
+    import sys
+
     from memenv.packages import PackageClashError, shadowed_by_ours
 
     clash = shadowed_by_ours(__name__, name)
-    if clash:
+    if clash is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:  # an import statement keeps an ImportError's message (it replaces an AttributeError's with its own)
+        frame = sys._getframe(1)
+        importing = frame.f_code.co_code[frame.f_lasti] == dis.opmap["IMPORT_FROM"]
+    except (AttributeError, IndexError, KeyError, ValueError):  # no frame to read: the safe kind
+        importing = False
+    if importing:
         raise PackageClashError(clash, name=__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(clash)  # getattr, hasattr and pickle's lookups expect an AttributeError

@@ -15,6 +15,7 @@ another one), for ``agents``' module ``__getattr__``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -64,14 +65,15 @@ def _is_ours(origin: str, name: str) -> bool:
         return False
 
 
-def _distributions(name: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _distributions(name: str) -> tuple[str, ...]:
     """The installed distributions, other than memenv, that provide a top-level ``name``."""
     try:
         from importlib.metadata import packages_distributions
 
-        return sorted({d for d in packages_distributions().get(name, []) if d.lower() != "memenv"})
+        return tuple(sorted({d for d in packages_distributions().get(name, []) if d.lower() != "memenv"}))
     except Exception:  # noqa: BLE001 - broken metadata of another distribution must not hide the clash itself
-        return []
+        return ()
 
 
 def clash_lines(names: tuple[str, ...] = OUR_PACKAGES) -> list[str]:

@@ -99,9 +99,13 @@ def test_memenvs_agents_hiding_another_says_so_on_a_missing_name(tmp_path) -> No
     """The other way round: memenv's ``agents`` first, the foreign distribution's behind it. memenv works;
     ``from agents import Agent`` (meant for the other) is one line naming both and what to do."""
     foreign = _foreign_agents(tmp_path / "site")
-    run = _run("import agents\nfrom agents import scripted, make_strategy\nprint('ours', hasattr(agents, '_x'))\n"
+    run = _run("import agents, pickle\nfrom agents import scripted, make_strategy\n"
+               "print('ours', hasattr(agents, '_x'), hasattr(agents, 'Agent'), len(pickle.dumps(make_strategy)) > 0)\n"
+               "try:\n    agents.Runner\nexcept AttributeError as e:\n    print(e)\n"
                "from agents import Agent", [ROOT, foreign], tmp_path)
-    assert run.stdout.strip() == "ours False", run.stderr
+    out = run.stdout.strip().splitlines()
+    assert out[0] == "ours False False True", run.stderr
+    assert out[1].startswith("agents.Runner: the top-level package 'agents' here is memenv's")
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("memenv.packages.PackageClashError: agents.Agent: the top-level package 'agents' here "
                            "is memenv's")
