@@ -86,7 +86,7 @@ def test_piecewise_reader_names_the_batch_of_a_broken_string(tmp_path, monkeypat
 
 
 # ------------------------------------------------------------------------------------------ a huge BEAM message
-MESSAGE_MB = 40
+MESSAGE_MB = 16
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +117,14 @@ def _episode_peak(path: Path) -> tuple[float, float, float, str]:
 
 
 def test_a_huge_message_is_read_in_bounded_memory(huge_chat: Path, tmp_path: Path) -> None:
-    """One 40 MiB message: a reset (which opens the conversation, streaming it once to count it, then reads
+    """One 16 MiB message: a reset (which opens the conversation, streaming it once to count it, then reads
     its first batch) and the steps through every session allocate at most 24 MiB more at any time than the same
     chat without it. The arithmetic: the whole-batch buffer stops at _HUGE_BATCH_CHARS (1 Mi characters, 1 byte
     each here; copied while it grows: 2 MiB), then the message is decoded in 256 Ki reads into a kept head of
     MAX_MESSAGE_CHARS (1 MiB; joined, re-encoded, the batch text and its decode: 4 MiB), and the env shows one
     session (~1 MiB of text, about five copies, two of them 2 bytes a character for the "…" marks: 9 MiB):
-    ~15 MiB. The old reader held the message several times over (40 MiB buffer, 40 MiB decoded, a list of its
-    ~7M words: over 500 MiB)."""
+    ~15 MiB. The old reader held the message several times over (a 16 MiB buffer, 16 MiB decoded, a list of its
+    ~3M words: ~200 MiB)."""
     plain = tmp_path / "plain"
     write_chat(str(plain), 0, 0)
     MemDialogBeamEnv(chat_tokens=4_000)  # builds the shared Text space outside the trace
