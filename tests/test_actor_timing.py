@@ -1,7 +1,6 @@
 """The experiment's actor timing: a warm-up pass per layout, the layout order rotated each round, the arms'
 thread count, and every layout's ratio to both the naive and the best padded baseline."""
 
-
 import pandas as pd
 import pytest
 
