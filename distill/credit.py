@@ -27,6 +27,11 @@ the memory ids are inserted as they were sampled.
 No credit on invalid actions (``snapshot["valid"] is False``): their write was discarded by the env, so they
 are also skipped as ``m_{t-1}`` of later writes. Records without gold answers (``record.gold``) or without
 memory tokens get none.
+
+Credit also acts where the task reward is flat: in a GRPO group whose episodes all scored alike the trajectory
+advantage is 0 and :func:`agents.llm.ppo.train_rl` drops that part of the policy gradient, but the memory
+advantages added here still train the group's memory tokens (logged as ``flat_credited_tokens``): the memory
+probe still tells a useful write from a useless one when every answer scored 0.
 """
 
 from __future__ import annotations

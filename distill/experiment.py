@@ -201,8 +201,9 @@ def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
     """The ``--quick`` smoke run (~15 CPU-minutes): small models, 2 seeds, 4 updates, every arm, 100 held-out
     episodes. Its teacher learns little in 3 minutes (F1 ~0): it checks the pipeline, not the claims."""
     base = dict(out=out, teacher=ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150, sft_minutes=3.0,
-                                           sft_episodes=300), student_max_steps=30, probe_episodes=16,
-                student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=30, sft_minutes=None, sft_episodes=300),
+                                           sft_episodes=300), student_max_steps=400, probe_episodes=16,
+                # 400 steps: the student's actions are mostly valid (memory writes that credit can score)
+                student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=200, sft_minutes=None, sft_episodes=300),
                 vocab=2048, tokenizer_episodes=60, arms=tuple(ARMS), seeds=2, updates=4, tasks_per_update=2,
                 eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
                 diagnose_episodes=8)
@@ -1060,9 +1061,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--teacher-clock", dest="teacher_clock", choices=["cpu", "wall"], default=None,
                    help="clock of that budget (default cpu: process CPU time, all threads)")
     m.add_argument("--student-steps", dest="student_steps", type=positive_int, default=None,
-                   help="student SFT steps per weak-start round (default 150; quick 30)")
+                   help="student SFT steps per weak-start round (default 150; quick 200)")
     m.add_argument("--student-max-steps", dest="student_max_steps", type=positive_int, default=None,
-                   help="at most this many student SFT steps in all (default 3000; quick 30)")
+                   help="at most this many student SFT steps in all (default 3000; quick 400)")
     m.add_argument("--student-start-f1", dest="student_start_f1", type=unit_float, default=None,
                    help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
     m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
