@@ -305,7 +305,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
                       pool: str = "heldout", episodes: int | None = None) -> pd.DataFrame:
     """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
     ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
-    per seed with ``seed, f1, em, peak_context_tokens, turns, question_ids``."""
+    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts)."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
@@ -321,7 +321,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
                          "em": [float(ep.info.get("em", 0.0)) for ep in eps],
                          "peak_context_tokens": [ep.info.get("peak_context_tokens", 0) for ep in eps],
                          "turns": [ep.turns for ep in eps],
-                         "question_ids": ["|".join(ep.info.get("question_ids", []) or []) for ep in eps]})
+                         "questions": [" | ".join(ep.info.get("questions", []) or []) for ep in eps]})
 
 
 def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
@@ -787,7 +787,7 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
              "first and is shown only to compare (it leaves out the training-seed variance).", "",
              "| arm | held-out F1 start | end (± sd over seeds) | gain ± SE (seeds) | t | p | 95% CI (t) | "
              "95% CI (bootstrap) | episode SE | seen F1 end | seen gain ± SE | EM gain ± SE | approx-KL update 1 | "
-             "credit share | s/update | CPU-min |",
+             "credit share / tokens credited in flat groups | s/update | CPU-min |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in table.itertuples():
         lines.append(
@@ -798,7 +798,8 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
             f"[{_f(r.gain_f1_boot_low, '+.3f')}, {_f(r.gain_f1_boot_high, '+.3f')}] | "
             f"{_f(r.gain_f1_episode_se)} | {_f(r.seen_end_f1)} | {_f(r.seen_gain_f1, signed=True)} ± "
             f"{_f(r.seen_gain_f1_se)} | {_f(r.gain_em, signed=True)} ± {_f(r.gain_em_se)} | "
-            f"{_f(r.approx_kl_first, '.4f')} | {_f(r.credit_share, '.2f')} | {_f(r.update_s, '.1f')} | "
+            f"{_f(r.approx_kl_first, '.4f')} | {_f(r.credit_share, '.2f')} / {_f(r.flat_credited_tokens, '.0f')} | "
+            f"{_f(r.update_s, '.1f')} | "
             f"{_f(r.train_cpu_min, '.1f')} |")
     if len(comparisons):
         lines += ["", "Comparisons (held-out end F1 of a minus b, paired by training seed and episode; seed-level "

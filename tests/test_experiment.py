@@ -14,6 +14,7 @@ from distill.experiment import (ARMS, DEFAULT_ARMS, RESULT_COLUMNS, ExperimentCo
                                compare_arms, paired_stats)
 
 from memenv.cli import main
+from tasks.world import question_pool
 
 
 def test_paired_stats_known_numbers():
@@ -61,7 +62,7 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from agents.llm.training import eval_seeds
-    from distill.experiment import SettingsMismatchError, run_experiment
+    from distill.experiment import SettingsMismatchError, make_env_fn, run_experiment
 
     cfg = _tiny(tmp_path / "exp")
     table = run_experiment(cfg)
@@ -72,7 +73,17 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     assert (saved.seen_eval_episodes == 3).all() and (saved.inference == "seed-level t").all()
     start = pd.read_csv(out / "student" / "start_eval.csv")
     assert list(start.seed) == eval_seeds(4)
-    assert list(pd.read_csv(out / "student" / "start_eval_seen.csv").seed) == eval_seeds(3)
+    seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
+    assert list(seen.seed) == eval_seeds(3)
+    # the headline evaluation asks the held-out pool's questions, the seen one the train pool's
+    for frame, pool in ((start, "heldout"), (seen, "train")):
+        env = make_env_fn(cfg, pool)()
+        asked = []
+        for seed in frame.seed:
+            env.reset(seed=int(seed))
+            asked.append(env.unwrapped.questions)
+            assert {question_pool(q, 0.25, "world0") for q in asked[-1]} == {pool}
+        assert list(frame.questions) == [" | ".join(q.question for q in qs) for qs in asked]
     # weak start: SFT rounds of 2 steps until the probe F1 reaches 0.15 (a 16-wide model does not) or 4 steps
     student = json.loads((out / "student" / "result.json").read_text())
     assert [p["steps"] for p in student["probes"]] == [2, 4] and student["sft_steps"] == 4
