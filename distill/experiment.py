@@ -200,7 +200,8 @@ class ExperimentConfig:
 
 
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
-    """The ``--quick`` smoke run (~15 CPU-minutes): small models, 2 seeds, 4 updates, every arm, 100 held-out
+    """The ``--quick`` smoke run (~8 CPU-minutes alone on 2 cores; more CPU time when other jobs share them):
+    small models, 2 seeds, 4 updates, every arm, 100 held-out
     episodes. Its teacher learns little in 3 minutes (F1 ~0): it checks the pipeline, not the claims."""
     base = dict(out=out, teacher=ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150, sft_minutes=3.0,
                                            sft_episodes=300), student_max_steps=400, probe_episodes=16,
@@ -1043,7 +1044,7 @@ def register_cli(subparsers) -> None:
                        description=__doc__, formatter_class=HelpFormatter)
     m.add_argument("--out", required=True, help="output folder (stages cached there; a rerun resumes)")
     m.add_argument("--quick", action="store_true",
-                   help="smoke run (~15 CPU-minutes): small models, few updates; checks the pipeline, not the claims")
+                   help="smoke run (~8 CPU-minutes): small models, few updates; checks the pipeline, not the claims")
     m.add_argument("--seeds", type=positive_int, default=None, help="training seeds per arm (default 5; quick 2)")
     m.add_argument("--updates", type=positive_int, default=None, help="GRPO updates per arm (default 120; quick 4)")
     m.add_argument("--eval-episodes", dest="eval_episodes", type=positive_int, default=None,
