@@ -201,8 +201,8 @@ class ExperimentConfig:
 
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
     """The ``--quick`` smoke run (~8 CPU-minutes alone on 2 cores; more CPU time when other jobs share them):
-    small models, 2 seeds, 4 updates, every arm, 100 held-out
-    episodes. Its teacher learns little in 3 minutes (F1 ~0): it checks the pipeline, not the claims."""
+    small models, 2 seeds, 4 updates, every arm, 100 held-out episodes. Its teacher learns little in 3 minutes
+    (F1 ~0): it checks the pipeline, not the claims."""
     base = dict(out=out, teacher=ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150, sft_minutes=3.0,
                                            sft_episodes=300), student_max_steps=400, probe_episodes=16,
                 # 400 steps: the student's actions are mostly valid (memory writes that credit can score)
