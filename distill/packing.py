@@ -241,24 +241,42 @@ def _layout_row(units: list[_Unit], sequences, next_unit: int, next_seq: int):
     return (ids, pos, unit_ids, seq_ids, is_prefix), where, next_unit, next_seq
 
 
-def _make_batch(rows, wheres, unit_members, sequences, method, pad_id) -> PackedBatch:
+def _stack_rows(rows, pad_id) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """``(input_ids, position_ids, unit_ids, n_tokens)``: ``[R, L]`` tensors of rows whose first three columns
+    are token ids, positions and unit ids; padding gets the pad id and a distinct negative unit per column
+    (so a padding token sees only itself)."""
     L = max(len(r[0]) for r in rows)
     R = len(rows)
     input_ids = torch.full((R, L), int(pad_id), dtype=torch.long)
     position_ids = torch.zeros((R, L), dtype=torch.long)
-    pad_unit = -1 - torch.arange(L, dtype=torch.long)
-    unit_ids = pad_unit.repeat(R, 1)
-    seq_ids = pad_unit.repeat(R, 1)
-    is_prefix = torch.zeros((R, L), dtype=torch.bool)
+    unit_ids = (-1 - torch.arange(L, dtype=torch.long)).repeat(R, 1)
     n_tokens = 0
-    for k, (ids, pos, units, seqs, pref) in enumerate(rows):
+    for k, (ids, pos, units, *_) in enumerate(rows):
         n = len(ids)
         n_tokens += n
         input_ids[k, :n] = torch.tensor(ids, dtype=torch.long)
         position_ids[k, :n] = torch.tensor(pos, dtype=torch.long)
         unit_ids[k, :n] = torch.tensor(units, dtype=torch.long)
-        seq_ids[k, :n] = torch.tensor(seqs, dtype=torch.long)
-        is_prefix[k, :n] = torch.tensor(pref, dtype=torch.bool)
+    return input_ids, position_ids, unit_ids, n_tokens
+
+
+def _scored_fields(scored: list[tuple]) -> dict[str, torch.Tensor]:
+    """The scored-position fields of a :class:`PackedBatch` from ``(record, t, row, col, target)`` tuples, in
+    (record, t) order."""
+    scored.sort()
+    cols = list(zip(*scored)) if scored else [[]] * 5
+    as_long = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
+    return dict(rows=as_long(cols[2]), cols=as_long(cols[3]), targets=as_long(cols[4]),
+                record_index=as_long(cols[0]), token_index=as_long(cols[1]))
+
+
+def _make_batch(rows, wheres, unit_members, sequences, method, pad_id) -> PackedBatch:
+    input_ids, position_ids, unit_ids, n_tokens = _stack_rows(rows, pad_id)
+    seq_ids = unit_ids.clone()
+    is_prefix = torch.zeros_like(unit_ids, dtype=torch.bool)
+    for k, (ids, _, _, seqs, pref) in enumerate(rows):
+        seq_ids[k, :len(ids)] = torch.tensor(seqs, dtype=torch.long)
+        is_prefix[k, :len(ids)] = torch.tensor(pref, dtype=torch.bool)
     scored = []  # (record, t, row, col, target)
     for k, where in enumerate(wheres):
         for i, (prefix_at, branch_at) in where.items():
@@ -269,13 +287,9 @@ def _make_batch(rows, wheres, unit_members, sequences, method, pad_id) -> Packed
                     j = seg.start + t - 1  # original column of the predicting logit
                     col = prefix_at + j if j < p else branch_at + (j - p)
                     scored.append((seg.record, t, k, col, s.input_ids[seg.start + t]))
-    scored.sort()
-    cols = list(zip(*scored)) if scored else [[]] * 5
-    as_long = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
     return PackedBatch(
         input_ids=input_ids, position_ids=position_ids, attention_mask=build_mask(unit_ids, seq_ids, is_prefix),
-        rows=as_long(cols[2]), cols=as_long(cols[3]), targets=as_long(cols[4]), record_index=as_long(cols[0]),
-        token_index=as_long(cols[1]), unit_ids=unit_ids, seq_ids=seq_ids, is_prefix=is_prefix, method=method,
+        **_scored_fields(scored), unit_ids=unit_ids, seq_ids=seq_ids, is_prefix=is_prefix, method=method,
         n_tokens=n_tokens,
     )
 
@@ -352,23 +366,13 @@ def _tree_row(units, sequences, next_unit: int):
 
 
 def _tree_batch(rows, row_paths, sequences, pad_id) -> PackedBatch:
-    L = max(len(r[0]) for r in rows)
-    R = len(rows)
-    input_ids = torch.full((R, L), int(pad_id), dtype=torch.long)
-    position_ids = torch.zeros((R, L), dtype=torch.long)
-    pad_unit = -1 - torch.arange(L, dtype=torch.long)
-    unit_ids = pad_unit.repeat(R, 1)
+    input_ids, position_ids, unit_ids, n_tokens = _stack_rows(rows, pad_id)
+    R, L = input_ids.shape
     tree_end = (torch.arange(L, dtype=torch.long) + 1).repeat(R, 1)  # padding: a subtree of itself
     is_prefix = torch.zeros((R, L), dtype=torch.bool)
-    n_tokens = 0
-    for k, (ids, pos, units, shared, end) in enumerate(rows):
-        n = len(ids)
-        n_tokens += n
-        input_ids[k, :n] = torch.tensor(ids, dtype=torch.long)
-        position_ids[k, :n] = torch.tensor(pos, dtype=torch.long)
-        unit_ids[k, :n] = torch.tensor(units, dtype=torch.long)
-        is_prefix[k, :n] = torch.tensor(shared, dtype=torch.bool)
-        tree_end[k, :n] = torch.tensor(end, dtype=torch.long)
+    for k, (ids, _, _, shared, end) in enumerate(rows):
+        is_prefix[k, :len(ids)] = torch.tensor(shared, dtype=torch.bool)
+        tree_end[k, :len(ids)] = torch.tensor(end, dtype=torch.long)
     scored = []  # (record, t, row, col, target)
     for k, paths in enumerate(row_paths):
         for i, path in paths.items():
@@ -376,13 +380,9 @@ def _tree_batch(rows, row_paths, sequences, pad_id) -> PackedBatch:
             for seg in s.segments:
                 for t in range(seg.length):
                     scored.append((seg.record, t, k, path[seg.start + t - 1], s.input_ids[seg.start + t]))
-    scored.sort()
-    cols = list(zip(*scored)) if scored else [[]] * 5
-    as_long = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
     return PackedBatch(
         input_ids=input_ids, position_ids=position_ids, attention_mask=build_tree_mask(tree_end),
-        rows=as_long(cols[2]), cols=as_long(cols[3]), targets=as_long(cols[4]), record_index=as_long(cols[0]),
-        token_index=as_long(cols[1]), unit_ids=unit_ids, seq_ids=unit_ids.clone(), is_prefix=is_prefix,
+        **_scored_fields(scored), unit_ids=unit_ids, seq_ids=unit_ids.clone(), is_prefix=is_prefix,
         method="prefix_tree", n_tokens=n_tokens, tree_end=tree_end,
     )
 
