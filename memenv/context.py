@@ -32,7 +32,6 @@ def sanitize(text: str) -> str:
     return _OUTSIDE_CHARSET.sub("\ufffd", text)
 
 
-
 # Texts are counted and cut in pieces of this many characters, so a huge text never becomes a list of all its
 # words (a 50 MB text is ~8M words: ~500 MB of small strings).
 _PIECE = 1 << 16

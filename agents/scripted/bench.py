@@ -35,7 +35,6 @@ import functools
 import hashlib
 import inspect
 import json
-import math
 import signal
 import threading
 import time
