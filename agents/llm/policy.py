@@ -31,6 +31,20 @@ from agents.llm.models import load_pretrained
 
 DEFAULT_STOP = ("</search>", "</answer>")
 PLAIN_TEMPLATE = "{observation}\n"
+#: The system prompt that teaches an instruct model memenv's action protocol (chat templates only): one turn is
+#: ``<memory>...</memory>`` then ``<search>...</search>`` or ``<answer>...</answer>``. Shared by
+#: :class:`LLMPolicy` zero-shot runs, the served policy (``openai:MODEL@URL``) and the real-model tests, so every
+#: path sends the same prompt.
+PROTOCOL_SYSTEM_PROMPT = (
+    "You are a search agent. Each turn you reply with exactly two tags and nothing else:\n"
+    "1. <memory>...</memory>: your notes, rewritten in full (they are all you keep from earlier turns);\n"
+    "2. either <search>a short query</search> to search the documents, or, once the notes hold the answers, "
+    "<answer>answer 1; answer 2</answer> with one short answer per question, in order.\n"
+    "Example search turn:\n"
+    "<memory>Q1: country of Wigei? Nothing found yet.</memory><search>Wigei</search>\n"
+    "Example answer turn, after a result said \"Wigei is a town in Solurtia\":\n"
+    "<memory>Q1: Wigei is in Solurtia.</memory><answer>Solurtia</answer>"
+)
 
 
 @dataclass
