@@ -23,7 +23,9 @@ the turn is used. The turn limit defaults to ``2 * (sessions + questions)``; una
 Scoring: SQuAD F1/EM against the gold answers; on an abstention question (synthetic ``abstention``, LoCoMo
 category 5) any answer that abstains scores 1.0 (it contains "not mentioned" or "no information available",
 see :data:`tasks.conversations.ABSTENTION_ANSWER`). Reward at the end: mean F1 over the questions.
-``info["summary"]`` adds ``f1_by_type``/``em_by_type``/``count_by_type`` per question type.
+``info["summary"]`` adds ``f1_by_type``/``em_by_type``/``count_by_type`` per question type. On LoCoMo it also
+holds LoCoMo's official score (:mod:`memenv.scoring.locomo`: Porter-stemmed token F1 with the per-category rules)
+as ``locomo_f1`` (mean), ``locomo_f1_per_question`` and ``locomo_f1_by_type``, and ``official_metric`` names it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from memenv.context import TokenCounter
 from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.validation import check_bool, check_choice, check_int, check_path, check_str_tuple
+from memenv.scoring.locomo import locomo_score
 from memenv.scoring.qa import best_em_f1
 from tasks.conversations import (
     ABSTENTION_ANSWER,
@@ -274,6 +277,7 @@ class MemDialogEnv(MemEnvBase):
         self._turn = 0
         self._answers = [""] * len(self.questions)
         self._scores = [(0.0, 0.0)] * len(self.questions)
+        self._official = [0.0] * len(self.questions)
         self._start_episode(self._information_block())
         info = {
             "episode_id": self._episode_id,
@@ -312,6 +316,9 @@ class MemDialogEnv(MemEnvBase):
                 j = self._question
                 self._answers[j] = tool_input
                 self._scores[j] = score_answer(tool_input, self.questions[j])
+                if self.dataset == "locomo":
+                    q = self.questions[j]
+                    self._official[j] = locomo_score(tool_input, q.answers[0], q.meta["category"])
                 extra["question_index"] = j
                 extra["answer_em"], extra["answer_f1"] = [self._scores[j][0]], [self._scores[j][1]]
                 tool_output = f"answer {j + 1}/{len(self.questions)} recorded"
@@ -339,8 +346,14 @@ class MemDialogEnv(MemEnvBase):
         by_type: dict[str, list[int]] = {}
         for i, q in enumerate(self.questions):
             by_type.setdefault(q.kind, []).append(i)
+        official = {}
+        if self.dataset == "locomo":  # LoCoMo's own score (memenv.scoring.locomo) beside the SQuAD F1
+            locomo = list(getattr(self, "_official", [0.0] * len(self.questions)))
+            official = {"locomo_f1": float(np.mean(locomo)) if locomo else 0.0, "locomo_f1_per_question": locomo,
+                        "locomo_f1_by_type": {k: float(np.mean([locomo[i] for i in idx])) for k, idx in by_type.items()},
+                        "official_metric": "locomo_f1"}
         return self._episode_info(
-            em, f1, list(self._answers), answered,
+            em, f1, list(self._answers), answered, **official,
             question_types=[q.kind for q in self.questions],
             f1_by_type={k: float(np.mean([f1[i] for i in idx])) for k, idx in by_type.items()},
             em_by_type={k: float(np.mean([em[i] for i in idx])) for k, idx in by_type.items()},
