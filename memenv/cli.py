@@ -21,6 +21,7 @@ import gymnasium as gym
 from memenv.search.http import ServiceError
 from memenv.search.index import build_command as index_build_command
 from memenv.search.index import register_cli as register_index
+from memenv.serve import register_cli as register_serve
 from memenv.protocol import TOOLS, parse_action
 from memenv.registration import ENVIRONMENTS
 
@@ -35,7 +36,7 @@ USER_ERRORS = (ValueError, TypeError, LookupError, OSError, gym.error.Error)
 
 
 # Optional dependencies -> the extra that installs them (a command that needs a missing one says so).
-OPTIONAL_MODULES = {"torch": "llm", "transformers": "llm", "tokenizers": "llm", "trl": "trl",
+OPTIONAL_MODULES = {"torch": "llm", "transformers": "llm", "tokenizers": "llm", "trl": "trl", "openenv": "openenv",
                     "stable_baselines3": "sb3", "sb3_contrib": "sb3", "bm25s": "bench"}
 
 
@@ -312,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="env kwargs, e.g. objectives=4 context=history (default: the env's own)")
     play.set_defaults(func=_play)
     register_index(sub, run=_index_build)  # `memenv index build`: part of memenv itself, no entry point needed
+    register_serve(sub)  # `memenv serve`: OpenEnv server (memenv.openenv, imported when the command runs)
     from memenv import PackageClashError, _check_agents_package
     try:  # another distribution's top-level `agents` (openai-agents) hiding memenv's: one line, exit 2
         _check_agents_package()

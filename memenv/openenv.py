@@ -1,0 +1,372 @@
+"""memenv envs over OpenEnv: a server built on ``openenv-core``'s own classes, and a Gymnasium-like client.
+
+`OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ (``pip install 'memenv[openenv]'``) serves an environment
+as a FastAPI app: each WebSocket connection to ``/ws`` is one session with its own environment instance, driven
+by ``reset`` / ``step`` / ``state`` messages; ``/health``, ``/schema`` and ``/metadata`` describe it. This module
+plugs a memenv env into that machinery:
+
+- :class:`MemenvEnvironment` is an ``openenv.core.env_server.Environment`` wrapping ``gym.make(env_id,
+  **env_kwargs)``, one per session (``SUPPORTS_CONCURRENT_SESSIONS``: sessions share nothing mutable; the
+  read-only corpus indexes are cached per process). ``reset(seed=..., options=...)`` and ``step(action)`` return
+  a :class:`MemenvObservation`: ``text`` (the observation), ``reward``, ``done`` (terminated or truncated),
+  ``terminated``, ``truncated`` and ``info``, the step's info dict made JSON-safe (:func:`jsonable`):
+  ``info["invocation"]`` on every step, ``info["summary"]`` at the end, the reset info after a reset. The same
+  dict is the observation's ``metadata``; openenv-core's ``serialize_observation`` leaves ``metadata`` out of the
+  wire format, so ``info`` is what travels.
+- :func:`create_app` builds the app with ``openenv.core.env_server.create_app``; :func:`serve` runs it with
+  uvicorn (what ``memenv serve ENV_ID`` does); :class:`BackgroundServer` runs it in a thread (tests, notebooks).
+- :func:`connect` gives back a :class:`ServedEnv`: ``reset(seed=...) -> (obs, info)`` and ``step(action) -> (obs,
+  reward, terminated, truncated, info)``, as the in-process env, over :class:`MemenvClient` (an
+  ``openenv.core.EnvClient``; any OpenEnv client works, e.g. ``GenericEnvClient`` with actions
+  ``{"text": "<search>...</search>"}``).
+
+Action text is never an error: a malformed action is an invalid step, as in-process (``info["invocation"]
+["error"]``). What does fail is what fails in-process (stepping a finished episode, a bad seed): the server
+answers with an OpenEnv error message, the session stays open, and the client raises ``RuntimeError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient
+from openenv.core.env_server import Action, Environment, Observation, State
+from openenv.core.env_server import create_app as openenv_create_app
+from openenv.core.env_server.types import EnvironmentMetadata
+from pydantic import Field
+
+import memenv  # noqa: F401 - registers the environments
+from memenv.envs.base import text_space
+
+__all__ = ["BackgroundServer", "MemenvAction", "MemenvClient", "MemenvEnvironment", "MemenvObservation",
+           "MemenvState", "ServedEnv", "connect", "create_app", "jsonable", "run_app", "serve"]
+
+#: Concurrent sessions a server accepts unless told otherwise.
+DEFAULT_MAX_SESSIONS = 64
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-native data: numpy scalars and arrays to Python numbers and lists, tuples and sets to
+    lists, mapping keys to strings, anything else to its ``repr``. memenv's info dicts are already of these types
+    (the info contract), so for them this is the identity up to tuples becoming lists."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # JSON has no NaN/inf: keep them readable
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    return repr(value)
+
+
+class MemenvAction(Action):
+    """One action: ``text`` is the action text of the env's protocol (``"<memory>...</memory><search>...
+    </search>"``, ``"<mem_add>...</mem_add>"``). Anything else (a number, a list) reaches the env as it is and is
+    an invalid step there, as in-process."""
+
+    text: Any = Field(..., description="the action text, e.g. '<memory>notes</memory><search>query</search>'")
+
+
+class MemenvObservation(Observation):
+    """What a reset or step returns (``reward`` and ``done`` are OpenEnv's; ``done = terminated or truncated``)."""
+
+    text: str = Field(default="", description="the whole text the policy sees at this invocation")
+    info: dict[str, Any] = Field(default_factory=dict, description="the step's info (invocation, summary), JSON-safe")
+    terminated: bool = Field(default=False, description="the episode ended (an answer, the end of the task)")
+    truncated: bool = Field(default=False, description="the episode was cut (the turn limit)")
+
+
+class MemenvState(State):
+    """``episode_id`` (the env's, as in the snapshots), ``step_count`` (steps of this episode), ``env_id``,
+    ``env_kwargs``, ``done``, ``memory`` (the memory text the next observation shows), ``episode_return``."""
+
+    env_id: str = ""
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    done: bool = True
+    memory: str = ""
+    episode_return: float = 0.0
+    client_episode_id: str | None = None
+    max_observation_chars: int = 1_000_000
+    max_action_chars: int = 100_000
+
+
+class MemenvEnvironment(Environment):
+    """An OpenEnv ``Environment`` over one memenv env (``gym.make(env_id, **env_kwargs)``), one per session."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.env = gym.make(env_id, **self.env_kwargs)
+        self._steps = 0
+        self._done = True
+        self._return = 0.0
+        self._client_episode_id: str | None = None
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
+              **kwargs: Any) -> MemenvObservation:
+        """``env.reset(seed=seed, options=options)``; ``episode_id`` (OpenEnv's, the client's label) is kept in
+        the state as ``client_episode_id`` and does not replace the env's own episode id."""
+        if kwargs:
+            raise TypeError(f"reset() got unknown argument(s) {sorted(kwargs)}; it takes seed, episode_id, options")
+        text, info = self.env.reset(seed=seed, options=options)
+        self._steps, self._done, self._return = 0, False, 0.0
+        self._client_episode_id = episode_id
+        return self._observation(text, info, reward=None, terminated=False, truncated=False)
+
+    def step(self, action: MemenvAction, timeout_s: float | None = None, **kwargs: Any) -> MemenvObservation:
+        """``env.step(action.text)``: a malformed action text is an invalid step, never an error."""
+        text, reward, terminated, truncated, info = self.env.step(action.text)
+        self._steps += 1
+        self._return += float(reward)
+        self._done = bool(terminated or truncated)
+        return self._observation(text, info, float(reward), bool(terminated), bool(truncated))
+
+    @staticmethod
+    def _observation(text: str, info: dict, reward: float | None, terminated: bool,
+                     truncated: bool) -> MemenvObservation:
+        safe = jsonable(info)
+        return MemenvObservation(text=text, info=safe, metadata=safe, reward=reward, done=terminated or truncated,
+                                 terminated=terminated, truncated=truncated)
+
+    @property
+    def state(self) -> MemenvState:
+        base = self.env.unwrapped
+        return MemenvState(episode_id=getattr(base, "_episode_id", "") or None, step_count=self._steps,
+                           env_id=self.env_id, env_kwargs=jsonable(self.env_kwargs), done=self._done,
+                           memory=getattr(base, "_memory", ""), episode_return=self._return,
+                           client_episode_id=self._client_episode_id,
+                           max_observation_chars=self.env.observation_space.max_length,
+                           max_action_chars=self.env.action_space.max_length)
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        doc = (type(self.env.unwrapped).__doc__ or "").strip().split("\n\n")[0]
+        return EnvironmentMetadata(name=self.env_id, description=" ".join(doc.split()) or self.env_id,
+                                   version=memenv.__version__, author="memenv",
+                                   documentation_url="https://github.com/memenv/memenv/blob/main/docs/openenv.md")
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _EnvironmentFactory:
+    """``MemenvEnvironment(env_id, env_kwargs)`` as a named callable (OpenEnv names a failing factory)."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any]) -> None:
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs)
+        self.__name__ = f"MemenvEnvironment({env_id!r})"
+        self.SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __call__(self) -> MemenvEnvironment:
+        return MemenvEnvironment(self.env_id, self.env_kwargs)
+
+
+def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
+               max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None):
+    """The OpenEnv FastAPI app serving ``env_id`` (openenv-core's ``create_app``; each WebSocket session gets its
+    own env). The env is made once here, so an unknown id or a bad kwarg raises now, naming it, rather than at
+    the first client. ``session_timeout_s`` closes sessions idle that long (default: never)."""
+    from openenv.core.env_server import ConcurrencyConfig
+
+    if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
+        raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+    env_kwargs = dict(env_kwargs or {})
+    gym.make(env_id, **env_kwargs).close()
+    config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s)
+    app = openenv_create_app(_EnvironmentFactory(env_id, env_kwargs), MemenvAction, MemenvObservation,
+                             env_name=env_id, concurrency_config=config)
+    app.add_middleware(_QuietDisconnect)
+    return app
+
+
+class _QuietDisconnect:
+    """ASGI middleware: a client that drops its WebSocket mid-episode is a normal event. openenv-core 0.3.0's
+    ``/ws`` handler destroys the session and then closes the socket again, which raises ``WebSocketDisconnect``
+    that uvicorn would log as an application error with a traceback; this ends that connection quietly."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope.get("type") != "websocket":
+                raise
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 8000,
+          max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None,
+          log_level: str = "warning", ready: Any = None) -> None:
+    """Serve ``env_id`` on ``host:port`` until interrupted (uvicorn). ``ready(url)`` is called once listening."""
+    app = create_app(env_id, env_kwargs, max_sessions=max_sessions, session_timeout_s=session_timeout_s)
+    run_app(app, host=host, port=port, log_level=log_level, ready=ready)
+
+
+def run_app(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
+            ready: Any = None) -> None:
+    """Run an app of :func:`create_app` with uvicorn until interrupted; ``OSError`` if the address cannot be bound."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, ws_max_size=128 * 2**20))
+    if ready is not None:
+        app.router.on_startup.append(lambda: ready(_url(host, sock.getsockname()[1])))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class BackgroundServer:
+    """A server for ``env_id`` in a background thread of this process: ``with BackgroundServer("MemQA-v0") as
+    server: env = connect(server.url)``. ``port=0`` takes a free port (``server.port`` says which)."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1",
+                 port: int = 0, max_sessions: int = DEFAULT_MAX_SESSIONS, log_level: str = "warning",
+                 start_timeout_s: float = 30.0) -> None:
+        import uvicorn
+
+        self.app = create_app(env_id, env_kwargs, max_sessions=max_sessions)
+        self._sock = _bind(host, port)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.url = _url(host, self.port)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level=log_level, ws_max_size=128 * 2**20))
+        self._server.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"memenv-openenv-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the OpenEnv server for {env_id} did not start on {self.url}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class MemenvClient(EnvClient[MemenvAction, MemenvObservation, MemenvState]):
+    """The typed OpenEnv client of a memenv server (async; ``.sync()`` for blocking calls)."""
+
+    def _step_payload(self, action: Any) -> dict[str, Any]:
+        text = action.text if isinstance(action, MemenvAction) else action
+        try:
+            json.dumps(text)
+        except (TypeError, ValueError):
+            text = repr(text)  # not JSON: the env sees its repr (an invalid step either way)
+        return {"text": text}
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[MemenvObservation]:
+        fields = dict(payload.get("observation", {}))
+        observation = MemenvObservation(**fields, reward=payload.get("reward"), done=bool(payload.get("done")),
+                                        metadata=fields.get("info", {}))
+        return StepResult(observation=observation, reward=payload.get("reward"), done=bool(payload.get("done")))
+
+    def _parse_state(self, payload: dict[str, Any]) -> MemenvState:
+        return MemenvState(**payload)
+
+
+async def _close_session(client: EnvClient, timeout_s: float = 5.0) -> None:
+    import asyncio
+
+    ws = client._ws
+    await ws.send(json.dumps({"type": "close"}))
+    await asyncio.wait_for(ws.wait_closed(), timeout_s)
+    client._ws = None
+
+
+class ServedEnv(gym.Env):
+    """A memenv env served over OpenEnv, used like the in-process one (one session = one env instance).
+
+    ``reset(seed=None, options=None) -> (obs, info)``; ``step(action) -> (obs, reward, terminated, truncated,
+    info)``; ``state()`` the server's :class:`MemenvState`; ``close()`` ends the session. The info dicts are the
+    in-process ones passed through JSON (tuples come back as lists).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 10.0, message_timeout_s: float = 600.0) -> None:
+        self.url = url
+        self.client = MemenvClient(base_url=url, connect_timeout_s=connect_timeout_s,
+                                   message_timeout_s=message_timeout_s).sync()
+        self.client.connect()
+        state = self.client.state()
+        self.env_id, self.env_kwargs = state.env_id, state.env_kwargs
+        self.observation_space = text_space(state.max_observation_chars)
+        self.action_space = text_space(state.max_action_chars)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        kwargs: dict[str, Any] = {}
+        if seed is not None:
+            kwargs["seed"] = int(seed)
+        if options is not None:
+            kwargs["options"] = options
+        result = self.client.reset(**kwargs)
+        return result.observation.text, result.observation.info
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        obs = self.client.step(MemenvAction(text=action)).observation
+        return obs.text, float(obs.reward or 0.0), obs.terminated, obs.truncated, obs.info
+
+    def state(self) -> MemenvState:
+        return self.client.state()
+
+    def close(self) -> None:
+        """End the session: ask the server to close it and wait for its close frame (closing the socket first
+        would make the server's own close fail with a logged ``WebSocketDisconnect``)."""
+        if getattr(self.client, "_loop", None) is not None and self.client.async_client._ws is not None:
+            try:
+                self.client._run(_close_session(self.client.async_client))
+            except Exception:  # noqa: BLE001 - best effort: the socket is closed below either way
+                pass
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"ServedEnv({self.env_id!r} at {self.url})"
+
+
+def connect(url: str, **kwargs: Any) -> ServedEnv:
+    """A :class:`ServedEnv` session on the memenv OpenEnv server at ``url`` (``http://host:port``)."""
+    return ServedEnv(url, **kwargs)
