@@ -150,6 +150,10 @@ def _cut_content(content: str, limit: int) -> tuple[str, int]:
     return content[:limit] + cut_marker(cut), cut
 
 
+# The release ends each user message with its "B,T" index ("...->-> 1,1"); the index is kept in ``index``.
+_INDEX_MARKER = re.compile(r"\s*->->\s*\d+\s*,\s*\d+\s*$")
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:59] + "…"
@@ -170,9 +174,9 @@ def _parse_batch(raw: Any, path: Path, position: int, max_message_chars: int = M
             raise DataFormatError(f"{where}: missing key {key!r}")
     if isinstance(number, bool) or not isinstance(number, (int, str)):
         raise DataFormatError(f"{where}: batch_number must be an integer or a string, got {_short(number)}")
-    anchor = raw.get("time_anchor", "")
-    if not isinstance(anchor, str):
-        raise DataFormatError(f"{where}: time_anchor must be a string, got {type(anchor).__name__}")
+    anchor = raw.get("time_anchor")
+    if anchor is not None and not isinstance(anchor, str):
+        raise DataFormatError(f"{where}: time_anchor must be a string or null, got {type(anchor).__name__}")
     turns_raw = raw["turns"]
     if not isinstance(turns_raw, list):
         raise DataFormatError(f"{where}: turns must be a list of turns, got {type(turns_raw).__name__}")
@@ -200,9 +204,13 @@ def _parse_batch(raw: Any, path: Path, position: int, max_message_chars: int = M
                 if msg.get(key) is not None and not isinstance(msg[key], str):
                     raise DataFormatError(f"{at}: {key} must be a string, got {_type_name(msg[key])}")
             content, cut = _cut_content(msg["content"], max_message_chars)
+            if msg["role"] == "user" and not cut:
+                content = _INDEX_MARKER.sub("", content)
             messages.append(BeamMessage(msg["role"], msg["id"], msg.get("index", k), content,
                                         msg.get("time_anchor"), msg.get("question_type"), cut_chars=cut))
         turns.append(tuple(messages))
+    if anchor is None:  # the release's batches carry none: the first message anchor of the batch, if any
+        anchor = next((m.time_anchor for turn in turns for m in turn if m.time_anchor), "")
     return BeamBatch(position, number, anchor, tuple(turns))
 
 

@@ -317,7 +317,10 @@ class MemDialogBeamEnv(MemEnvBase):
         return {"read": edits + ("next",), "question": edits + ("answer",), "strategy": ("strategy",)}[self._phase]
 
     def session_text(self, batch: BeamBatch) -> str:
-        lines = [sanitize(m.render()) for m in batch.messages]
+        """One line per message; a message's own time anchor (BEAM's release puts a few on user messages) is
+        shown before its text where it differs from the session's."""
+        lines = [sanitize(m.render() if not m.time_anchor or m.time_anchor == batch.time_anchor else
+                          m.render().replace(": ", f": [{m.time_anchor}] ", 1)) for m in batch.messages]
         return "\n".join(lines) if lines else "(no messages in this session)"
 
     def _information_block(self, notice: str | None = None) -> str:
@@ -326,7 +329,8 @@ class MemDialogBeamEnv(MemEnvBase):
         result = f"\n[result] {self._result}" if tools and self._result else ""
         left = f" [tool calls left: {self.max_tool_calls - self._calls}]" if tools else ""
         if self._phase == "read":
-            head = f"[session {self._session + 1}/{self._n_sessions}, {sanitize(self._batch.time_anchor)}]{left}"
+            date = sanitize(self._batch.time_anchor) or "date not given"
+            head = f"[session {self._session + 1}/{self._n_sessions}, {date}]{left}"
             return f"<information>{head}{tail}\n{self.session_text(self._batch)}{result}\n</information>"
         if self._phase == "question":
             question = sanitize(self.questions[self._question].question)
