@@ -46,11 +46,20 @@ reference), except for ``prefix_tree`` batches, whose rows hold whole tries: the
 transformers' sdpa once per query block of :func:`attention_blocks` (a branch attends its prefix and itself;
 in a prefix tree, each chain of the trie attends the chains above it, :func:`tree_pieces`) instead of over the
 whole row, so packed rows cost sum(n x (context + n)) attention, not row length^2: the fastest CPU choice for
-long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen (sequence
-boundaries from ``position_ids``) for padded / padding-free batches when ``flash_attn`` is installed, else
-``flex_attention`` with a block mask built from the same ids (any packing; for a prefix tree from
-``tree_end``), else sdpa with the 4D mask. The CUDA paths are gated on the device and were not run
-on the CPU-only machines this was written on.
+long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen for padded /
+padding-free batches of a bf16/fp16 model when ``flash_attn`` is installed, else ``flex_attention`` with a block
+mask built from the same ids (any packing; for a prefix tree from ``tree_end``), else sdpa with the 4D mask.
+
+Nothing depends on transformers inferring sequence boundaries from ``position_ids``: transformers 5.x does that
+only for a one-row batch (``modeling_flash_attention_utils._is_packed_sequence``) and otherwise runs plain causal
+attention over each whole row, so every sequence packed behind another would attend it. The varlen backends get
+the boundaries explicitly (:func:`varlen_boundaries`: ``cu_seq_lens_q/k`` over the rows flattened into one
+token stream, one entry per sequence, plus ``max_length_q/k``), which transformers' flash path hands to
+``flash_attn_varlen_func`` as they are; flex_attention gets a :class:`BlockMask` of :func:`flex_mask_mod`, the
+rule of the 4D mask as a function. :func:`attention_inputs` is the one place that decides what a backend gets.
+``tests/test_packed_attention.py`` runs transformers' own flash path on CPU with a plain-torch varlen kernel
+(:func:`register_varlen_attention`) and flex_attention in eager mode, multi-row, against the dense reference,
+and shows that the old inputs (no boundaries) leak.
 """
 
 from __future__ import annotations
@@ -69,6 +78,12 @@ from distill.reconstruct import TokenSequence, episode_key, reconstruct
 
 PACKINGS = ("padded", "padding_free", "shared_prefix", "sorted_padded", "prefix_tree")
 SDPA_BLOCKS = "sdpa_blocks"  # attention implementation registered by register_block_attention
+#: Packings whose every sequence is one contiguous run of a row that attends only itself (causally): what a
+#: varlen kernel (``cu_seqlens``) can express. A shared prefix / prefix tree needs flex_attention or sdpa.
+VARLEN_PACKINGS = ("padded", "sorted_padded", "padding_free")
+#: Attention implementations that take sequence boundaries as ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs
+#: (transformers' flash paths); :func:`register_varlen_attention` adds more.
+VARLEN_IMPLEMENTATIONS = {"flash_attention_2", "flash_attention_3", "flash_attention_4"}
 
 
 @dataclass
@@ -522,11 +537,12 @@ def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
     check_attention_backend(backend, "backend")
     if backend != "auto":
         return backend
-    device = next(model.parameters()).device
-    if device.type != "cuda":
+    param = next(model.parameters())
+    if param.device.type != "cuda":
         # a prefix tree's rows hold whole tries: the dense mask would pay O(row length^2) for mostly hidden keys
         return SDPA_BLOCKS if batch.method == "prefix_tree" else "sdpa"
-    if batch.method not in ("shared_prefix", "prefix_tree") and importlib.util.find_spec("flash_attn") is not None:
+    if (batch.method in VARLEN_PACKINGS and param.dtype in (torch.float16, torch.bfloat16)
+            and importlib.util.find_spec("flash_attn") is not None):
         return "flash_attention_2"
     if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
         return "flex_attention"
@@ -536,7 +552,7 @@ def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
 @contextlib.contextmanager
 def _attention_implementation(model, name: str):
     old = _attn_impl(model)
-    if name == old or (name == "sdpa" and not old.startswith(("flash", "flex", SDPA_BLOCKS))):
+    if name == old or (name == "sdpa" and not old.startswith(("flash", "flex", SDPA_BLOCKS)) and not is_varlen(old)):
         yield old  # sdpa-like (e.g. sdpa_float32) and eager implementations take the explicit mask
         return
     model.set_attn_implementation(name)
@@ -684,9 +700,69 @@ def register_block_attention() -> str:
     return SDPA_BLOCKS
 
 
-def _flex_block_mask(batch: PackedBatch):  # pragma: no cover - CUDA only
-    from torch.nn.attention.flex_attention import create_block_mask
+def register_varlen_attention(name: str, function) -> str:
+    """Register ``function`` (transformers' attention signature) as attention implementation ``name`` that,
+    like flash-attention, takes the batch's sequence boundaries as ``cu_seq_lens_q/k`` and ``max_length_q/k``
+    kwargs (:func:`attention_inputs`) and no mask; transformers builds it the flash path's mask (none for
+    unpadded rows). Used by the tests to run transformers' own flash path with a plain-torch varlen kernel."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+    VARLEN_IMPLEMENTATIONS.add(name)
+    return name
+
+
+def is_varlen(impl: str) -> bool:
+    """True when attention implementation ``impl`` takes ``cu_seqlens`` boundaries (flash-attention varlen)."""
+    return impl in VARLEN_IMPLEMENTATIONS
+
+
+def sequence_runs(batch: PackedBatch) -> list[list[tuple[int, int]]]:
+    """Per row, ``(start, end)`` column runs that tile it: one per packed sequence, one per padding run (padding
+    attends only padding, never scored). Raises a ValueError for layouts a varlen kernel cannot express (a
+    shared prefix or a prefix tree, whose branches attend columns outside their own run)."""
+    if batch.method not in VARLEN_PACKINGS or batch.tree_end is not None or bool(batch.is_prefix.any()):
+        raise ValueError(f"flash-attention varlen cannot express a {batch.method} batch (a branch attends a shared "
+                         f"prefix outside its own run): use flex_attention, sdpa or sdpa_blocks; varlen takes "
+                         f"{', '.join(VARLEN_PACKINGS)}")
+    out = []
+    for u_row, s_row in zip(batch.unit_ids.tolist(), batch.seq_ids.tolist()):
+        runs, a, L = [], 0, len(s_row)
+        while a < L:
+            b = a + 1
+            if u_row[a] < 0:
+                while b < L and u_row[b] < 0:
+                    b += 1
+            else:
+                while b < L and s_row[b] == s_row[a]:
+                    b += 1
+            runs.append((a, b))
+            a = b
+        out.append(runs)
+    return out
+
+
+def varlen_boundaries(batch: PackedBatch, device=None) -> dict:
+    """The kwargs transformers' flash path passes to ``flash_attn_varlen_func`` for ``batch``: ``cu_seq_lens_q``
+    = ``cu_seq_lens_k`` (int32, the cumulative run lengths of :func:`sequence_runs` over the rows flattened into
+    one token stream, row after row: ``[0, ..., R x L]``) and ``max_length_q`` = ``max_length_k`` (the longest
+    run, a Python int). With them transformers reshapes query/key/value to ``[R x L, heads, dim]`` and runs the
+    varlen kernel (``_flash_attention_forward``'s "padding free" case); it needs ``attention_mask=None``."""
+    R, L = batch.input_ids.shape
+    cuts, longest = [0], 0
+    for k, runs in enumerate(sequence_runs(batch)):
+        for a, b in runs:
+            cuts.append(k * L + b)
+            longest = max(longest, b - a)
+    cu = torch.tensor(cuts, dtype=torch.int32, device=device if device is not None else batch.input_ids.device)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": int(longest), "max_length_k": int(longest)}
+
+
+def flex_mask_mod(batch: PackedBatch):
+    """``mask_mod(b, h, q, kv)`` of flex_attention for ``batch``: exactly its 4D mask's rule (the module doc;
+    for a prefix tree ``kv <= q < tree_end[b, kv]``)."""
     unit, seq, pref, end = batch.unit_ids, batch.seq_ids, batch.is_prefix, batch.tree_end
 
     if end is not None:
@@ -695,40 +771,52 @@ def _flex_block_mask(batch: PackedBatch):  # pragma: no cover - CUDA only
     else:
         def mask_mod(b, h, q, kv):
             return (kv <= q) & (unit[b, q] == unit[b, kv]) & ((seq[b, q] == seq[b, kv]) | pref[b, kv])
+    return mask_mod
+
+
+def flex_block_mask(batch: PackedBatch):
+    """The :class:`torch.nn.attention.flex_attention.BlockMask` of :func:`flex_mask_mod` on the batch's device."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     R, L = batch.input_ids.shape
-    return create_block_mask(mask_mod, B=R, H=None, Q_LEN=L, KV_LEN=L, device=batch.input_ids.device)
+    return create_block_mask(flex_mask_mod(batch), B=R, H=None, Q_LEN=L, KV_LEN=L, device=batch.input_ids.device)
 
 
-def _mask_for(model, batch: PackedBatch, impl: str):
-    if impl == "flash_attention_2":  # pragma: no cover - CUDA only: varlen boundaries from position resets
-        return None
-    if impl == "flex_attention":  # pragma: no cover - CUDA only
-        return _flex_block_mask(batch)
+def attention_inputs(model, batch: PackedBatch, impl: str) -> dict:
+    """What the model body gets besides ids and positions under attention implementation ``impl``: the one
+    place that decides it. Varlen (flash): ``attention_mask=None`` and :func:`varlen_boundaries`; flex: the
+    :func:`flex_block_mask`; ``sdpa_blocks``: no mask and the block plans; sdpa / eager (and sdpa-like
+    registered implementations): the explicit 4D mask, additive."""
+    dtype = next(model.parameters()).dtype
+    device = batch.input_ids.device
+    if is_varlen(impl):
+        return {"attention_mask": None, **varlen_boundaries(batch, device)}
+    if impl == "flex_attention":
+        return {"attention_mask": flex_block_mask(batch)}
+    if impl == SDPA_BLOCKS:
+        return {"attention_mask": None, "memenv_blocks": _block_plans(batch, dtype, device)}
     # An additive float mask, made once per forward: eager attention adds it to the scores, and PyTorch's CPU
     # sdpa kernel would otherwise convert a bool mask to this in every layer (measured: 7% of a teacher pass).
     mask = batch.attention_mask
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return {"attention_mask": torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, torch.finfo(dtype).min)}
 
 
 def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Tensor:
-    """Last hidden states ``[R, L, d]`` of ``model``'s body for ``batch``: explicit mask and positions, no cache."""
+    """Last hidden states ``[R, L, d]`` of ``model``'s body for ``batch``: explicit positions, the attention
+    inputs of :func:`attention_inputs` for the backend (never boundaries left to be guessed), no cache."""
     body = model_body(model)
     device = next(model.parameters()).device
     if batch.input_ids.device != device:
         batch = batch.to(device)
     impl = select_backend(model, batch, backend)
-    if impl == "flash_attention_2" and batch.method in ("shared_prefix", "prefix_tree"):
-        raise ValueError("flash-attention varlen cannot express a shared prefix: use flex_attention or sdpa")
-    extra = {}
+    if is_varlen(impl):
+        sequence_runs(batch)  # a layout varlen cannot express fails here, before the implementation is switched
     if impl == SDPA_BLOCKS:
         register_block_attention()
-        extra["memenv_blocks"] = _block_plans(batch, next(model.parameters()).dtype, device)
     with _attention_implementation(model, impl) as active:
-        mask = None if active == SDPA_BLOCKS else _mask_for(model, batch, active)
-        out = body(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
-                   use_cache=False, **extra)
+        out = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                   **attention_inputs(model, batch, active))
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
