@@ -76,11 +76,24 @@ def _get_cache(out) -> Any:
     raise RuntimeError("the model returned no KV cache (use_cache=True)")
 
 
+def resolve_system_prompt(system_prompt: str | None, tokenizer) -> str | None:
+    """``"checkpoint"``: the system prompt saved with the tokenizer's checkpoint (``memenv_prompt.json``, see
+    :func:`agents.llm.models.read_prompt_settings`), else none; ``"protocol"``: :data:`PROTOCOL_SYSTEM_PROMPT`;
+    ``None``: no system message (the chat template's own default, if it has one); any other string is the prompt."""
+    if system_prompt == "checkpoint":
+        system_prompt = (getattr(tokenizer, "memenv_prompt", None) or {}).get("system_prompt")
+    if system_prompt == "protocol":
+        return PROTOCOL_SYSTEM_PROMPT
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise ValueError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+    return system_prompt
+
+
 class PromptFormat:
     """Observation text -> prompt ids (chat template or plain template; see the module doc). Needs no model:
     :class:`LLMPolicy` and the serving adapters (verl) encode prompts the same way."""
 
-    def __init__(self, tokenizer, template: str = "auto", system_prompt: str | None = None,
+    def __init__(self, tokenizer, template: str = "auto", system_prompt: str | None = "checkpoint",
                  plain_template: str = PLAIN_TEMPLATE, max_prompt_tokens: int | None = None) -> None:
         if template not in ("auto", "chat", "plain"):
             raise ValueError(f"template must be 'auto', 'chat' or 'plain', got {template!r}")
@@ -88,7 +101,7 @@ class PromptFormat:
         self.use_chat = template == "chat" or (template == "auto" and bool(getattr(tokenizer, "chat_template", None)))
         if self.use_chat and not getattr(tokenizer, "chat_template", None):
             raise ValueError("template='chat' but the tokenizer has no chat template")
-        self.system_prompt = system_prompt
+        self.system_prompt = resolve_system_prompt(system_prompt, tokenizer)
         self.plain_template = plain_template
         self.max_prompt_tokens = max_prompt_tokens
 
@@ -121,14 +134,15 @@ class LLMPolicy:
         max_new_tokens: per invocation.
         stop: strings that end an action (the closing tags); eos always stops.
         template: ``"auto"`` | ``"chat"`` | ``"plain"``.
-        system_prompt: optional system message for chat templates.
+        system_prompt: system message for chat templates: ``"checkpoint"`` (default: the one saved with the
+            model, else none), ``"protocol"`` (:data:`PROTOCOL_SYSTEM_PROMPT`), ``None`` or any string.
         batch_size: rows per forward pass.
         seed: seeds the sampling generator (reproducible rollouts).
     """
 
     def __init__(self, model, tokenizer=None, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
-                 system_prompt: str | None = None, plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
+                 system_prompt: str | None = "checkpoint", plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
                  max_prompt_tokens: int | None = None, seed: int | None = 0) -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model, loaded_tok = load_pretrained(model)
@@ -145,7 +159,7 @@ class LLMPolicy:
         self.max_new_tokens = int(max_new_tokens)
         self.stop = tuple(stop)
         self.use_chat = self.format.use_chat
-        self.system_prompt = system_prompt
+        self.system_prompt = self.format.system_prompt
         self.plain_template = plain_template
         self.batch_size = int(batch_size)
         self.max_prompt_tokens = max_prompt_tokens

@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agents.files import write_directory_atomic, write_text_atomic
+from agents.llm.models import PROMPT_FILE
+from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
 
 FINGERPRINT_FILE = "memenv_model.json"
-FORMAT_VERSION = 1  # bump when the conversion changes what it writes
+FORMAT_VERSION = 2  # bump when the conversion changes what it writes
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,6 @@ def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: b
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    quiet_env = {} if progress else {"TQDM_DISABLE": "1"}  # the GGUF dequantizer's own tqdm bar
-    saved_env = {k: os.environ.get(k) for k in quiet_env}
-    os.environ.update(quiet_env)
     if not progress:
         hf_logging.disable_progress_bar()
     try:
@@ -176,8 +175,6 @@ def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: b
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                       local_files_only=True)
     finally:
-        for k, v in saved_env.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         if not progress:
             hf_logging.enable_progress_bar()
     config = loaded.config
@@ -198,6 +195,9 @@ def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: b
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        # memenv's action protocol as the folder's system prompt (``system_prompt="checkpoint"``): what a zero-shot
+        # run needs, and what SFT then trains under; edit or delete the file to change it.
+        write_text_atomic(tmp / PROMPT_FILE, json.dumps({"system_prompt": PROTOCOL_SYSTEM_PROMPT}, indent=2) + "\n")
         record = dict(fingerprint, weights_bytes=(tmp / "model.safetensors").stat().st_size,
                       transformers_version=_version("transformers"), gguf_reader_version=_version("gguf"),
                       torch_version=_version("torch"), parameters=sum(p.numel() for p in model.parameters()),

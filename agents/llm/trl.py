@@ -149,7 +149,7 @@ class MemenvRollout:
     def __init__(self, env_id: str = "MemQA-v0", env_kwargs: dict[str, Any] | None = None, *,
                  rows_per_episode: int | None = None, temperature: float | None = None,
                  max_new_tokens: int | None = None, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
-                 system_prompt: str | None = None, max_prompt_tokens: int | None = None, batch_size: int = 64,
+                 system_prompt: str | None = "checkpoint", max_prompt_tokens: int | None = None, batch_size: int = 64,
                  history_rows: bool | None = None) -> None:
         if sys.version_info < MIN_PYTHON:
             require_trl()  # raises the Python-version error

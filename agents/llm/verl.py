@@ -71,7 +71,7 @@ class MemenvEpisodeLoop:
     """
 
     def __init__(self, server, tokenizer, *, response_length: int = 256, stop: Sequence[str] = DEFAULT_STOP,
-                 template: str = "auto", system_prompt: str | None = None,
+                 template: str = "auto", system_prompt: str | None = "checkpoint",
                  max_prompt_tokens: int | None = None) -> None:
         if response_length < 1:
             raise ValueError(f"response_length must be >= 1, got {response_length}")
@@ -171,7 +171,7 @@ if AgentLoopBase is not None:  # pragma: no cover - needs verl
             self.loop = MemenvEpisodeLoop(self.server_manager, self.tokenizer,
                                           response_length=int(rollout.response_length),
                                           template=options.get("template", "auto"),
-                                          system_prompt=options.get("system_prompt"),
+                                          system_prompt=options.get("system_prompt", "checkpoint"),
                                           max_prompt_tokens=int(rollout.prompt_length))
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
