@@ -1,16 +1,32 @@
-"""A served model as a memenv policy: any OpenAI-compatible *completions* server (vLLM, SGLang, llama.cpp, ollama).
+"""A served model as a memenv policy: any OpenAI-compatible server (vLLM, SGLang, llama.cpp, ollama).
 
     memenv bench --strategies relevance openai:Qwen2.5-7B-Instruct@http://localhost:8000 -n 50
+    memenv bench --strategies "openai:smollm2@http://127.0.0.1:8765?endpoint=completions&tokenizer=DIR"
 
-The strategy ``openai:MODEL@URL`` sends each observation as a raw completion prompt (``{observation}\\n``, the
-plain template of :class:`agents.llm.policy.LLMPolicy`, so a local and a served run see the same text), stops at
-``</search>`` / ``</answer>`` and gives the completion back to the env as the action. In memory mode the prompt is
-the observation of that turn (task + rewritten memory + newest result), never a growing chat. OpenAI-style
-servers drop the stop string from the text, so the closing tag of the last opened tool tag is put back.
+Endpoints (the ``endpoint`` option of the strategy, ``openai:MODEL@URL?endpoint=E``):
+
+- ``chat`` (``/v1/chat/completions``): the observation is the user message after a system message that teaches
+  the protocol (:data:`agents.llm.policy.PROTOCOL_SYSTEM_PROMPT`; ``system=none`` drops it); the server applies
+  the model's chat template. What an instruct model needs.
+- ``completions`` (``/v1/completions``): with ``tokenizer=DIR`` (the model's local folder) the prompt is the
+  token ids :class:`agents.llm.policy.LLMPolicy` builds for the same observation (its chat template and the
+  same system prompt, or the plain template for a tokenizer without one), sent as a list of ids, so a local
+  and a served run see identical prompts; without a tokenizer it is the raw text ``{observation}\\n`` (the plain
+  template, for base models).
+- ``auto`` (default): ``completions`` with ids when ``tokenizer`` is given; else ``chat``, falling back once (per
+  server and model) to the plain ``completions`` prompt when the server says the model has no chat template
+  or has no chat route (HTTP 400 naming a chat template, 404, 405, 501).
+
+Other options: ``max_tokens=N`` (per action, default 512), ``system=none``. Each action stops at ``</search>`` /
+``</answer>``; OpenAI-style servers drop the stop string from the text, so the closing tag of the last opened
+tool tag is put back. In memory mode the prompt is the observation of that turn (task + rewritten memory +
+newest result), never a growing chat.
 
 Episodes run concurrently (a thread pool, one env per worker); requests are retried with exponential backoff on
-connection errors, timeouts, 429 and 5xx; token counts come from the server's ``usage`` fields. Only the standard
-library is used (``urllib``). ``OPENAI_API_KEY`` is sent as a bearer token when set.
+connection errors, timeouts, 429 and 5xx; token counts come from the server's ``usage`` fields (with ``chat`` the
+prompt count includes the system message and the template's turn markers). Only the standard library is used
+(``urllib``; ``tokenizer=`` loads the tokenizer with transformers). ``OPENAI_API_KEY`` is sent as a bearer token
+when set.
 
 Time limits: each attempt of a completion request has ``timeout`` seconds (default 120) of wall-clock time for
 connecting and reading the whole reply, with ``retries`` (default 4) further attempts; the start-up check
@@ -43,28 +59,66 @@ class ServerError(ServiceError, RuntimeError):
     one-line message names the URL and what came back."""
 
 
+ENDPOINTS = ("auto", "chat", "completions")
+SYSTEM_PROMPTS = ("protocol", "none")
+_OPTIONS = ("endpoint", "tokenizer", "system", "max_tokens")
+
+
 @dataclass(frozen=True)
 class ServedSpec:
-    """``openai:MODEL@URL`` (URL with or without ``/v1``; ``http://`` assumed when no scheme is given)."""
+    """``openai:MODEL@URL[?key=value&...]`` (URL with or without ``/v1``; ``http://`` assumed when no scheme is
+    given). Options (see the module doc): ``endpoint`` (auto | chat | completions), ``tokenizer`` (a local
+    folder), ``system`` (protocol | none), ``max_tokens``."""
 
     model: str
     url: str
+    endpoint: str = "auto"
+    tokenizer: str | None = None
+    system: str = "protocol"
+    max_tokens: int | None = None
 
     @classmethod
     def parse(cls, name: str) -> "ServedSpec":
         if not name.startswith(PREFIX):
             raise ValueError(f"not a served-model strategy: {name!r} (expected {PREFIX}MODEL@URL)")
-        model, sep, url = name[len(PREFIX):].rpartition("@")
+        head, _, query = name[len(PREFIX):].partition("?")
+        model, sep, url = head.rpartition("@")
         if not sep or not model or not url:
             raise ValueError(f"bad served-model strategy {name!r}: expected {PREFIX}MODEL@URL, "
                              f"e.g. {PREFIX}Qwen2.5-7B-Instruct@http://localhost:8000")
         if "://" not in url:
             url = "http://" + url
-        return cls(model, url.rstrip("/"))
+        options: dict[str, Any] = {}
+        for item in filter(None, query.split("&")):
+            key, eq, value = item.partition("=")
+            if key not in _OPTIONS or not eq or not value:
+                raise ValueError(f"bad option {item!r} in served-model strategy {name!r}: expected KEY=VALUE with "
+                                 f"KEY one of {', '.join(_OPTIONS)}")
+            options[key] = value
+        if options.get("endpoint", "auto") not in ENDPOINTS:
+            raise ValueError(f"served-model strategy {name!r}: endpoint must be one of {', '.join(ENDPOINTS)}, "
+                             f"got {options['endpoint']!r}")
+        if options.get("system", "protocol") not in SYSTEM_PROMPTS:
+            raise ValueError(f"served-model strategy {name!r}: system must be one of {', '.join(SYSTEM_PROMPTS)}, "
+                             f"got {options['system']!r}")
+        if "max_tokens" in options:
+            value = options["max_tokens"]
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"served-model strategy {name!r}: max_tokens must be a whole number >= 1, "
+                                 f"got {value!r}")
+            options["max_tokens"] = int(value)
+        return cls(model, url.rstrip("/"), **options)
 
     @property
     def api_base(self) -> str:
         return self.url if self.url.endswith("/v1") else self.url + "/v1"
+
+    @property
+    def text(self) -> str:
+        """The strategy name this spec parses from (options in a fixed order)."""
+        options = [f"{k}={getattr(self, k)}" for k in _OPTIONS
+                   if getattr(self, k) != getattr(ServedSpec, k, None)]
+        return PREFIX + f"{self.model}@{self.url}" + ("?" + "&".join(options) if options else "")
 
 
 def is_served(name: str) -> bool:
@@ -77,6 +131,7 @@ class Completion:
     prompt_tokens: int | None
     completion_tokens: int | None
     finish_reason: str | None
+    token_ids: list[int] | None = None  # the completion's ids, when asked for and sent (vLLM return_token_ids)
 
 
 def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
@@ -149,24 +204,45 @@ class CompletionsClient:
         except UnreachableError as err:
             raise self._unreachable(err) from err
 
-    def complete(self, prompt: str) -> Completion:
-        """One completion; a reply that is not an OpenAI completions object is a :class:`ServerError`."""
-        body = {"model": self.spec.model, "prompt": prompt, "max_tokens": self.max_tokens,
+    def complete(self, prompt: str | Sequence[int], *, token_ids: bool = False) -> Completion:
+        """One completion of ``prompt`` (text, or a list of token ids); a reply that is not an OpenAI completions
+        object is a :class:`ServerError`. ``token_ids``: also ask for the ids of the prompt and of the completion
+        (vLLM's ``return_token_ids``; ``Completion.token_ids`` stays None when the server sends none)."""
+        body = {"model": self.spec.model, "prompt": prompt if isinstance(prompt, str) else [int(i) for i in prompt],
+                "max_tokens": self.max_tokens, "temperature": self.temperature, "stop": list(self.stop)}
+        if token_ids:
+            body["return_token_ids"] = True
+        return self._completion("/completions", body, "completions", "text")
+
+    def chat(self, messages: Sequence[dict[str, str]]) -> Completion:
+        """One chat completion (``POST /chat/completions``) of ``messages``; the text is the reply's
+        ``message.content``."""
+        body = {"model": self.spec.model, "messages": list(messages), "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "stop": list(self.stop)}
-        reply = self._request("/completions", body)
-        url = self.spec.api_base + "/completions"
+        return self._completion("/chat/completions", body, "chat completions", "message.content")
+
+    def _completion(self, path: str, body: dict, kind: str, field: str) -> Completion:
+        reply = self._request(path, body)
+        url = self.spec.api_base + path
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not isinstance(choices, list) or not choices:
-            raise ServerError(f"{url} returned no choices (expected a completions object with a non-empty "
+            raise ServerError(f"{url} returned no choices (expected a {kind} object with a non-empty "
                               f"'choices' list): {excerpt(reply)}")
         choice = choices[0]
         if not isinstance(choice, dict):
             raise ServerError(f"{url}: choices[0] is {type(choice).__name__}, expected an object: {excerpt(reply)}")
-        text = choice.get("text")
+        if field == "text":
+            text = choice.get("text")
+        else:
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                raise ServerError(f"{url}: choices[0].message is {type(message).__name__}, expected an object: "
+                                  f"{excerpt(reply)}")
+            text = message.get("content")
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise ServerError(f"{url}: choices[0].text is {type(text).__name__} {excerpt(text, 40)}, expected a "
+            raise ServerError(f"{url}: choices[0].{field} is {type(text).__name__} {excerpt(text, 40)}, expected a "
                               f"string: {excerpt(reply)}")
         finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
@@ -176,8 +252,10 @@ class CompletionsClient:
             usage = {}
         if not isinstance(usage, dict):
             raise ServerError(f"{url}: usage is {type(usage).__name__}, expected an object: {excerpt(reply)}")
+        ids = choice.get("token_ids")
+        ids = [int(i) for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
         return Completion(text, _token_count(usage, "prompt_tokens", url, reply),
-                          _token_count(usage, "completion_tokens", url, reply), finish)
+                          _token_count(usage, "completion_tokens", url, reply), finish, ids)
 
 
 def restore_stop(text: str, finish_reason: str | None, stop_reason: Any, stop: Sequence[str]) -> str:
@@ -195,29 +273,114 @@ def restore_stop(text: str, finish_reason: str | None, stop_reason: Any, stop: S
     return text
 
 
+#: (api base, model) -> the endpoint ``auto`` settled on for that server (``"chat"`` or ``"completions"``).
+_RESOLVED: dict[tuple[str, str], str] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
+def _no_chat(err: ServerError) -> bool:
+    """Whether a failed chat request means the server has no chat for this model (rather than a real failure)."""
+    cause = err.__cause__
+    if not isinstance(cause, HTTPStatusError):
+        return False
+    return cause.status in (404, 405, 501) or (cause.status in (400, 422) and "chat template" in cause.detail.lower())
+
+
 class ServedPolicy:
     """The ``openai:MODEL@URL`` strategy: a policy for ``memenv bench`` (and any ``act(observation)`` loop).
 
+    ``endpoint``, ``tokenizer``, ``system_prompt`` override the spec's options (``system_prompt``: the text of
+    the chat system message; default :data:`agents.llm.policy.PROTOCOL_SYSTEM_PROMPT`, none with ``system=none``).
     ``run_episodes`` runs many episodes at once (``concurrency`` worker threads, one env each) and reports, per
     episode, the server's prompt and completion token counts."""
 
     context = "memory"
     prompt_template = "{observation}\n"
 
-    def __init__(self, spec: ServedSpec | str, *, concurrency: int = 8, **client_kwargs: Any) -> None:
+    def __init__(self, spec: ServedSpec | str, *, concurrency: int = 8, endpoint: str | None = None,
+                 tokenizer: Any = None, system_prompt: str | None | object = ..., token_ids: bool = False,
+                 **client_kwargs: Any) -> None:
         self.spec = spec if isinstance(spec, ServedSpec) else ServedSpec.parse(spec)
-        self.name = PREFIX + f"{self.spec.model}@{self.spec.url}"
+        self.name = self.spec.text
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.concurrency = int(concurrency)
+        endpoint = endpoint or self.spec.endpoint
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+        if system_prompt is ...:
+            system_prompt = None if self.spec.system == "none" else self._protocol_prompt()
+        self.system_prompt = system_prompt
+        self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(self.spec.tokenizer)
+        self.format = None
+        if self.tokenizer is not None:
+            from agents.llm.policy import PromptFormat
+
+            self.format = PromptFormat(self.tokenizer, "auto", system_prompt)
+        if endpoint == "auto":
+            endpoint = "completions" if self.format is not None else _RESOLVED.get((self.spec.api_base, self.spec.model), "auto")
+        self.endpoint = endpoint
+        self.token_ids = bool(token_ids)
+        if self.spec.max_tokens is not None:
+            client_kwargs.setdefault("max_tokens", self.spec.max_tokens)
         self.client = CompletionsClient(self.spec, **client_kwargs)
         self._usage = threading.local()
+        self._local = threading.local()
+
+    @staticmethod
+    def _protocol_prompt() -> str:
+        from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
+
+        return PROTOCOL_SYSTEM_PROMPT
+
+    def _load_tokenizer(self, folder: str | None):
+        if folder is None:
+            return None
+        from pathlib import Path
+
+        if not Path(folder).is_dir():
+            raise ValueError(f"served-model strategy {self.spec.text!r}: tokenizer={folder} is not a folder "
+                             f"(the model's local folder, e.g. from `memenv models prepare NAME`)")
+        from agents.llm.models import load_tokenizer
+
+        return load_tokenizer(folder)
+
+    def messages(self, observation: str) -> list[dict[str, str]]:
+        """The chat messages of one observation (the system message, then the observation as the user's)."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": observation}]
+
+    def prompt(self, observation: str) -> str | list[int]:
+        """The completions prompt of one observation: :class:`agents.llm.policy.PromptFormat`'s ids with a
+        tokenizer (those of :class:`agents.llm.policy.LLMPolicy`), else the plain template's text."""
+        if self.format is not None:
+            return self.format.encode_prompt(observation)
+        return self.prompt_template.format(observation=observation)
+
+    def _ask(self, observation: str) -> Completion:
+        if self.endpoint == "completions":
+            return self.client.complete(self.prompt(observation), token_ids=self.token_ids)
+        if self.endpoint == "chat":
+            return self.client.chat(self.messages(observation))
+        try:  # auto without a tokenizer: chat, unless this server has none for the model
+            result = self.client.chat(self.messages(observation))
+        except ServerError as err:
+            if not _no_chat(err):
+                raise
+            with _RESOLVED_LOCK:
+                _RESOLVED[(self.spec.api_base, self.spec.model)] = self.endpoint = "completions"
+            return self.client.complete(self.prompt(observation), token_ids=self.token_ids)
+        with _RESOLVED_LOCK:
+            _RESOLVED.setdefault((self.spec.api_base, self.spec.model), "chat")
+        self.endpoint = "chat"
+        return result
 
     def reset(self, env: Any = None) -> None:
         self._usage.tokens = [0, 0, 0]  # prompt, completion, requests without usage
 
     def act(self, observation: str) -> str:
-        result = self.client.complete(self.prompt_template.format(observation=observation))
+        result = self._ask(observation)
+        self._local.last = result
         tokens = getattr(self._usage, "tokens", None)
         if tokens is not None:
             if result.prompt_tokens is None or result.completion_tokens is None:
@@ -226,6 +389,11 @@ class ServedPolicy:
                 tokens[0] += int(result.prompt_tokens)
                 tokens[1] += int(result.completion_tokens)
         return result.text
+
+    @property
+    def last(self) -> Completion | None:
+        """This thread's latest completion (text, token counts, finish reason, ids when asked for)."""
+        return getattr(self._local, "last", None)
 
     def usage(self) -> dict[str, float]:
         """Server token counts of this thread's current episode (NaN when the server sent no ``usage``)."""
