@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.llm.cli import apply_set, check_checkpoint, check_run_out, interrupted_note
+from agents.llm.cli import (DTYPE_CHOICES, add_model_options, apply_set, check_checkpoint, check_model_options,
+                            check_run_out, interrupted_note)
 from distill import DIAGNOSE_METHODS
 from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
                         open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
@@ -39,7 +40,7 @@ _FIELDS = ("algo", "lr", "updates", "episodes_per_update", "group_size", "kl_coe
            "eval_episodes", "save_every", "num_envs", "max_new_tokens", "max_seconds", "threads", "distill_coef",
            "loss", "beta", "top_k", "top_k_mode", "chunk", "reconstruction", "teacher_reconstruction", "packing",
            "teacher_packing",
-           "token_budget", "credit", "credit_coef")
+           "token_budget", "credit", "credit_coef", "dtype", "attn_implementation", "teacher_dtype")
 
 
 def _fail(message: str) -> CommandError:
@@ -81,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.teacher:  # the checks that need no torch first: a bad --out or checkpoint fails at once
         check_run_out(args.out, args.resume)
     cfg = build_config(args)
+    check_model_options(cfg, (("dtype", "attn_implementation"), ("teacher_dtype", "teacher_attn_implementation")))
     from distill.teacher import VocabularyMismatchError
     from distill.trainer import train_memopd
 
@@ -117,7 +119,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         raise _fail(f"--records: {exc}") from None
     except OSError as exc:
         raise _fail(f"--records {args.records}: cannot read it ({exc.strerror or exc})") from None
-    model, tokenizer = load_pretrained(args.model)
+    model, tokenizer = load_pretrained(args.model, dtype=args.dtype)
     try:
         check_records(records, model, tokenizer)
         table = diagnose(records, model, tokenizer, clip=args.clip, methods=args.methods, progress=not args.quiet,
@@ -193,6 +195,10 @@ def register_cli(subparsers) -> None:
     r.add_argument("--max-new-tokens", dest="max_new_tokens", type=positive_int)
     r.add_argument("--max-seconds", dest="max_seconds", type=positive_float, help="time budget (evaluations excluded)")
     r.add_argument("--threads", type=positive_int, help="torch threads")
+    m = p.add_argument_group("precision")
+    add_model_options(m, "student")
+    m.add_argument("--teacher-dtype", dest="teacher_dtype", choices=DTYPE_CHOICES,
+                   help="the teacher's weights (default: --dtype); a frozen teacher in bfloat16 keeps no fp32 state")
     p.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="any other MemOPDConfig field")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
@@ -209,6 +215,8 @@ def register_cli(subparsers) -> None:
     d.add_argument("--token-budget", dest="token_budget", type=positive_int, default=4096,
                    help="tokens per packed forward (default 4096)")
     d.add_argument("--csv", help="also write the table here")
+    d.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                   help="the model's weights (default float32: the records' log-probs are fp32 references)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_diagnose)
 

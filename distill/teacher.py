@@ -152,13 +152,17 @@ class Teacher:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, student_tokenizer=None, student_model=None, device=None,
-                        dtype=None, **kwargs) -> "Teacher":
-        """Load a local checkpoint; the tokenizers are compared before the weights are read."""
+                        dtype=None, attn_implementation: str = "sdpa", **kwargs) -> "Teacher":
+        """Load a local checkpoint; the tokenizers are compared before the weights are read. ``dtype``: as
+        :func:`agents.llm.models.load_pretrained` (None: float32; ``"auto"``: bf16 on a CUDA device that has
+        it; a frozen teacher has no optimizer state to keep in float32), ``attn_implementation`` likewise."""
         from agents.llm.models import load_pretrained, load_tokenizer
+        from agents.llm.precision import check_attn_implementation, resolve_dtype
 
+        check_attn_implementation(attn_implementation, resolve_dtype(dtype, device, "teacher dtype"), device)
         if student_tokenizer is not None:
             check_vocabulary(load_tokenizer(path), student_tokenizer)
-        model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
+        model, tokenizer = load_pretrained(path, dtype=dtype, device=device, attn_implementation=attn_implementation)
         return cls(model, tokenizer, student_tokenizer=student_tokenizer, student_model=student_model, **kwargs)
 
     @property

@@ -74,12 +74,22 @@ class MemOPDConfig(PPOConfig):
     credit: str = "none"  # none | mempo | himpo
     credit_coef: float = 1.0
     credit_gate_temperature: float = 1.0  # HiMPO's soft gate
+    teacher_dtype: str | None = None  # the teacher's weights: float32 | bfloat16 | float16 | auto (None: dtype)
+    teacher_attn_implementation: str | None = None  # the teacher's loaded attention (None: attn_implementation)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.distill_coef < 0:
             raise ValueError(f"distill_coef (lambda) must be >= 0, got {self.distill_coef}")
         check_attention_backend(self.attention_backend)
+        from agents.llm.precision import ATTN_IMPLEMENTATIONS, check_dtype
+
+        check_dtype(self.dtype, "dtype")
+        check_dtype(self.teacher_dtype, "teacher_dtype")
+        for name in ("attn_implementation", "teacher_attn_implementation"):
+            value = getattr(self, name)
+            if value is not None and value not in ATTN_IMPLEMENTATIONS:
+                raise ValueError(f"{name} must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {value!r}")
         self.loss_config()  # each raises a ValueError naming the bad option
         self.layout()
         self.teacher_layout()
@@ -213,6 +223,8 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
     device = next(model.parameters()).device if model is not None else Dist().device
     if teacher is None:
         scorer = Teacher.from_pretrained(cfg.teacher, student_tokenizer=tokenizer, student_model=model, device=device,
+                                         dtype=cfg.teacher_dtype if cfg.teacher_dtype is not None else cfg.dtype,
+                                         attn_implementation=cfg.teacher_attn_implementation or cfg.attn_implementation,
                                          temperature=cfg.distill_temperature, chunk=cfg.chunk)
     else:
         scorer = Teacher(teacher.to(device), teacher_tokenizer or tokenizer, student_tokenizer=tokenizer,

@@ -34,6 +34,19 @@ from tasks.types import DataFormatError
 RUN_FILES = ("config.json", "metrics.csv", "learning_curve.png", "latest")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+#: ``--dtype`` / ``--attn-implementation`` choices (agents.llm.precision's, here so the CLI loads no torch).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+ATTN_CHOICES = ("sdpa", "eager", "flex_attention", "flash_attention_2")
+
+
+def add_model_options(parser, what: str = "model") -> None:
+    """``--dtype`` and ``--attn-implementation`` of the loaded ``what``."""
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                        help=f"the {what}'s weights: float32 (default, token-exact), bfloat16, float16, or auto "
+                             "(bfloat16 on a CUDA device that supports it, else float32)")
+    parser.add_argument("--attn-implementation", dest="attn_implementation", choices=ATTN_CHOICES, default=None,
+                        help=f"the {what}'s attention (default sdpa; flash_attention_2 needs CUDA, bf16/fp16 and "
+                             "the flash_attn package)")
 
 
 def _parse_value(text: str) -> Any:
@@ -201,7 +214,7 @@ def build_config(args: argparse.Namespace):
         values["algo"] = args.algo
     for name in ("lr", "threads", "eval_every", "eval_episodes", "save_every", "num_envs", "max_new_tokens",
                  "max_seconds", "steps", "updates", "batch_size", "episodes", "episodes_per_update", "group_size",
-                 "kl_coef", "ent_coef", "temperature"):
+                 "kl_coef", "ent_coef", "temperature", "dtype", "attn_implementation"):
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -211,6 +224,26 @@ def build_config(args: argparse.Namespace):
         raise CommandError(f"--{key.replace('_', '-')} does not apply to --algo {args.algo}")
     with user_input(cls.__name__):
         return cls(**values)
+
+
+def check_model_options(cfg, fields_: tuple[tuple[str, str], ...] = (("dtype", "attn_implementation"),)) -> None:
+    """``--dtype`` / ``--attn-implementation`` (and ``--set`` ones) can load on this host's training device (a
+    CUDA device where one is visible, as the trainers pick), else a :class:`memenv.cli.CommandError` naming the
+    option: e.g. flash_attention_2 on a CPU-only host, in float32, or without the flash_attn package."""
+    import torch
+
+    from agents.llm.precision import check_attn_implementation, resolve_dtype
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for dtype_field, attn_field in fields_:
+        dtype_value = getattr(cfg, dtype_field, None)
+        impl = getattr(cfg, attn_field, None) or getattr(cfg, "attn_implementation", None) or "sdpa"
+        try:
+            dtype = resolve_dtype(dtype_value if dtype_value is not None else getattr(cfg, "dtype", None), device,
+                                  f"--{dtype_field.replace('_', '-')}")
+            check_attn_implementation(impl, dtype, device, f"--{attn_field.replace('_', '-')}")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
 
 
 def check_setup(cfg) -> None:
@@ -225,6 +258,7 @@ def check_setup(cfg) -> None:
             raise CommandError(f"--model {cfg.model!r} is not a checkpoint folder (omit --model for a fresh tiny "
                                "model)")
         check_checkpoint(cfg.model, "--model")
+    check_model_options(cfg)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -313,6 +347,7 @@ def register_cli(subparsers) -> None:
                    help="time budget in seconds, held-out evaluations excluded "
                         "(see --set budget_clock=cpu budget_counts_eval=true) (default: no budget)")
     p.add_argument("--threads", type=positive_int, help="torch threads per process (default: torch's own choice)")
+    add_model_options(p)
     p.add_argument("--set", nargs="*", metavar="KEY=VALUE",
                    help="any other config field, e.g. warmup=20 autocast=bf16 (default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -210,21 +210,30 @@ def load_tokenizer(path: str | os.PathLike):
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any = None):
+def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any = None,
+                    attn_implementation: str = "sdpa"):
     """``(model, tokenizer)`` from a local folder (a tiny model of this module or any causal LM checkpoint).
 
-    Never touches the network. ``dtype`` defaults to float32 (token-exact log-probs on CPU)."""
-    import torch
+    Never touches the network. ``dtype``: ``"auto"`` | ``"float32"`` | ``"bfloat16"`` | ``"float16"`` (or fp32 /
+    bf16 / fp16, or a torch dtype; :func:`agents.llm.precision.resolve_dtype`): None (default) is float32,
+    token-exact log-probs; ``"auto"`` is float32 on CPU and bfloat16 on a CUDA ``device`` that supports it.
+    ``attn_implementation``: ``sdpa`` (default), ``eager``, ``flex_attention`` or ``flash_attention_2`` (CUDA,
+    fp16/bf16, the ``flash_attn`` package; :func:`agents.llm.precision.check_attn_implementation` fails clearly
+    otherwise, before the weights are read)."""
     from transformers import AutoModelForCausalLM
 
+    from agents.llm.precision import check_attn_implementation, resolve_dtype
+
+    torch_dtype = resolve_dtype(dtype, device)
+    check_attn_implementation(attn_implementation, torch_dtype, device)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model checkpoint at {path} (config.json missing)")
     tokenizer = load_tokenizer(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype or torch.float32,
-                                                 attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
+                                                 attn_implementation=attn_implementation)
     if device is not None:
         model.to(device)
     return model, tokenizer

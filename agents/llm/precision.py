@@ -40,3 +40,73 @@ def host_line(autocast: str = "none", device: str | torch.device = "cpu") -> str
     return (f"host: cpu capability {torch.backends.cpu.get_cpu_capability()}, native bf16 "
             f"{'yes' if native_bf16('cpu') else 'no'}, device {torch.device(device).type}, dtype {dtype}, "
             f"torch threads {torch.get_num_threads()}")
+
+
+# ---------------------------------------------------------------------- model weights: dtype and attention
+#: Names a model's weight dtype may be given as (``memenv train --dtype``, ``RunConfig.dtype``, ``load_pretrained``).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
+                  "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
+#: Attention implementations a model may be loaded with (``attn_implementation``).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+
+
+def resolve_dtype(dtype=None, device: str | torch.device | None = None, name: str = "dtype") -> torch.dtype:
+    """The ``torch.dtype`` of model weights for ``dtype`` on ``device`` (the one place this is decided).
+
+    ``dtype``: ``"auto"``, ``"float32"`` / ``"fp32"``, ``"bfloat16"`` / ``"bf16"``, ``"float16"`` / ``"fp16"``, a
+    floating ``torch.dtype``, or None (float32). ``"auto"``: bfloat16 on a CUDA device that supports it, else
+    float32: on CPU always float32, the token-exact reference precision of every equality check (bf16 weights
+    on CPU would change the sampled tokens' log-probs, and on an AVX2-only CPU every bf16 op is emulated).
+    Anything else raises a ValueError naming ``name``, the value and the choices."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating dtype ({', '.join(DTYPE_CHOICES)}); got {dtype}")
+        return dtype
+    if not isinstance(dtype, str):
+        raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)} (or fp32/bf16/fp16, or a torch dtype); "
+                         f"got {dtype!r}")
+    key = dtype.strip().lower().removeprefix("torch.")
+    if key == "auto":
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        return torch.bfloat16 if dev.type == "cuda" and native_bf16(dev) else torch.float32
+    if key not in _DTYPE_ALIASES:
+        raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)} (or fp32/bf16/fp16, or a torch dtype); "
+                         f"got {dtype!r}")
+    return getattr(torch, _DTYPE_ALIASES[key])
+
+
+def check_dtype(dtype, name: str = "dtype"):
+    """``dtype`` unchanged if :func:`resolve_dtype` accepts it (for config fields, checked without a device)."""
+    resolve_dtype(dtype, "cpu", name)
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"``, ``"bfloat16"``, ... (for host lines and tables)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_attn_implementation(impl: str, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                              name: str = "attn_implementation") -> str:
+    """``impl`` if a model can be loaded with it on ``device`` in ``dtype``, else a clear error before loading:
+    an unknown name (ValueError naming ``name`` and the choices); ``flash_attention_2`` without a CUDA device, in
+    float32, or without the ``flash_attn`` package (flash-attention runs fp16/bf16 on CUDA only)."""
+    import importlib.util
+
+    if impl not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"{name} must be one of {', '.join(ATTN_IMPLEMENTATIONS)}; got {impl!r}")
+    if impl == "flash_attention_2":
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type != "cuda":
+            raise ValueError(f"{name}=flash_attention_2 needs a CUDA device (got device {dev}); on CPU use sdpa "
+                             "(or flex_attention)")
+        if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{name}=flash_attention_2 computes in float16/bfloat16 only; got dtype "
+                             f"{dtype_name(dtype)}: load with dtype bfloat16 (or auto)")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ValueError(f"{name}=flash_attention_2 needs the flash_attn package (pip install flash-attn), "
+                             "which is not installed; use sdpa or flex_attention")
+    return impl

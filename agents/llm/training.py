@@ -67,6 +67,8 @@ class RunConfig:
     budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared machine)
     budget_counts_eval: bool = False  # held-out evaluations count on the clocks and the budget (default: they
     # are excluded and logged as eval_seconds / eval_cpu_seconds)
+    dtype: str = "float32"  # weights: float32 | bfloat16 | float16 | auto (bf16 on a CUDA device that has it)
+    attn_implementation: str = "sdpa"  # sdpa | eager | flex_attention | flash_attention_2 (CUDA, bf16/fp16)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -376,16 +378,24 @@ def make_envs(cfg: RunConfig, n: int | None = None):
 
 def load_or_build_model(cfg: RunConfig, dist: Dist, path: str | os.PathLike | None = None):
     """``(lm, tokenizer)``: from ``path`` / ``cfg.model``, or a fresh tiny model whose tokenizer is trained on
-    the env's oracle text (every rank builds the same one: seeded). Returned in fp32 on ``dist.device``."""
+    the env's oracle text (every rank builds the same one: seeded). Returned on ``dist.device`` in ``cfg.dtype``
+    (:func:`agents.llm.precision.resolve_dtype`; default float32) with ``cfg.attn_implementation``."""
+
+    from agents.llm.precision import check_attn_implementation, resolve_dtype
 
     source = path or cfg.model
+    dtype = resolve_dtype(getattr(cfg, "dtype", None), dist.device, "dtype")
+    impl = check_attn_implementation(getattr(cfg, "attn_implementation", "sdpa"), dtype, dist.device)
     if source:
-        lm, tok = load_pretrained(source)
+        lm, tok = load_pretrained(source, dtype=dtype, device=dist.device, attn_implementation=impl)
     else:
         lm, tok = make_tiny(None, cfg.env_id, cfg.env_kwargs, episodes=cfg.tiny_tokenizer_episodes,
                             vocab_size=cfg.tiny_vocab, split_spaces=cfg.tiny_split_spaces,
                             min_frequency=cfg.tiny_min_frequency, seed=cfg.seed, arch=cfg.tiny_arch,
                             hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads)
+        lm = lm.to(dtype)  # built in float32 (seeded), then cast: every rank holds the same weights
+        if impl != "sdpa":
+            lm.set_attn_implementation(impl)
     return lm.to(dist.device), tok
 
 
