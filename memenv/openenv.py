@@ -332,10 +332,31 @@ class ServedEnv(gym.Env):
         self.client = MemenvClient(base_url=url, connect_timeout_s=connect_timeout_s,
                                    message_timeout_s=message_timeout_s).sync()
         self.client.connect()
-        state = self.client.state()
+        try:
+            state = self.client.state()
+        except RuntimeError:
+            self.client.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - the server closed the session at once (it is full)
+            reason = self._refusal()
+            self.client.close()
+            raise RuntimeError(f"the OpenEnv server at {url} refused the session: {reason or exc}") from None
         self.env_id, self.env_kwargs = state.env_id, state.env_kwargs
         self.observation_space = text_space(state.max_observation_chars)
         self.action_space = text_space(state.max_action_chars)
+
+    def _refusal(self) -> str | None:
+        """The error message a server sent before closing a new session (OpenEnv sends one, e.g. at capacity)."""
+        async def read() -> str | None:
+            import asyncio
+
+            raw = await asyncio.wait_for(self.client.async_client._ws.recv(), 2.0)
+            return json.loads(raw).get("data", {}).get("message")
+
+        try:
+            return self.client._run(read())
+        except Exception:  # noqa: BLE001 - nothing readable was left
+            return None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         kwargs: dict[str, Any] = {}

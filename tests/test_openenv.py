@@ -1,0 +1,262 @@
+"""memenv over OpenEnv (memenv.openenv, `memenv serve`): served episodes equal in-process ones (observations,
+rewards, flags and every key of every snapshot and summary), sessions are isolated under 32 concurrent clients,
+a client dropping mid-episode frees its session, bad action text is an invalid step, errors come back as errors.
+
+Every server binds 127.0.0.1 on a free port. Skips when openenv-core is absent (pip install 'memenv[openenv]').
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed: pip install 'memenv[openenv]'")
+
+import memenv  # noqa: E402,F401
+from agents.scripted import make_strategy  # noqa: E402
+from memenv.openenv import BackgroundServer, MemenvEnvironment, MemenvAction, connect, jsonable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (env id, kwargs, memory_mode for the strategy registry, a scripted strategy that reads only observations)
+CASES = {
+    "memqa-rewrite": ("MemQA-v0", {}, None, "relevance"),
+    "memqa-tools": ("MemQA-v0", {"memory_mode": "tools", "max_turns": 12}, "tools", "rag"),
+    "memread": ("MemRead-v0", {}, None, "keep-all"),
+    "memdialog": ("MemDialog-v0", {}, None, "keep-all"),
+    "beam-tools": ("MemDialog-BEAM-v0", {"chat_tokens": 4000, "max_tool_calls": 4}, "tools", "rag"),
+}
+# Played first in every episode: never an error, always an invalid step (same as in-process).
+BAD_ACTIONS = ["garbage", 5, "<memory>unclosed", "<search>a</search><search>b</search>"]
+
+
+def _roundtrip(value):
+    """What the in-process value becomes through JSON (tuples -> lists)."""
+    return json.loads(json.dumps(jsonable(value)))
+
+
+def play(env, strategy, seed: int, bad=BAD_ACTIONS):
+    """The whole episode as data: reset (obs, info), then per step (action, obs, reward, terminated, truncated, info)."""
+    obs, info = env.reset(seed=seed)
+    strategy.reset(None)
+    steps = []
+    for action in bad:
+        out = env.step(action)
+        steps.append((action, *out))
+        obs = out[0]
+        if out[2] or out[3]:
+            return (obs, info), steps
+    while True:
+        action = strategy.act(obs)
+        out = env.step(action)
+        steps.append((action, *out))
+        obs = out[0]
+        if out[2] or out[3]:
+            return (obs, info), steps
+
+
+def assert_same_episode(local, served):
+    (l_obs, l_info), l_steps = local
+    (s_obs, s_info), s_steps = served
+    assert s_info == _roundtrip(l_info)
+    assert len(s_steps) == len(l_steps)
+    for turn, (ls, ss) in enumerate(zip(l_steps, s_steps), 1):
+        l_action, l_o, l_r, l_te, l_tr, l_i = ls
+        s_action, s_o, s_r, s_te, s_tr, s_i = ss
+        assert s_action == l_action
+        assert s_o == l_o, f"turn {turn}: observations differ"
+        assert s_r == l_r and type(s_r) is float
+        assert (s_te, s_tr) == (l_te, l_tr)
+        assert set(s_i) == set(l_i)
+        assert set(s_i["invocation"]) == set(l_i["invocation"])
+        for key, value in l_i["invocation"].items():
+            assert s_i["invocation"][key] == _roundtrip(value), f"turn {turn}: invocation[{key!r}] differs"
+        assert s_i == _roundtrip(l_i)
+    summary = s_steps[-1][-1]["summary"]
+    local_summary = l_steps[-1][-1]["summary"]
+    assert set(summary) == set(local_summary)
+    assert len(summary["snapshots"]) == len(local_summary["snapshots"]) == len(l_steps)
+    for snap, local_snap in zip(summary["snapshots"], local_summary["snapshots"]):
+        assert set(snap) == set(local_snap)
+        assert snap == _roundtrip(local_snap)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """One server per case, started on first use, all closed at the end of the module."""
+    started = {}
+
+    def get(case):
+        if case not in started:
+            env_id, kwargs, _, _ = CASES[case]
+            started[case] = BackgroundServer(env_id, kwargs)
+        return started[case]
+
+    yield get
+    for server in started.values():
+        server.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_served_episodes_equal_in_process_ones(case, servers):
+    env_id, kwargs, mode, name = CASES[case]
+    server = servers(case)
+    served = connect(server.url)
+    local = gym.make(env_id, **kwargs)
+    try:
+        for seed in (0, 1):
+            a = play(local, make_strategy(name, env_id, mode), seed)
+            b = play(served, make_strategy(name, env_id, mode), seed)
+            assert_same_episode(a, b)
+            steps = a[1]
+            assert not any(s[-1]["invocation"]["valid"] for s in steps[:len(BAD_ACTIONS)])  # the bad ones
+            assert any(s[-1]["invocation"]["valid"] for s in steps[len(BAD_ACTIONS):])  # the strategy's
+            assert "summary" in b[1][-1][-1]
+        # A reset without a seed continues the env's generator on both sides, as in-process.
+        assert served.reset()[1] == _roundtrip(local.reset()[1])
+        state = served.state()
+        assert state.env_id == env_id and state.step_count == 0 and not state.done
+    finally:
+        served.close()
+
+
+def test_observation_metadata_carries_the_info_in_process():
+    env = MemenvEnvironment("MemQA-v0", {"objectives": 1})
+    first = env.reset(seed=0)
+    assert first.metadata == first.info and "episode_id" in first.info and first.reward is None
+    obs = env.step(MemenvAction(text="<memory>m</memory><answer>x</answer>"))
+    assert obs.done and obs.terminated and not obs.truncated
+    assert obs.metadata["invocation"]["tool"] == "answer" and "summary" in obs.metadata
+    json.dumps(obs.model_dump())  # JSON-safe all the way down
+    assert env.state.step_count == 1 and env.state.done
+
+
+def test_32_concurrent_clients_see_only_their_own_episode(servers):
+    server = servers("memqa-rewrite")
+    env_id, kwargs, mode, name = CASES["memqa-rewrite"]
+    seeds = list(range(100, 132))
+    local = gym.make(env_id, **kwargs)
+    expected = {seed: play(local, make_strategy(name, env_id, mode), seed, bad=["garbage"]) for seed in seeds}
+    clients = [connect(server.url) for _ in seeds]  # all 32 sessions open at once
+    barrier = threading.Barrier(len(seeds))
+
+    def run(i):
+        env, seed = clients[i], seeds[i]
+        barrier.wait()  # every session resets, then steps, interleaved with the others
+        return play(env, make_strategy(name, env_id, mode), seed, bad=["garbage"])
+
+    try:
+        with ThreadPoolExecutor(len(seeds)) as pool:
+            results = list(pool.map(run, range(len(seeds))))
+        for seed, result in zip(seeds, results):
+            assert_same_episode(expected[seed], result)
+        assert len({r[0][1]["episode_id"] for r in results}) == len(seeds)
+        states = [c.state() for c in clients]
+        assert [s.episode_id for s in states] == [r[0][1]["episode_id"] for r in results]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _abort(env) -> None:
+    """Drop the connection without a goodbye (a crashed or killed trainer), on the client's own event loop."""
+    async def drop():
+        env.client.async_client._ws.transport.abort()
+
+    env.client._run(drop())
+
+
+def test_a_client_dropping_mid_episode_frees_its_session():
+    with BackgroundServer("MemQA-v0", {"objectives": 1}, max_sessions=1) as server:
+        first = connect(server.url)
+        first.reset(seed=0)
+        first.step("<memory>half way</memory><search>Wigei</search>")
+        with pytest.raises(RuntimeError, match="[Cc]apacity|[Mm]aximum"):  # the one slot is taken
+            connect(server.url)
+        _abort(first)
+        deadline = time.monotonic() + 10
+        while True:  # the server notices the drop and frees the slot
+            try:
+                second = connect(server.url)
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        obs, info = second.reset(seed=0)
+        out = second.step("<memory>m</memory><answer>x</answer>")
+        assert out[2] and "summary" in out[4]
+        second.close()
+        with urllib.request.urlopen(server.url + "/health", timeout=5) as reply:
+            assert json.loads(reply.read())["status"] == "healthy"
+
+
+def test_misuse_comes_back_as_an_error_and_the_session_goes_on(servers):
+    env = connect(servers("memqa-rewrite").url)
+    try:
+        env.reset(seed=0)
+        assert env.step("<memory>m</memory><answer>x; y</answer>")[2]
+        with pytest.raises(RuntimeError, match="finished episode"):
+            env.step("<memory>m</memory><answer>x</answer>")
+        with pytest.raises(RuntimeError, match="unknown argument"):
+            env.client.reset(seed=0, colour="red")
+        obs, info = env.reset(seed=0)  # the session is still usable
+        assert "Question 1" in obs
+        huge = "<memory>" + "x" * 200_000 + "</memory><search>q</search>"  # over the action space: invalid, not an error
+        invocation = env.step(huge)[4]["invocation"]
+        assert not invocation["valid"] and invocation["error"]
+    finally:
+        env.close()
+
+
+def test_the_generic_openenv_client_plays_too(servers):
+    from openenv.core import GenericEnvClient
+
+    url = servers("memqa-tools").url
+    with urllib.request.urlopen(url + "/schema", timeout=5) as reply:
+        schema = json.loads(reply.read())
+    assert "text" in schema["action"]["properties"] and "info" in schema["observation"]["properties"]
+    with GenericEnvClient(base_url=url).sync() as client:
+        first = client.reset(seed=0)
+        assert "<task>" in first.observation["text"] and first.done is False
+        result = client.step({"text": "<mem_add>Wigei is in Pelor</mem_add>"})
+        invocation = result.observation["info"]["invocation"]
+        assert invocation["tool"] == "mem_add" and invocation["entry_id"] == 1 and result.reward == 0.0
+
+
+def test_memenv_serve_command(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "memenv.cli", "serve", "MemQA-v0", "--kw", "objectives=1",
+                             "--host", "127.0.0.1", "--port", "0"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "memenv serve: MemQA-v0 at http://127.0.0.1:PORT (...)"
+        assert line.startswith("memenv serve: MemQA-v0 at http://127.0.0.1:"), (line, proc.stderr.read())
+        url = line.split(" at ")[1].split()[0]
+        served = connect(url)
+        local = gym.make("MemQA-v0", objectives=1)
+        assert_same_episode(play(local, make_strategy("relevance"), 7), play(served, make_strategy("relevance"), 7))
+        served.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_memenv_serve_refuses_a_bad_env_in_one_line(capsys):
+    from memenv.cli import main
+
+    assert main(["serve", "MemQA-v0", "--kw", "objectives=0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memenv serve: error: MemQA-v0:") and "objectives" in err and "Traceback" not in err
+    assert main(["serve", "NoSuch-v0"]) == 2
+    assert "MemQA-v0" in capsys.readouterr().err  # names the envs there are
