@@ -29,12 +29,18 @@ behaviour log-probs unless ``recompute_old_logprobs=True`` (then the training fo
 first minibatch: needed where training differs from sampling in precision or in the reconstruction of the
 context).
 
-One process only (no torchrun): the packed forward calls the model body directly.
+Under ``torchrun`` (DDP): the packed forward runs as the DDP-wrapped actor's forward (``ActorCritic(call=...)``),
+so DDP all-reduces its gradients; each rank loads the teacher and scores its own records; GRPO groups stay on one
+rank; metrics and checkpoints come from rank 0; ``resume`` continues every rank (see
+:func:`agents.llm.ppo.train_rl`). The update equals one process's on the global batch (tested with 2 gloo ranks).
+
+Memory: with ``grad_accumulation`` (default on here) each minibatch is split into its packed batches
+(:meth:`PackedActorForward.split`) and each one's forward is followed by its backward, so one update holds one
+packed batch's graph, not the minibatch's; ``gradient_checkpointing`` also recomputes the body's activations.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,7 +51,8 @@ import torch
 from agents.llm.models import load_tokenizer
 from agents.llm.ppo import ActorOutput, PPOConfig, train_rl
 from agents.llm.records import InvocationRecord
-from agents.llm.training import Dist, latest_checkpoint, load_or_build_model
+from agents.served import is_served
+from agents.llm.training import init_distributed, latest_checkpoint, load_or_build_model
 from distill import check_attention_backend
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss
@@ -76,6 +83,7 @@ class MemOPDConfig(PPOConfig):
     credit_gate_temperature: float = 1.0  # HiMPO's soft gate
     teacher_dtype: str | None = None  # the teacher's weights: float32 | bfloat16 | float16 | auto (None: dtype)
     teacher_attn_implementation: str | None = None  # the teacher's loaded attention (None: attn_implementation)
+    grad_accumulation: bool = True  # backward per packed batch of a minibatch (memory: one packed batch's graph)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,15 +134,38 @@ def _actor(module):
 
 
 class PackedActorForward:
-    """The actor forward of :func:`agents.llm.ppo.train_rl` on a reconstruction + packing (see the module doc)."""
+    """The actor forward of :func:`agents.llm.ppo.train_rl` on a reconstruction + packing (see the module doc).
+
+    Given a DDP-wrapped actor it runs inside DDP's forward (``module(call=...)``), so the gradients are averaged
+    over ranks; :meth:`split` gives the records of each packed batch (gradient accumulation)."""
 
     def __init__(self, layout: ScoringLayout, tokenizer, chunk: int = 1024) -> None:
         self.layout, self.tokenizer, self.chunk = layout, tokenizer, chunk
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def __call__(self, module, records: Sequence[InvocationRecord], *, temperature: float = 1.0,
-                 entropy: bool = False) -> ActorOutput:
-        ac = _actor(module)
+    def split(self, records: Sequence[InvocationRecord]) -> list[list[int]]:
+        """Indices of ``records``, one group per packed batch of the layout (records sharing a batch stay
+        together; records with no action token join the last group)."""
+        batches = self.layout.batches(records, self.tokenizer, self.pad_id)
+        owner: dict[int, int] = {}
+        groups: list[set[int]] = []
+        for b in batches:
+            members = set(b.record_index.tolist())
+            merged = {owner[i] for i in members if i in owner}  # a record scored in several batches: merge them
+            target = set(members)
+            for g in merged:
+                target |= groups[g]
+                groups[g] = set()
+            groups.append(target)
+            for i in target:
+                owner[i] = len(groups) - 1
+        out = [sorted(g) for g in groups if g]
+        rest = [i for i in range(len(records)) if i not in owner]
+        if rest:
+            out = out[:-1] + [sorted((out[-1] if out else []) + rest)]
+        return out
+
+    def _body(self, ac, records: Sequence[InvocationRecord], temperature: float, entropy: bool):
         hidden, targets = records_action_hidden(ac.lm, records, self.layout, self.tokenizer, self.pad_id)
         head = ac.lm.get_output_embeddings()
         logp, ent = chunked_action_logprobs(head, hidden, targets, temperature, self.chunk, entropy)
@@ -142,7 +173,17 @@ class PackedActorForward:
         if ac.value_head is not None:
             hv = hidden.detach() if ac.detach_value else hidden
             values = ac.value_head(hv.to(ac.value_head.weight.dtype))[:, 0]
-        return ActorOutput(logp, ent, values, hidden, head)
+        return logp, ent, values, hidden
+
+    def __call__(self, module, records: Sequence[InvocationRecord], *, temperature: float = 1.0,
+                 entropy: bool = False) -> ActorOutput:
+        ac = _actor(module)
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            logp, ent, values, hidden = module(call=self._body, records=records, temperature=temperature,
+                                               entropy=entropy)
+        else:
+            logp, ent, values, hidden = self._body(ac, records, temperature, entropy)
+        return ActorOutput(logp, ent, values, hidden, ac.lm.get_output_embeddings())
 
 
 class MemOPDHook:
@@ -176,8 +217,12 @@ class MemOPDHook:
         student_head = (lambda h: actor.head(h)[..., :vocab])  # noqa: E731 (over the vocabulary both heads share)
         per_token = chunked_distill_loss(student_head, actor.hidden, self.teacher.head,
                                          teacher_hidden.to(actor.hidden.device), self.loss)
-        loss = per_token.mean() if per_token.numel() else actor.hidden.sum() * 0.0
-        return self.coef * loss, {"distill_loss": float(loss.detach())}
+        if not per_token.numel():
+            return actor.hidden.sum() * 0.0, {"distill_loss": 0.0}
+        mean = per_token.mean()
+        # a part of the minibatch (micro-batch, DDP rank): its sum over the minibatch's token count
+        term = per_token.sum() / actor.token_denom if actor.token_denom is not None else mean
+        return self.coef * term, {"distill_loss": float(mean.detach())}
 
 
 @torch.no_grad()
@@ -206,21 +251,31 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
     ``model``/``tokenizer``: an in-memory student (else ``cfg.model`` or a fresh tiny model, as ``memenv train``);
     ``teacher``: an in-memory teacher LM (else loaded from ``cfg.teacher``), with ``teacher_tokenizer`` (default
     the student's); ``env_fn``: a callable making one env. ``cfg.resume`` continues from ``cfg.out_dir/latest``."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError("train_memopd runs in one process; use memenv train under torchrun for DDP PPO/GRPO")
     if teacher is None and not cfg.teacher:
         raise ValueError("MemOPD needs a teacher: set MemOPDConfig.teacher to a local checkpoint (--teacher PATH)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    dist = init_distributed()  # under torchrun: the process group and this rank's device
     resume_from = latest_checkpoint(Path(cfg.out_dir)) if cfg.resume else None
     if model is None:
         if resume_from is not None:
             tokenizer = load_tokenizer(resume_from)  # train_rl loads the weights from the checkpoint
         else:
-            model, tokenizer = load_or_build_model(cfg, Dist())
+            model, tokenizer = load_or_build_model(cfg, dist)
     elif tokenizer is None:
         raise ValueError("an in-memory student model needs its tokenizer")
-    device = next(model.parameters()).device if model is not None else Dist().device
+    device = dist.device  # every rank scores its own records with its own copy of the teacher
+    if teacher is None and is_served(cfg.teacher):  # --teacher openai:NAME@URL: log-probs from a server
+        from distill.served_teacher import ServedTeacher, ServedTeacherHook, check_served_options
+
+        check_served_options(cfg.loss_config(), cfg.teacher_reconstruction, cfg.reconstruction)
+        served = ServedTeacher(cfg.teacher, tokenizer, top_k=cfg.top_k)  # probes the server's tokenizer now
+        hook = ServedTeacherHook(served, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)
+        kind = f"top-{cfg.top_k} {cfg.loss}" if cfg.top_k else "sampled-token reverse_kl"
+        title = (f"MemOPD {cfg.algo.upper()} (served teacher {served.spec.model}, {kind}, lambda={cfg.distill_coef}"
+                 f"{', credit=' + cfg.credit if cfg.credit != 'none' else ''}) {cfg.env_id}")
+        return train_rl(cfg, model=model, tokenizer=tokenizer, env_fn=env_fn, extra_loss=hook,
+                        actor_forward=PackedActorForward(cfg.layout(), tokenizer, cfg.chunk), title=title)
     if teacher is None:
         scorer = Teacher.from_pretrained(cfg.teacher, student_tokenizer=tokenizer, student_model=model, device=device,
                                          dtype=cfg.teacher_dtype if cfg.teacher_dtype is not None else cfg.dtype,

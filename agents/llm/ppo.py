@@ -27,6 +27,20 @@ Credit assignment (how the terminal reward reaches earlier invocations of the sa
   Every minibatch takes its optimizer step, also one whose tokens are all dropped (a zero loss that is still a
   function of the parameters): under ``torchrun`` every rank must run the same backward passes.
 
+Under ``torchrun`` (DDP) the update is the one process would make on the *global* batch (every rank's records):
+each token-mean divides by the minibatch's action-token count summed over ranks (one small all-reduce per
+minibatch), PPO's advantage whitening uses the global mean and std, and DDP averages the gradients; a rank whose
+minibatch has no loss token (GRPO, every group flat) still runs its forward and backward (a zero loss through
+the graph), so every rank reaches the same collectives. GRPO groups never straddle ranks (each rank rolls out
+whole groups, :func:`task_seeds`).
+
+Memory per update (``grad_accumulation``): the minibatch is split into micro-batches (the actor forward's
+``split(records)`` when it has one, e.g. one packed batch each in :mod:`distill.trainer`; else
+``micro_batch_size`` records), each forward is followed by its backward (gradients accumulate; under DDP only the
+last one all-reduces), and one optimizer step follows; every loss term divides by the whole minibatch's
+token count, so the gradient equals one backward over the minibatch. ``gradient_checkpointing`` recomputes the
+body's activations in the backward (transformers' ``gradient_checkpointing_enable``, non-reentrant).
+
 Loss per action token, averaged over all action tokens of the minibatch (token-mean):
 ``max(-A r, -A clip(r, 1-eps, 1+eps)) + vf_coef * 0.5 * max((V-R)^2, (V_clip-R)^2) - ent_coef * H
 + kl_coef * KL_k3(pi || pi_ref)``, with ``r = exp(logp - logp_behaviour)``; ``logp_behaviour`` are the records'
@@ -48,6 +62,7 @@ Extension points (what ``distill.trainer`` plugs in instead of copying this loop
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +121,9 @@ class PPOConfig(RunConfig):
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
     recompute_old_logprobs: bool = False  # old log-probs from the training forward, not the records' behaviour ones
     minibatch_unit: str = "invocation"  # "invocation" | "episode" (whole episodes: a persistent reconstruction)
+    grad_accumulation: bool = False  # backward per micro-batch of a minibatch (bounded memory; same gradient)
+    micro_batch_size: int = 8  # records per micro-batch of the default (collate) forward, with grad_accumulation
+    gradient_checkpointing: bool = False  # recompute the LM body's activations in the backward
     eval_every: int = 10
     save_every: int = 20
 
@@ -120,6 +138,8 @@ class PPOConfig(RunConfig):
             raise ValueError(f"adv_std_floor must be >= 0, got {self.adv_std_floor}")
         if self.num_minibatches > self.episodes_per_update:
             raise ValueError("num_minibatches must not exceed episodes_per_update")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 record, got {self.micro_batch_size}")
 
     @property
     def uses_value(self) -> bool:
@@ -208,22 +228,29 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, *, c
              returns: torch.Tensor | None = None, clip_vf: float | None = 0.2, vf_coef: float = 0.5,
              entropy: torch.Tensor | None = None, ent_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
              kl_coef: float = 0.0, mask: torch.Tensor | None = None,
-             pg_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+             pg_mask: torch.Tensor | None = None, denom: float | None = None,
+             pg_denom: float | None = None) -> dict[str, torch.Tensor]:
     """The token-mean PPO/GRPO loss over action tokens (1-D tensors of equal length); see the module doc.
 
     ``mask`` (bool, same length): only these tokens count, in the loss terms and in the token-mean's
     denominator (GRPO's zero-variance groups are masked out); with no token left every term is 0 (and still a
     function of ``logp``, so ``backward`` runs). ``pg_mask``: the tokens of the policy-gradient term alone
     (default ``mask``; GRPO passes ``mask`` plus the tokens of zero-variance groups that carry memory credit).
-    The ``approx_kl`` / ``clipfrac`` diagnostics still cover every token."""
-    def masked_mean(m):
+    The ``approx_kl`` / ``clipfrac`` diagnostics still cover every token.
+
+    ``denom`` / ``pg_denom``: the token-means' denominators (of ``mask``'s tokens and ``pg_mask``'s), when these
+    tokens are part of a larger minibatch (gradient accumulation, DDP ranks: the global count / world size);
+    default: the count of the tokens given."""
+    def masked_mean(m, d):
         if m is None:
-            return torch.mean
+            return torch.mean if d is None else (lambda x: x.sum() / d)
         keep = m.to(logp.device, torch.float32)
+        if d is not None:
+            return lambda x: (x * keep).sum() / d
         return lambda x: (x * keep).sum() / keep.sum().clamp(min=1.0)
 
-    mean = masked_mean(mask)
-    pg_mean = masked_mean(mask if pg_mask is None else pg_mask)
+    mean = masked_mean(mask, denom)
+    pg_mean = masked_mean(mask if pg_mask is None else pg_mask, denom if pg_mask is None else pg_denom)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     pg = pg_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)))
@@ -276,13 +303,20 @@ class ActorOutput:
     hidden: torch.Tensor | None = None  # [N, d] the states that predict the action tokens (with grad in training)
     head: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden -> logits (the LM head)
     batch: Any = None  # whatever the forward built (a training.Batch, packed batches, ...)
+    # the denominator of a token-mean over the minibatch's action tokens, when this forward sees a part of it
+    # (gradient accumulation, DDP: the count over every micro-batch and rank / world size); a loss hook divides
+    # its per-token sum by it (None: its own tokens' mean)
+    token_denom: float | None = None
 
 
 ActorForward = Callable[..., ActorOutput]  # (module, records, *, temperature, entropy) -> ActorOutput
 
 
 class LossHook(Protocol):
-    """An extra loss term on the PPO/GRPO minibatch; returns ``(term, metrics)``, the term already weighted."""
+    """An extra loss term on the PPO/GRPO minibatch; returns ``(term, metrics)``, the term already weighted.
+
+    With ``grad_accumulation`` (or under DDP) it is called on each micro-batch: a per-token term divides its sum
+    by ``actor.token_denom`` when that is set, so the micro-batches' terms add up to the minibatch's."""
 
     def __call__(self, records: Sequence[InvocationRecord], actor: ActorOutput) -> tuple[torch.Tensor, dict[str, float]]:
         ...
@@ -290,6 +324,22 @@ class LossHook(Protocol):
 
 def _unwrap(module):
     return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+def micro_batches(forward, records: Sequence[InvocationRecord], cfg: PPOConfig) -> list[list[int]]:
+    """Index groups of ``records``, one per forward + backward of a minibatch (see the module doc)."""
+    if not cfg.grad_accumulation or len(records) <= 1:
+        return [list(range(len(records)))]
+    split = getattr(forward, "split", None)
+    if split is not None:
+        groups = [list(g) for g in split(records) if len(g)]
+    else:
+        groups = [list(range(i, min(i + cfg.micro_batch_size, len(records))))
+                  for i in range(0, len(records), cfg.micro_batch_size)]
+    covered = sorted(i for g in groups for i in g)
+    if covered != list(range(len(records))):
+        raise ValueError(f"the micro-batches of a minibatch of {len(records)} records cover {covered}")
+    return groups
 
 
 def collate_forward(pad_id: int, device) -> ActorForward:
@@ -383,6 +433,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         lm, tok = model.to(dist.device), tokenizer
     else:
         lm, tok = load_or_build_model(cfg, dist, resume_from)
+    if cfg.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach).to(dist.device)
     ref = None
     if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
@@ -459,12 +511,18 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
             old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
         ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] if ref is not None else None
         hook_stats = on_update(episodes, records, model) if on_update is not None else {}
-        if dropped:  # advantages the hook gave to dropped groups (memory credit) still train their tokens
+        if cfg.algo == "grpo" and cfg.grpo_drop_zero_variance:  # on every rank (DDP averages the same keys)
+            # advantages the hook gave to dropped groups (memory credit) still train their tokens
             hook_stats["flat_credited_tokens"] = float(sum(
                 1 for r in records if id(r) in dropped for a, m in zip(r.token_advantages, r.action_mask)
                 if m and a != 0))
         adv_all = _flat(records, "token_advantages")
         adv_mean, adv_std = float(adv_all.mean()), float(adv_all.std()) if len(adv_all) > 1 else 1.0
+        if dist.enabled:  # PPO whitens over the global batch (every rank's tokens)
+            n, s1, s2 = dist.sum([float(len(adv_all)), float(adv_all.double().sum()),
+                                  float(adv_all.double().pow(2).sum())])
+            adv_mean = s1 / max(n, 1.0)
+            adv_std = ((s2 - n * adv_mean ** 2) / (n - 1)) ** 0.5 if n > 1 else 1.0
         stats: dict[str, list[float]] = {}
         stop_early = False
         units = _units(records, unit)
@@ -483,35 +541,61 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                     mask = torch.tensor([id(r) not in dropped for r in mb for m in r.action_mask if m],
                                         device=dist.device)
                     pg_mask = mask | (adv != 0)  # dropped groups' advantages are 0 but for the hook's credit
-                actor_out = forward(train_model, mb, temperature=temperature, entropy=True)
-                logp, ent, values = actor_out.logp, actor_out.entropy, actor_out.values
                 if cfg.uses_value and cfg.norm_adv:
                     adv = (adv - adv_mean) / (adv_std + 1e-8)
-                kw: dict[str, Any] = {}
-                if cfg.uses_value:
-                    kw = {"values": values, "old_values": _flat(mb, "values").to(dist.device),
-                          "returns": _flat(mb, "token_returns").to(dist.device), "clip_vf": cfg.clip_vf,
-                          "vf_coef": cfg.vf_coef}
-                if ref_logps is not None:
-                    kw["ref_logp"] = torch.tensor([v for i in part for v in ref_logps[i]], device=dist.device)
-                    kw["kl_coef"] = cfg.kl_coef
                 old_logp = torch.tensor([v for i in part for v in old_logps[i]], device=dist.device)
-                losses = ppo_loss(logp, old_logp, adv, clip=cfg.clip, entropy=ent, ent_coef=cfg.ent_coef, mask=mask,
-                                  pg_mask=pg_mask, **kw)
-                if extra_loss is not None:
-                    term, extra_stats = extra_loss(mb, actor_out)
-                    losses["loss"] = losses["loss"] + term
-                    for k, v in extra_stats.items():
-                        stats.setdefault(k, []).append(float(v))
+                ref_logp = torch.tensor([v for i in part for v in ref_logps[i]], device=dist.device) \
+                    if ref_logps is not None else None
+                counts = [float(len(adv)), float(mask.sum()) if mask is not None else float(len(adv)),
+                          float(pg_mask.sum()) if pg_mask is not None else float(len(adv))]
+                if dist.enabled:
+                    counts = dist.sum(counts)
+                # token-mean denominators of the whole minibatch over every rank (DDP averages over ranks)
+                denom_all, denom, pg_denom = (max(c, 1.0) / dist.world for c in counts)
+                token_ends = np.cumsum([0] + [sum(r.action_mask) for r in mb])
+                micro = micro_batches(forward, mb, cfg)
                 optimizer.zero_grad(set_to_none=True)
-                losses["loss"].backward()
+                sums: dict[str, float] = {}
+                n_local = max(1, int(token_ends[-1]))
+                for j, idx in enumerate(micro):
+                    sub = [mb[i] for i in idx]
+                    tix = torch.tensor([t for i in idx for t in range(token_ends[i], token_ends[i + 1])],
+                                       dtype=torch.long, device=dist.device)
+                    share = len(tix) / n_local
+                    sync = not dist.enabled or j == len(micro) - 1  # DDP: only the last backward all-reduces
+                    with (train_model.no_sync() if not sync else contextlib.nullcontext()):
+                        actor_out = forward(train_model, sub, temperature=temperature, entropy=True)
+                        actor_out.token_denom = denom_all
+                        kw: dict[str, Any] = {}
+                        if cfg.uses_value:
+                            kw = {"values": actor_out.values, "old_values": _flat(sub, "values").to(dist.device),
+                                  "returns": _flat(sub, "token_returns").to(dist.device), "clip_vf": cfg.clip_vf,
+                                  "vf_coef": cfg.vf_coef}
+                        if ref_logp is not None:
+                            kw["ref_logp"] = ref_logp[tix]
+                            kw["kl_coef"] = cfg.kl_coef
+                        losses = ppo_loss(actor_out.logp, old_logp[tix], adv[tix], clip=cfg.clip,
+                                          entropy=actor_out.entropy, ent_coef=cfg.ent_coef,
+                                          mask=mask[tix] if mask is not None else None,
+                                          pg_mask=pg_mask[tix] if pg_mask is not None else None,
+                                          denom=denom, pg_denom=pg_denom, **kw)
+                        if extra_loss is not None:
+                            term, extra_stats = extra_loss(sub, actor_out)
+                            losses["loss"] = losses["loss"] + term
+                            for k, v in extra_stats.items():  # per-token means: weighted by the micro-batch
+                                sums[k] = sums.get(k, 0.0) + float(v) * share
+                        losses["loss"].backward()
+                    for k, v in losses.items():  # loss terms are partial sums; diagnostics are means
+                        w = share if k in ("approx_kl", "clipfrac") else 1.0
+                        sums[k] = sums.get(k, 0.0) + float(v.detach()) * w
                 grad_norm, value_grad_norm = clip_gradients(lm_params, head, cfg.grad_clip)
                 if head:
                     stats.setdefault("value_grad_norm", []).append(value_grad_norm)
                 optimizer.step()
-                for k, v in losses.items():
-                    stats.setdefault(k, []).append(float(v.detach()))
+                for k, v in sums.items():
+                    stats.setdefault(k, []).append(v)
                 stats.setdefault("grad_norm", []).append(float(grad_norm))
+                stats.setdefault("micro_batches", []).append(float(len(micro)))
             if cfg.target_kl is not None and stats.get("approx_kl"):
                 kl = dist.mean({"kl": float(np.mean(stats["approx_kl"][-cfg.num_minibatches:]))})["kl"]
                 if kl > cfg.target_kl:
@@ -579,4 +663,5 @@ def param_checksum(module: torch.nn.Module) -> str:
 
 __all__ = ["PPOConfig", "train_rl", "gae", "episode_gae", "group_advantages", "grpo_assign", "ppo_loss",
            "zero_variance_groups",
-           "param_checksum", "task_seeds", "ActorOutput", "ActorForward", "LossHook", "collate_forward"]
+           "param_checksum", "task_seeds", "ActorOutput", "ActorForward", "LossHook", "collate_forward",
+           "micro_batches"]

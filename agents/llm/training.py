@@ -104,6 +104,10 @@ class Dist:
         if not self.enabled or not values:
             return dict(values)
         keys = sorted(values)
+        gathered: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(gathered, keys)
+        if any(g != keys for g in gathered):  # else the all-reduce below mixes values (or aborts)
+            raise RuntimeError(f"Dist.mean: the ranks report different metrics: {gathered}")
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(t)
         return {k: float(v) / self.world for k, v in zip(keys, t.tolist())}
@@ -156,10 +160,17 @@ class ActorCritic(nn.Module):
             nn.init.normal_(self.value_head.weight, std=1.0 / hidden)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, attention_mask, position_ids, rows, cols, targets, temperature: float = 1.0,
-                entropy: bool = False, return_hidden: bool = False):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, rows=None, cols=None, targets=None,
+                temperature: float = 1.0, entropy: bool = False, return_hidden: bool = False, *, call=None,
+                **call_kwargs):
         """``(logp, entropy, values)``, plus the ``[N, d]`` states that predict the action tokens when
-        ``return_hidden`` (for extra loss terms on the same forward, e.g. distillation)."""
+        ``return_hidden`` (for extra loss terms on the same forward, e.g. distillation).
+
+        ``call``: another forward, ``call(self, temperature=, entropy=, **call_kwargs)``, run as this module's
+        forward, so that a DDP wrapper of this module sees it (gradients all-reduced): e.g.
+        :mod:`distill.trainer`'s packed forward."""
+        if call is not None:
+            return call(self, temperature=temperature, entropy=entropy, **call_kwargs)
         base = self.lm.base_model
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state
