@@ -27,6 +27,8 @@ ENVIRONMENTS: dict[str, tuple[str, dict]] = {
     "MemDialog-LoCoMo-v0": ("memenv.envs.memdialog:MemDialogEnv", {"dataset": "locomo", "questions": 10}),
     # BEAM (SelfMem): 128K-10M-token chats streamed batch by batch; synthetic, or data_path= BEAM's layout.
     "MemDialog-BEAM-v0": ("memenv.envs.beam:MemDialogBeamEnv", {}),
+    # LongMemEval (oracle, S or M file): one item per episode, its sessions streamed; the BEAM env's two memory modes.
+    "MemDialog-LongMemEval-v0": ("memenv.envs.beam:MemDialogBeamEnv", {"dataset": "longmemeval"}),
 }
 
 

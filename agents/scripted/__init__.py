@@ -11,5 +11,6 @@ from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, Scripte
 from agents.scripted import reading_strategies  # noqa: F401 - registers the MemRead and MemDialog families
 from agents.scripted import tool_strategies  # noqa: F401 - registers the MemDialog-BEAM (memory tools) family
 from agents.scripted import qa_tool_strategies  # noqa: F401 - registers MemQA's memory-tools family
+from agents.scripted import text_strategies  # noqa: F401 - registers the real-text dialog strategies
 
 __all__ = ["STRATEGIES", "STRATEGY_FAMILIES", "ScriptedPolicy", "make_strategy"]

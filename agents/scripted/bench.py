@@ -54,7 +54,8 @@ import memenv.scoring.judges
 import memenv.search.http
 import memenv.search.remote
 from agents.files import write_atomic, write_text_atomic
-from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, make_strategy
+from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, env_family, make_strategy
+from agents.scripted.text_strategies import is_text_served, make_text_strategy
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
 from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
                         positive_int, prepare_out_dir, user_input)
@@ -157,8 +158,11 @@ def run_episode(env: gym.Env, policy, seed: int, stop: threading.Event | None = 
 
 
 def is_model_path(name: str) -> bool:
-    """A local checkpoint folder (``config.json`` inside): run as a greedy LLM policy."""
-    return (Path(name) / "config.json").is_file()
+    """A local checkpoint folder (``config.json`` inside) or a registered pretrained model
+    (:mod:`agents.llm.pretrained`, e.g. ``smollm2-135m-instruct``): run as a greedy LLM policy."""
+    from agents.llm.pretrained import is_registered
+
+    return (Path(name) / "config.json").is_file() or is_registered(name)
 
 
 def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
@@ -167,6 +171,8 @@ def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
     if is_model_path(name):
         return _checkpoint_strategy(str(Path(name).resolve()))
+    if is_text_served(name):  # a real-text dialog strategy with a served model: KIND+openai:MODEL@URL
+        return make_text_strategy(name, env_family(env_id, memory_mode))
     return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
 
 
@@ -208,6 +214,8 @@ def strategy_name(name: str) -> str:
     """argparse type of ``--strategies``: a scripted strategy or ``openai:MODEL@URL``."""
     if is_served(name):
         ServedSpec.parse(name)
+    elif is_text_served(name):
+        ServedSpec.parse(name.partition("+")[2])
     elif name not in ALL_STRATEGY_NAMES and not is_model_path(name):
         raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(ALL_STRATEGY_NAMES)}, "
                                          f"openai:MODEL@URL or a local checkpoint folder (with config.json)")

@@ -53,6 +53,9 @@ from tasks.beam import (ABILITIES, QUESTIONS_FILE, BatchStream, BeamBatch, BeamC
                         SyntheticBeamChat, find_conversations, load_probing_questions)
 from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation, min_questions_by_type
 from tasks.locomo import CATEGORY_TYPES
+from tasks.longmemeval import QUESTION_TYPES as LONGMEMEVAL_TYPES
+from tasks.longmemeval import LongMemEvalItem, LongMemEvalSource, index_longmemeval
+from memenv.scoring.longmemeval import score_longmemeval_answer
 from tasks.types import DataFormatError, Question
 
 __all__ = ["MemDialogBeamEnv"]
@@ -61,10 +64,14 @@ __all__ = ["MemDialogBeamEnv"]
 # key, as vector envs batch them): no entry touched (ids start at 1), no question answered, nothing cut.
 NO_STEP_RESULT = {"entry_id": -1, "question_index": -1, "answer_score": [], "memory_truncated_tokens": 0}
 DEFAULT_BUDGET = {"rewrite": 256, "tools": 32_768}
-BEAM_DATASETS = ("beam", "memdialog", "locomo")
+BEAM_DATASETS = ("beam", "memdialog", "locomo", "longmemeval")
 # The names ``abilities=`` accepts per task source (MemDialog's and LoCoMo's question types stand for abilities).
 _ABILITY_NAMES = {"synthetic": ABILITIES, "beam": ABILITIES, "memdialog": QUESTION_TYPES,
-                  "locomo": tuple(CATEGORY_TYPES.values())}
+                  "locomo": tuple(CATEGORY_TYPES.values()), "longmemeval": LONGMEMEVAL_TYPES}
+#: The name of each task source's headline score in ``info["summary"]`` (``official_metric`` names it): BEAM's
+#: rubric score, LongMemEval's accuracy (judged, or the judge-free approximation; ``scoring`` says which).
+OFFICIAL_METRIC = {"synthetic": "beam_score", "beam": "beam_score", "memdialog": "score", "locomo": "score",
+                   "longmemeval": "accuracy"}
 #: Synthetic chat lengths, in whitespace tokens: the generator's floor, and 10x BEAM's longest chats.
 MIN_CHAT_TOKENS = 4_000
 MAX_CHAT_TOKENS = 100_000_000
@@ -97,6 +104,11 @@ INSTRUCTIONS = {
 @functools.lru_cache(maxsize=16)
 def _open_conversation(path: str, mtime: float) -> BeamConversation:
     return BeamConversation.open(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _longmemeval_index(path: str, mtime: float, size: int) -> tuple[LongMemEvalItem, ...]:
+    return tuple(index_longmemeval(path))
 
 
 def _probing_questions(path: str) -> list[Question]:
@@ -233,6 +245,19 @@ class MemDialogBeamEnv(MemEnvBase):
             _check_index(conversation, len(self.conversations), path)
             pools = [[q.kind for q in c.questions] for c in self.conversations]
             where = path
+        elif self.dataset == "longmemeval":
+            path = required_data_file(data_path, "MemDialog-LongMemEval-v0",
+                                      "a LongMemEval JSON file: the oracle, S or M variant",
+                                      "../shared/data/longmemeval/longmemeval_dev.json", "LongMemEval")
+            items = _longmemeval_index(path, os.path.getmtime(path), os.path.getsize(path))
+            # One question per item: abilities= (question types) picks the items.
+            self.lme_items = tuple(it for it in items if self.abilities is None or it.question_type in self.abilities)
+            if not self.lme_items:
+                raise ValueError(f"no item of {path} has a question type in abilities={self.abilities}")
+            _check_index(conversation, len(self.lme_items), path)
+            self.lme_path = path
+            pools = [[self.lme_items[0].question_type]]
+            where = f"every item of {path} (one question each)"
         elif self.dataset == "memdialog":
             if data_path is not None or conversation is not None:
                 raise ValueError("dataset='memdialog' generates its conversations: no data_path= or conversation=")
@@ -251,8 +276,10 @@ class MemDialogBeamEnv(MemEnvBase):
                 raise ValueError("conversation= selects a BEAM conversation directory; it needs data_path=")
             pools = [[a for a in ABILITIES for _ in range(self.questions_per_ability)]]
             where = f"every synthetic chat of questions_per_ability={self.questions_per_ability}"
-        if self.dataset in ("locomo", "beam"):
-            if conversation is not None:
+        if self.dataset in ("locomo", "beam") or (self.dataset == "longmemeval" and conversation is not None):
+            if conversation is not None and self.dataset == "longmemeval":
+                pools, where = [pools[0]], f"item {conversation} of {self.lme_path}"
+            elif conversation is not None:
                 pools, where = [pools[conversation]], f"conversation {conversation} of {where}"
             else:
                 where = f"every conversation of {where}" if len(pools) > 1 else f"the conversation of {where}"
@@ -333,7 +360,10 @@ class MemDialogBeamEnv(MemEnvBase):
             head = f"[session {self._session + 1}/{self._n_sessions}, {date}]{left}"
             return f"<information>{head}{tail}\n{self.session_text(self._batch)}{result}\n</information>"
         if self._phase == "question":
-            question = sanitize(self.questions[self._question].question)
+            q = self.questions[self._question]
+            question = sanitize(q.question)
+            if q.meta.get("question_date"):  # LongMemEval: the date the question is asked on
+                question += f" (asked on {sanitize(q.meta['question_date'])})"
             how = ("search your store with <mem_search>...</mem_search>, then answer with <answer>...</answer>" if tools
                    else "answer with <memory>...</memory><answer>...</answer>" if self.mode.uses_memory
                    else "answer with <answer>...</answer>")
@@ -389,6 +419,11 @@ class MemDialogBeamEnv(MemEnvBase):
             self.source = ConversationSource(self.conversations[index])
         elif self.dataset == "memdialog":
             self.source = ConversationSource(generate_conversation(self.np_random, self.n_dialog_sessions, 20))
+        elif self.dataset == "longmemeval":
+            index = self.conversation_index
+            if index is None:  # reset(seed=s) plays item s (mod the count), so seeds 0..n-1 visit every item
+                index = seed % len(self.lme_items) if seed is not None else int(self.np_random.integers(len(self.lme_items)))
+            self.source = LongMemEvalSource(self.lme_path, self.lme_items[index])
         elif self.dataset == "beam":
             index = self.conversation_index
             if index is None:
@@ -437,7 +472,8 @@ class MemDialogBeamEnv(MemEnvBase):
         j = self._question
         q = self.questions[j]
         self._answers[j] = answer
-        scored = score_beam_answer(answer, q, self.judge)
+        scored = (score_longmemeval_answer(answer, q, self.judge) if self.dataset == "longmemeval"
+                  else score_beam_answer(answer, q, self.judge))
         em, f1 = best_em_f1(answer, q.answers)
         self._results.append({
             "id": q.id, "ability": q.kind, "question": q.question, "answer": answer, "reference": q.answers[0],
@@ -560,12 +596,15 @@ class MemDialogBeamEnv(MemEnvBase):
         by_ability: dict[str, list[float]] = {}
         for q, r in zip(self.questions, rows):
             by_ability.setdefault(q.kind, []).append(r["score"])
+        score = float(np.mean([r["score"] for r in rows])) if rows else 0.0
+        official = OFFICIAL_METRIC[self.dataset]
+        benchmark = "LongMemEval accuracy" if self.dataset == "longmemeval" else "BEAM score"
         return self._episode_info(
             [r["em"] for r in rows], [r["f1"] for r in rows], list(self._answers), answered,
-            score=float(np.mean([r["score"] for r in rows])) if rows else 0.0,
+            score=score, official_metric=official, **({official: score} if official != "score" else {}),
             score_by_ability={a: float(np.mean(v)) for a, v in sorted(by_ability.items())},
             count_by_ability=counts, per_question=list(self._results),
-            scoring="judge" if self.judge is not None else "approximate (judge-free; not the official BEAM score)",
+            scoring="judge" if self.judge is not None else f"approximate (judge-free; not the official {benchmark})",
             question_types=[q.kind for q in self.questions], questions_answered=self._question,
             conversation_id=self.source.id, sessions=self._n_sessions,
             sessions_read=min(self._session, self._n_sessions), memory_mode=self.memory_mode,

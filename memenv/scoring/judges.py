@@ -1,6 +1,7 @@
 """LLM judges through an OpenAI-compatible server (``judge="openai:MODEL@URL"``).
 
-:class:`OpenAIJudge` grades one rubric item 0 / 0.5 / 1 (BEAM's nugget judging); :func:`make_judge` parses the
+:class:`OpenAIJudge` grades one rubric item 0 / 0.5 / 1 (BEAM's nugget judging) or gives a yes/no verdict
+(LongMemEval's grading); both parse the reply strictly. :func:`make_judge` parses the
 ``openai:MODEL@URL`` spec every env and the bench accept.
 """
 
@@ -12,7 +13,7 @@ from typing import Any, Sequence
 
 from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 
-__all__ = ["JUDGE_PROMPT", "JudgeError", "OpenAIJudge", "make_judge", "parse_score"]
+__all__ = ["JUDGE_PROMPT", "JudgeError", "OpenAIJudge", "make_judge", "parse_score", "parse_verdict"]
 
 
 class JudgeError(ServiceError, RuntimeError):
@@ -29,6 +30,16 @@ def parse_score(reply: str) -> float | None:
     """The grade a judge's reply states (0.0, 0.5 or 1.0), or None when the reply is not exactly one of them."""
     match = _SCORE.fullmatch(reply)
     return None if match is None else float(match.group(1))
+# "yes" or "no" and nothing else (any case), optionally followed by a full stop, with whitespace around.
+_VERDICT = re.compile(r"\s*(yes|no)\s*\.?\s*", re.IGNORECASE)
+
+
+def parse_verdict(reply: str) -> bool | None:
+    """A yes/no judge's verdict (True for yes), or None when the reply is not exactly "yes" or "no"."""
+    match = _VERDICT.fullmatch(reply)
+    return None if match is None else match.group(1).lower() == "yes"
+
+
 JUDGE_PROMPT = (
     "You are grading a chatbot's answer against one rubric item.\n"
     "Question: {question}\nRubric item: {item}\nAnswer: {answer}\n"
@@ -70,6 +81,16 @@ class OpenAIJudge:
             raise JudgeError(f"judge {self.name} replied {excerpt(content, 80)!r}: expected exactly one of the scores "
                              "0, 0.5, 1")
         return score
+
+    def verdict(self, prompt: str) -> bool:
+        """A yes/no judgement (LongMemEval's grading): True for "yes"; any other reply is a :class:`JudgeError`."""
+        body = {"model": self.model, "temperature": 0.0, "max_tokens": 8,
+                "messages": [{"role": "user", "content": prompt}]}
+        content = self._post(body)
+        verdict = parse_verdict(content)
+        if verdict is None:
+            raise JudgeError(f"judge {self.name} replied {excerpt(content, 80)!r}: expected exactly yes or no")
+        return verdict
 
     def rubric_score(self, question: str, rubric: Sequence[str], answer: str) -> tuple[float, list[float]]:
         grades = [self.grade(question, item, answer) for item in rubric]
