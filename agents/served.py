@@ -178,6 +178,11 @@ class CompletionsClient:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return request_json(self.spec.api_base + path, body, headers=headers, backoff=self.backoff, **limits)
 
+    def post(self, path: str, body: dict) -> Any:
+        """``POST {api_base}{path}`` with the client's retries and limits; the decoded JSON reply (a
+        :class:`ServerError` for anything else)."""
+        return self._request(path, body)
+
     def _request(self, path: str, body: dict | None) -> Any:
         try:
             return self._call(path, body, timeout=self.timeout, retries=self.retries, total_timeout=self.total_timeout)

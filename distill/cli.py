@@ -6,6 +6,7 @@
     memenv distill --teacher T --student S --reconstruction persistent --recompute-old-logprobs --out runs/flat
     memenv distill --teacher T --student S --credit himpo --out runs/himpo
     memenv distill --teacher T --out runs/memopd --resume                                   # continue
+    memenv distill --teacher openai:smollm2@http://127.0.0.1:8765 --student S --out runs/served  # served teacher
     memenv distill diagnose --records records.jsonl --model S                               # RCE table
 
 Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``), with the tokenizer of the env's oracle
@@ -26,6 +27,7 @@ from typing import Any
 
 from agents.llm.cli import (DTYPE_CHOICES, add_model_options, apply_set, check_checkpoint, check_model_options,
                             check_run_out, interrupted_note)
+from agents.served import ServedSpec, is_served
 from distill import DIAGNOSE_METHODS
 from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
                         open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
@@ -59,9 +61,10 @@ def build_config(args: argparse.Namespace):
     from distill.trainer import MemOPDConfig
 
     if not args.teacher:
-        raise _fail("memenv distill needs --teacher PATH (a local checkpoint that shares the student's tokenizer)")
+        raise _fail("memenv distill needs --teacher PATH (a local checkpoint that shares the student's tokenizer) "
+                    "or --teacher openai:NAME@URL (a served teacher)")
     values: dict[str, Any] = {"env_id": args.env, "out_dir": args.out, "seed": args.seed, "resume": args.resume,
-                              "progress": not args.quiet, "teacher": _checkpoint(args.teacher, "--teacher"),
+                              "progress": not args.quiet, "teacher": _teacher(args.teacher),
                               "recompute_old_logprobs": args.recompute_old_logprobs}
     if args.student and args.student != "tiny":
         values["model"] = _checkpoint(args.student, "--student")
@@ -73,9 +76,26 @@ def build_config(args: argparse.Namespace):
             values[name] = value
     apply_set(values, args.set, MemOPDConfig)
     try:
-        return MemOPDConfig(**values)
+        cfg = MemOPDConfig(**values)
+        if is_served(cfg.teacher):
+            from distill.served_teacher import check_served_options
+
+            check_served_options(cfg.loss_config(), cfg.teacher_reconstruction, cfg.reconstruction)
+        return cfg
     except (TypeError, ValueError) as exc:
         raise _fail(str(exc)) from None
+
+
+def _teacher(value: str) -> str:
+    """``--teacher``: a served model ``openai:NAME@URL`` (checked for its form here, for its tokenizer when the run
+    starts) or a checkpoint folder."""
+    if not is_served(value):
+        return _checkpoint(value, "--teacher")
+    try:
+        ServedSpec.parse(value)
+    except ValueError as exc:
+        raise _fail(f"--teacher: {exc}") from None
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -151,7 +171,9 @@ def register_cli(subparsers) -> None:
     """Adds ``memenv distill`` and ``memenv distill diagnose`` (entry point group ``memenv.commands``)."""
     p = subparsers.add_parser("distill", help="MemOPD: PPO/GRPO + on-policy distillation from a teacher",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--teacher", help="teacher checkpoint folder (must share the student's tokenizer)")
+    p.add_argument("--teacher", help="teacher checkpoint folder (must share the student's tokenizer), or "
+                                      "openai:NAME@URL: a served teacher (vLLM) that scores the records' token ids "
+                                      "with prompt_logprobs (sampled-token reverse KL; top-k with --top-k K)")
     p.add_argument("--student", default=None, help="student checkpoint folder (default: a fresh tiny model)")
     p.add_argument("--algo", choices=["ppo", "grpo"], default=None, help="RL objective (default ppo)")
     p.add_argument("--env", default="MemQA-v0", help="environment id (default MemQA-v0)")

@@ -1,0 +1,258 @@
+"""The served teacher (``--teacher openai:NAME@URL``) against a stand-in server on 127.0.0.1: a standard-library
+HTTP server that answers ``/v1/completions`` with ``prompt_logprobs`` computed by a tiny in-process model, as vLLM
+does (it is a stand-in, not vLLM: the real server is tested in tests/test_vllm.py). It checks the scores, the
+error cases (another tokenizer, fewer positions), the two losses, and short MemOPD runs through the trainer and
+the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+import gymnasium as gym  # noqa: E402
+
+from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
+
+from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from distill.losses import DistillLossConfig, distill_loss, reverse_kl  # noqa: E402
+from distill.served_teacher import (PROBE, ServedTeacher, ServedTeacherError, ServedTeacherHook,  # noqa: E402
+                                    ServedTokenizerMismatch, check_served_options, sampled_reverse_kl_term,
+                                    top_k_served_loss)
+from distill.teacher import VocabularyMismatchError  # noqa: E402
+
+ENV = {**ENV_KW, "max_turns": 2}
+
+
+class StandInTeacher:
+    """A stand-in OpenAI-compatible teacher server (not vLLM) backed by ``model``.
+
+    ``mode``: ``"ok"``; ``"other_tokenizer"`` (text prompts are tokenized with every id shifted by one, as a
+    server with another vocabulary would); ``"fewer"`` (the last prompt position is missing); ``"no_ids"`` (no
+    ``prompt_token_ids`` in the reply)."""
+
+    def __init__(self, model, tokenizer, mode: str = "ok") -> None:
+        self.model, self.tokenizer, self.mode = model.eval(), tokenizer, mode
+        self.bodies: list[dict] = []
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code: int, payload) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"object": "list", "data": [{"id": "standin"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with owner.lock:
+                    owner.bodies.append(body)
+                    reply = owner.answer(body)
+                self._send(200, reply)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @torch.no_grad()
+    def answer(self, body: dict) -> dict:
+        prompt = body["prompt"]
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
+            if self.mode == "other_tokenizer":
+                ids = [i + 1 for i in ids]
+        else:
+            ids = list(prompt)
+        k = int(body.get("prompt_logprobs") or 0)
+        logp = torch.log_softmax(self.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        positions = [None]
+        for t in range(1, len(ids)):
+            row = logp[t - 1]
+            order = row.argsort(descending=True)
+            rank = {int(i): r + 1 for r, i in enumerate(order[:max(k, 1)].tolist())}
+            entry = {str(ids[t]): {"logprob": float(row[ids[t]]), "rank": rank.get(ids[t], int((row > row[ids[t]]).sum()) + 1)}}
+            for i in order[:k].tolist():
+                entry[str(i)] = {"logprob": float(row[i]), "rank": rank[i]}
+            positions.append(entry)
+        if self.mode == "fewer":
+            positions = positions[:-1]
+        choice = {"index": 0, "text": "x", "finish_reason": "length", "prompt_logprobs": positions,
+                  "token_ids": [int(logp[-1].argmax())]}
+        if self.mode != "no_ids":
+            choice["prompt_token_ids"] = ids
+        return {"object": "text_completion", "choices": [choice],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}}
+
+    def __enter__(self) -> "StandInTeacher":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _env():
+    import memenv  # noqa: F401
+
+    return gym.make("MemQA-v0", **ENV)
+
+
+def _records(model, tok, n=3):
+    policy = LLMPolicy(model, tok, temperature=1.0, max_new_tokens=10, seed=0)
+    return records_of(rollout(policy, [_env(), _env()], list(range(n)), groups=[0] * n))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = memqa_tokenizer()
+    return tok, tiny_model(tok, seed=1), tiny_model(tok, seed=2, initializer_range=0.3)
+
+
+def test_scores_are_the_teachers_log_probs_at_the_action_tokens(setup):
+    tok, student, teacher = setup
+    records = _records(student, tok)
+    records[0].action_mask = [0] * len(records[0].action_mask)  # a record without action tokens is not sent
+    with StandInTeacher(teacher, tok) as server:
+        served = ServedTeacher(f"openai:standin@{server.url}", tok, top_k=4, concurrency=3)
+        scores = served.score(records)
+        bodies = server.bodies
+    assert bodies[0]["prompt"] == PROBE and bodies[0]["add_special_tokens"] is False  # the tokenizer probe
+    sent = [b["prompt"] for b in bodies[1:]]
+    assert sorted(map(tuple, sent)) == sorted(tuple(r.input_ids) for r in records[1:])  # the records' ids as sampled
+    assert all(b["max_tokens"] == 1 and b["prompt_logprobs"] == 4 for b in bodies[1:])
+    expected = torch.cat([sequence_logprobs(teacher, r.prompt_ids, r.response_ids)[torch.tensor(r.action_mask) == 1]
+                          for r in records])
+    assert scores.sampled.shape == expected.shape and expected.numel() > 10
+    assert (scores.sampled - expected).abs().max() < 1e-5
+    # top-k: the teacher's 4 most likely tokens at each action position, by rank
+    full = torch.cat([_full_logp(teacher, r)[torch.tensor(r.action_mask) == 1] for r in records])
+    top_v, top_i = full.topk(4, dim=-1)
+    assert torch.equal(scores.top_ids, top_i) and (scores.top_logp - top_v).abs().max() < 1e-5
+    assert scores.tokens == sum(len(r) for r in records[1:])
+
+
+@torch.no_grad()
+def _full_logp(model, record):
+    ids = torch.tensor([record.input_ids])
+    logits = model(input_ids=ids).logits[0, record.prompt_len - 1:len(record) - 1].float()
+    return torch.log_softmax(logits, -1)
+
+
+def test_a_server_with_another_tokenizer_fails_before_any_work(setup):
+    tok, _, teacher = setup
+    with StandInTeacher(teacher, tok, mode="other_tokenizer") as server:
+        with pytest.raises(ServedTokenizerMismatch, match=f"teacher server {server.url} .*first difference at "
+                                                          "position 0") as err:
+            ServedTeacher(f"openai:standin@{server.url}", tok)
+        assert len(server.bodies) == 1  # only the probe
+    assert isinstance(err.value, VocabularyMismatchError)  # memenv distill prints it as one line, exit 2
+
+
+def test_fewer_positions_or_no_ids_are_clear_errors(setup):
+    tok, student, teacher = setup
+    records = _records(student, tok, n=2)
+    with StandInTeacher(teacher, tok, mode="fewer") as server:
+        served = ServedTeacher(f"openai:standin@{server.url}", tok)
+        n = len(records[0])
+        with pytest.raises(ServedTeacherError, match=rf"returned {n - 1} positions of prompt_logprobs for a prompt "
+                                                     rf"of {n} tokens \(expected one per token\)"):
+            served.score(records[:1])
+    with StandInTeacher(teacher, tok, mode="no_ids") as server:
+        with pytest.raises(ServedTeacherError, match="sent no prompt_token_ids for the tokenizer probe"):
+            ServedTeacher(f"openai:standin@{server.url}", tok)
+
+
+def test_sampled_reverse_kl_term_has_the_gradient_of_the_reverse_kl():
+    """Over every token weighted by pi (the exact expectation of on-policy samples), the surrogate's gradient is
+    the gradient of KL(pi || q); its value is the KL itself."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 11, requires_grad=True)
+    teacher = torch.log_softmax(torch.randn(3, 11), -1)
+    logp = torch.log_softmax(logits, -1)
+    tokens = torch.arange(11).repeat(3)
+    rows = torch.arange(3).repeat_interleave(11)
+    student = logp[rows, tokens]
+    term, estimate = sampled_reverse_kl_term(student, teacher[rows, tokens], student.detach())
+    weight = logp.exp().detach()[rows, tokens]
+    surrogate = (weight * term).sum()
+    (grad,) = torch.autograd.grad(surrogate, logits)
+    exact = reverse_kl(torch.log_softmax(logits, -1), teacher).sum()
+    (want,) = torch.autograd.grad(exact, logits)
+    assert torch.allclose(grad, want, atol=1e-6)
+    assert torch.isclose((weight * estimate).sum(), exact.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["tail", "renorm"])
+def test_top_k_served_loss_equals_the_in_process_top_k_loss(mode):
+    torch.manual_seed(1)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(9, 8, requires_grad=True)
+    teacher = torch.log_softmax(torch.randn(9, 50) * 3, -1)
+    cfg = DistillLossConfig(top_k=5, top_k_mode=mode, chunk=4)
+    top_v, top_i = teacher.topk(5, dim=-1)
+    served = top_k_served_loss(head, hidden, top_v, top_i, cfg)
+    local = distill_loss(torch.log_softmax(head(hidden), -1), teacher, cfg)
+    assert torch.allclose(served, local, atol=1e-6)
+    served.sum().backward()
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+
+
+def test_served_options_that_cannot_work_are_named():
+    with pytest.raises(ValueError, match="distill_temperature must be 1"):
+        check_served_options(DistillLossConfig(temperature=2.0))
+    with pytest.raises(ValueError, match="teacher_reconstruction 'persistent' needs an in-process teacher"):
+        check_served_options(DistillLossConfig(), "persistent")
+    with pytest.raises(ValueError, match="--loss jsd needs --top-k K"):
+        check_served_options(DistillLossConfig(kind="jsd"))
+    check_served_options(DistillLossConfig(kind="jsd", top_k=4))
+
+
+@pytest.mark.parametrize("top_k", [None, 4])
+def test_memopd_with_a_served_teacher_trains_the_student(setup, tmp_path, top_k):
+    from distill.trainer import MemOPDConfig, train_memopd
+
+    tok, _, teacher = setup
+    student = tiny_model(tok, seed=1)
+    before = [p.detach().clone() for p in student.parameters()]
+    with StandInTeacher(teacher, tok) as server:
+        cfg = MemOPDConfig(env_id="MemQA-v0", env_kwargs=ENV, out_dir=str(tmp_path), algo="grpo", updates=2,
+                           episodes_per_update=4, group_size=2, epochs=1, num_minibatches=1, lr=3e-3,
+                           max_new_tokens=10, num_envs=2, eval_every=0, save_every=100, progress=False,
+                           distill_coef=1.0, chunk=16, token_budget=512, top_k=top_k,
+                           teacher=f"openai:standin@{server.url}")
+        last = train_memopd(cfg, model=student, tokenizer=tok)
+        scored = [b for b in server.bodies if isinstance(b["prompt"], list)]
+    assert len(scored) >= 8 and all(b["prompt_logprobs"] == (top_k or 0) for b in scored)
+    assert "distill_loss" in last and last["teacher_s"] > 0
+    assert any((p - q).abs().max() > 0 for p, q in zip(student.parameters(), before))
+
+
+def test_distill_cli_with_a_served_teacher_of_another_tokenizer_is_one_line(setup, tmp_path, capsys):
+    from memenv.cli import main
+
+    tok, _, teacher = setup
+    with StandInTeacher(teacher, tok, mode="other_tokenizer") as server:
+        code = main(["distill", "--teacher", f"openai:standin@{server.url}", "--out", str(tmp_path / "run"),
+                     "--updates", "1", "--quiet", "--kw", "objectives=1", "hops=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "tokenizes a probe into" in err and server.url in err
+    assert main(["distill", "--teacher", "openai:no-url", "--out", str(tmp_path / "r2")]) == 2
+    assert "--teacher: bad served-model strategy 'openai:no-url'" in capsys.readouterr().err
+    assert main(["distill", "--teacher", "openai:m@127.0.0.1:1", "--loss", "jsd", "--out", str(tmp_path / "r3")]) == 2
+    assert "--loss jsd needs --top-k K" in capsys.readouterr().err
