@@ -59,7 +59,8 @@ token stream, one entry per sequence, plus ``max_length_q/k``), which transforme
 rule of the 4D mask as a function. :func:`attention_inputs` is the one place that decides what a backend gets.
 ``tests/test_packed_attention.py`` runs transformers' own flash path on CPU with a plain-torch varlen kernel
 (:func:`register_varlen_attention`) and flex_attention in eager mode, multi-row, against the dense reference,
-and shows that the old inputs (no boundaries) leak.
+and shows that the old inputs (no boundaries) leak. The CUDA kernels themselves (flash-attn, compiled flex) did
+not run on the CPU-only machines this was written on: ``benchmarks/gpu_check.py`` is their check.
 """
 
 from __future__ import annotations
@@ -812,6 +813,10 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     impl = select_backend(model, batch, backend)
     if is_varlen(impl):
         sequence_runs(batch)  # a layout varlen cannot express fails here, before the implementation is switched
+        dtype = next(model.parameters()).dtype
+        if impl.startswith("flash_attention") and dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"backend {impl} computes in float16/bfloat16 only; the model is {dtype}: load it "
+                             "with dtype='bfloat16' (or use flex_attention / sdpa)")
     if impl == SDPA_BLOCKS:
         register_block_attention()
     with _attention_implementation(model, impl) as active:

@@ -261,3 +261,29 @@ def test_dense_sdpa_and_sdpa_blocks_agree_with_the_reference_on_the_same_batches
             for backend in ("sdpa", "sdpa_blocks"):
                 for batch in _batches(method):
                     assert max(_deltas(batch, action_logprobs(model, batch, backend=backend)).values()) <= TOL
+
+
+def test_gradients_through_the_flash_path_with_boundaries_equal_the_dense_mask(emulated_flash, monkeypatch):
+    """The actor's training forward on the varlen path: log-probs and parameter gradients as with sdpa."""
+    model = tiny_model(memqa_tokenizer(), kv_heads=1, seed=4)
+    (batch,) = [b for b in _batches("padding_free") if b.input_ids.shape[0] > 1][:1]
+    weights = torch.linspace(0.5, 1.5, batch.targets.numel())
+    out = {}
+    for name, backend in (("flash", emulated_flash), ("sdpa", "sdpa")):
+        monkeypatch.setattr(packing, "select_backend", lambda *a, backend=backend, **k: backend)
+        lp = action_logprobs(model, batch)
+        (lp * weights).sum().backward()
+        out[name] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    assert torch.allclose(out["flash"][0], out["sdpa"][0], rtol=0, atol=TOL)
+    assert out["sdpa"][1].abs().sum() > 0
+    # as in tests/test_distill_packing.py: attention summed in another order moves entries by ~2 x 32 eps times
+    # the gradient's largest entry
+    tol = 2 * 32 * torch.finfo(torch.float32).eps * float(out["sdpa"][1].abs().max())
+    assert torch.allclose(out["flash"][1], out["sdpa"][1], rtol=0, atol=tol)
+
+
+def test_a_real_flash_backend_refuses_a_float32_model():
+    (batch,) = _batches("padding_free")[:1]
+    with pytest.raises(ValueError, match="flash_attention_2 computes in float16/bfloat16 only"):
+        hidden_states(_model(), batch, backend="flash_attention_2")
