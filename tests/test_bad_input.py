@@ -31,6 +31,7 @@ from tasks.conversations import QUESTION_TYPES, generate_conversation, min_quest
 from tasks.corpus import load_corpus_jsonl, load_qa_pair, load_questions_jsonl
 from tasks.hotpot import load_hotpotqa
 from tasks.locomo import load_locomo
+from tasks.longmemeval import write_synthetic_longmemeval
 from tasks.world import build_world, objective_capacity
 
 from conftest import TINY_HOTPOT, _tiny_locomo
@@ -68,7 +69,10 @@ def files(tmp_path: Path) -> dict[str, str]:
     return {"hotpot": str(hotpot), "locomo": str(lo),
             "corpus": _write_jsonl(tmp_path / "corpus.jsonl", CORPUS),
             "questions": _write_jsonl(tmp_path / "questions.jsonl", QUESTIONS),
-            "beam": _write_beam_folder(tmp_path / "beam")}
+            "beam": _write_beam_folder(tmp_path / "beam"),
+            "beam_release": str(Path(__file__).resolve().parent / "fixtures" / "beam_release"),
+            "longmemeval": str(write_synthetic_longmemeval(tmp_path / "longmemeval.json", items=3, sessions=3,
+                                                           turns=4, words=20))}
 
 
 def _beam_message(i: int, role: str, content: str) -> dict:
@@ -120,9 +124,11 @@ ENVS = {
     "BEAM": ("MemDialog-BEAM-v0", {}),
     "BEAM-rewrite": ("MemDialog-BEAM-v0", {"memory_mode": "rewrite"}),
     "BEAM-data": ("MemDialog-BEAM-v0", {"data_path": "beam"}),
+    "BEAM-release": ("MemDialog-BEAM-v0", {"data_path": "beam_release"}),  # BEAM's official layout (our fixtures)
+    "LongMemEval": ("MemDialog-LongMemEval-v0", {"data_path": "longmemeval"}),
 }
-BEAM_ENVS = ("BEAM", "BEAM-rewrite", "BEAM-data")
-TOOLS_ENVS = ("BEAM", "BEAM-data", "MemQA-tools")  # memory_mode="tools": context="memory" only
+BEAM_ENVS = ("BEAM", "BEAM-rewrite", "BEAM-data", "BEAM-release", "LongMemEval")
+TOOLS_ENVS = ("BEAM", "BEAM-data", "BEAM-release", "LongMemEval", "MemQA-tools")  # tools: context="memory" only
 QA_ENVS = ("MemQA", "MemQA-tools", "MemQA-N4", "MemRead")  # the synthetic world's QA knobs
 
 
@@ -434,6 +440,20 @@ BEAM_DATA_CASES = [
 ]
 
 
+LONGMEMEVAL_CASES = [
+    ({"abilities": "multi-session"}, TypeError, ["abilities", "('multi-session',)"]),
+    ({"abilities": ["multi-session", "telepathy"]}, ValueError, ["abilities", "'telepathy'", "'temporal-reasoning'"]),
+    ({"abilities": ["summarization"]}, ValueError, ["abilities", "'summarization'", "'knowledge-update'"]),
+    ({"abilities": ["multi-session"]}, ValueError, ["no item of", "abilities=('multi-session',)"]),
+    ({"abilities": []}, ValueError, ["abilities", "at least one"]),
+    ({"questions": 2}, ValueError, ["questions=2", "one question each", "at most 1"]),
+    ({"conversation": 3}, ValueError, ["conversation", "0..2", "holds 3"]),
+    ({"chat_tokens": 8000}, ValueError, ["chat_tokens=8000", "synthetic chats"]),
+    ({"sessions": 4}, ValueError, ["sessions=4", "dataset='memdialog'"]),
+    ({"data_path": None}, ValueError, ["MemDialog-LongMemEval-v0 needs data_path="]),
+]
+
+
 def _battery() -> list:
     cases = []
     for env in ENVS:
@@ -450,13 +470,13 @@ def _battery() -> list:
             family += MEMREAD_CASES
         if env in ("MemDialog", "LoCoMo"):
             family += DIALOG_CASES
-        if env in BEAM_ENVS:
-            family += BEAM_CASES
+        if env in BEAM_ENVS:  # LongMemEval's abilities are its question types (LONGMEMEVAL_CASES)
+            family += [c for c in BEAM_CASES if env != "LongMemEval" or "abilities" not in c[0]]
         if env in TOOLS_ENVS:
             family += TOOLS_CASES
         family += {"MemDialog": SYNTHETIC_DIALOG_CASES, "LoCoMo": LOCOMO_CASES, "Pair": PAIR_CASES,
                    "Hotpot": HOTPOT_CASES, "BEAM": SYNTHETIC_BEAM_CASES, "BEAM-rewrite": SYNTHETIC_BEAM_CASES,
-                   "BEAM-data": BEAM_DATA_CASES}.get(env, [])
+                   "BEAM-data": BEAM_DATA_CASES, "LongMemEval": LONGMEMEVAL_CASES}.get(env, [])
         for kwargs, error, fragments in family:
             cases.append(pytest.param(env, kwargs, error, fragments, id=f"{env}-{kwargs!r}"[:90]))
     return cases
@@ -480,6 +500,10 @@ def test_good_kwargs_at_the_boundaries_are_accepted(files, env: str) -> None:
         bounds.update(chat_tokens=4000, questions_per_ability=4, questions=2 * 4)
     if env == "BEAM-data":
         bounds.update(conversation=1, questions=2)
+    if env == "BEAM-release":
+        bounds.update(conversation=2, questions=4)
+    if env == "LongMemEval":
+        bounds.update(conversation=0, questions=1, abilities=("single-session-user",))
     if env == "MemQA-tools":
         bounds.update(search_k=1, show_store=False)
     if env in QA_ENVS:
@@ -625,8 +649,8 @@ PROGRESS_ACTIONS = ["<next/>", "<memory>m</memory>", "<memory>m</memory><answer>
 def test_beam_fuzz_through_every_phase_never_raises(files, env: str) -> None:
     """Fuzzed actions in reading, questions and strategy phases (max_tool_calls=2 moves the tools mode on; the
     rewrite mode moves on with a valid rewrite): no step raises, and every step has the same invocation keys."""
-    made = make(env, files, max_tool_calls=2, refine_strategy=True, questions=3, max_turns=300,
-                **({"chat_tokens": 4000} if env != "BEAM-data" else {}))
+    made = make(env, files, max_tool_calls=2, refine_strategy=True, questions=1 if env == "LongMemEval" else 3,
+                max_turns=300, **({"chat_tokens": 4000} if env in ("BEAM", "BEAM-rewrite") else {}))
     rng = np.random.default_rng(1)
     made.reset(seed=0)
     phases, keys = set(), None

@@ -56,6 +56,7 @@ import memenv.search.remote
 from agents.files import write_atomic, write_text_atomic
 from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, env_family, make_strategy
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
+from agents.scripted.bench_tables import format_benchmark_tables, official_columns
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
 from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
                         positive_int, prepare_out_dir, user_input)
@@ -510,7 +511,7 @@ def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: _Episo
                 "peak_context_tokens": episode["peak_context_tokens"],
                 "total_context_tokens": episode["total_context_tokens"], "invocations": episode["turns"],
                 "invalid_actions": episode["invalid_actions"], "answered": episode["answered"], **extra,
-                **_ability_scores(episode),
+                **_ability_scores(episode), **official_columns(episode),
             })
     finally:
         env.close()
@@ -527,7 +528,7 @@ def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: _Episo
         "invalid_rate": ok.invalid_actions.sum() / max(1, ok.invocations.sum()) if len(ok) else float("nan"),
         "steps_per_s": steps / elapsed if elapsed > 0 else float("nan"),
         **{k: ok[k].mean() for k in frame.columns if k.startswith("server_")},  # tokens per episode
-        **{c: ok[c].mean() for c in frame.columns if c.startswith("score")},
+        **{c: ok[c].mean() for c in frame.columns if c.startswith(("score", "official:"))},
     }
     return {"env": spec.label, "strategy": name, "summary": summary, "episodes": cell}
 
@@ -720,7 +721,7 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
                         policy.client.check()  # a server that is down fails here, naming its URL
                     except ServerError as err:
                         raise CommandError(f"--strategies {policy.name}: {err}") from err
-            env = gym.make(spec.env_id, **{"context": policies[0].context, **spec.kwargs})
+            env = gym.make(spec.env_id, **bench_env_kwargs(spec, policies[0]))  # the kwargs its cells will use
             env.reset(seed=0)
             env.close()
 
@@ -768,7 +769,7 @@ def _run(args: argparse.Namespace) -> int:
     write_atomic(out / "results.csv", lambda tmp: summary.to_csv(tmp, index=False))
     write_atomic(out / "episodes.csv", lambda tmp: episodes.to_csv(tmp, index=False))
     plot_tradeoff(summary, out / "f1_vs_peak_context.png")
-    print(format_table(summary))
+    print(format_benchmark_tables(summary, format_table))
     print(f"\nwrote {out / 'results.csv'}, {out / 'episodes.csv'}, {out / 'f1_vs_peak_context.png'}")
     return 0
 

@@ -59,11 +59,11 @@ __all__ = ["DEFAULT_CONTEXT_BUDGET", "SERVED_KINDS", "TEXT_STRATEGIES", "DialogT
 DEFAULT_CONTEXT_BUDGET = 8_000  # tokens (whitespace words) of the full-context window
 SCRIPTED_KINDS = ("full-context", "recency-window", "bm25")
 SERVED_KINDS = SCRIPTED_KINDS + ("memagent", "selfmem")
-_BLOCK = re.compile(r"<information>\[(?:session (\d+)/(\d+), ([^\]]*)|question (\d+)/(\d+))\][^\n]*\n(.*?)"
+_BLOCK = re.compile(r"<information>\[(?:session (\d+)/(\d+), ([^\]]*)|question (\d+)/(\d+))\]([^\n]*)\n(.*?)"
                     r"(?=\n</information>|\Z)", re.DOTALL)
 _ID_LINE = re.compile(r"^([^\n:()]{1,60}?) \(#([^)\n]*)\): ?(.*)$")
 _NAME_LINE = re.compile(r"^([A-Z][^\n:()\[\]*]{0,40}?): (.*)$")
-_ASKED = re.compile(r"\s*\(asked on ([^)]*)\)\s*$")
+_ASKED = re.compile(r"\[asked on ([^\]]*)\]")
 _QUESTION_END = re.compile(r"\n(?:Answer it now with|Now (?:answer|search))")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _TIME_OF_DAY = re.compile(r"^\s*\d{1,2}:\d{2}\s*(?:[ap]m)?\s*on\s+", re.IGNORECASE)
@@ -121,14 +121,13 @@ def read_text_observation(observation: str) -> TextView:
             session, question, index = number, None, None
             if number not in seen:  # a repeated session (after an invalid action) counts once
                 seen.add(number)
-                turns += _session_turns(number, block.group(3), block.group(6))
+                turns += _session_turns(number, block.group(3), block.group(7))
         else:
-            body = block.group(6)
+            body = block.group(7)
             end = _QUESTION_END.search(body)
             q = (body[:end.start()] if end else body).strip()
-            asked = _ASKED.search(q)
+            asked = _ASKED.search(block.group(6))
             date = asked.group(1) if asked else ""
-            q = _ASKED.sub("", q).strip()
             q = "\n".join(line for line in q.split("\n") if not (line.startswith("[") and line.endswith("]")))
             session, question, index = None, " ".join(q.split()) or None, int(block.group(4))
     return TextView(turns, session, question, index, date, questions)

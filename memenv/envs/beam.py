@@ -362,12 +362,13 @@ class MemDialogBeamEnv(MemEnvBase):
         if self._phase == "question":
             q = self.questions[self._question]
             question = sanitize(q.question)
-            if q.meta.get("question_date"):  # LongMemEval: the date the question is asked on
-                question += f" (asked on {sanitize(q.meta['question_date'])})"
+            # LongMemEval: the date the question is asked on, in the header (the question line stays the question)
+            asked = f" [asked on {sanitize(q.meta['question_date'])}]" if q.meta.get("question_date") else ""
             how = ("search your store with <mem_search>...</mem_search>, then answer with <answer>...</answer>" if tools
                    else "answer with <memory>...</memory><answer>...</answer>" if self.mode.uses_memory
                    else "answer with <answer>...</answer>")
-            return (f"<information>[question {self._question + 1}/{len(self.questions)}]{left}{tail}\n{question}\n"
+            head = f"[question {self._question + 1}/{len(self.questions)}]{left}{asked}"
+            return (f"<information>{head}{tail}\n{question}\n"
                     f"Now {how}.{result}\n</information>")
         if self._phase == "strategy":
             return f"<information>[feedback]{tail}\n{self._feedback()}\n</information>"
