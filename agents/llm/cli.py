@@ -122,8 +122,15 @@ def check_checkpoint(path: str | os.PathLike, option: str) -> str:
     """Check, without loading it, that ``path`` is a model checkpoint folder: ``config.json`` (valid JSON with a
     ``model_type``), weights (whole ``.safetensors`` files) and a tokenizer whose JSON files parse. A
     :class:`memenv.cli.CommandError` naming ``option``, the folder and the file otherwise. Returns ``path``."""
-    folder = Path(path)
+    from agents.llm.pretrained import ModelNotInstalledError, is_registered, resolve
+
     what = f"{option} {os.fspath(path)}"
+    if is_registered(path):  # a registered pretrained model: its prepared folder (prepared on first use)
+        try:
+            path = resolve(path)
+        except ModelNotInstalledError as exc:
+            raise CommandError(f"{what}: {exc}") from None
+    folder = Path(path)
     if not folder.is_dir():
         raise CommandError(f"{what}: no model checkpoint there (no such folder)")
     if not (folder / "config.json").is_file():
@@ -254,6 +261,7 @@ def check_setup(cfg) -> None:
         env.reset(seed=cfg.seed)
         env.close()
     if cfg.model is not None:
+        cfg.model = check_checkpoint(cfg.model, "--model")  # a registered name becomes its prepared folder
         if not os.path.isdir(cfg.model):
             raise CommandError(f"--model {cfg.model!r} is not a checkpoint folder (omit --model for a fresh tiny "
                                "model)")

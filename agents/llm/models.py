@@ -177,6 +177,28 @@ def use_float32_attention(model) -> None:
     model.set_attn_implementation(FLOAT32_SDPA)
 
 
+PROMPT_FILE = "memenv_prompt.json"  # a checkpoint's prompt settings (system prompt), read by load_pretrained
+
+
+def read_prompt_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """The prompt settings saved with a checkpoint (``{"system_prompt": ...}``), ``{}`` when it has none.
+
+    :func:`load_pretrained` puts them on the tokenizer (``tokenizer.memenv_prompt``) and :func:`save_pretrained`
+    writes them back, so a model trained with a system prompt is sampled, trained further and benchmarked with
+    the same one (``system_prompt="checkpoint"``, the default of :class:`agents.llm.policy.LLMPolicy`)."""
+    file = Path(path) / PROMPT_FILE
+    if not file.is_file():
+        return {}
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{file}: not valid JSON ({exc})") from None
+    prompt = settings.get("system_prompt") if isinstance(settings, dict) else None
+    if not isinstance(settings, dict) or not (prompt is None or isinstance(prompt, str)):
+        raise ValueError(f"{file}: expected an object with a string 'system_prompt', got {settings!r:.80}")
+    return settings
+
+
 def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path:
     """``save_pretrained`` of model and tokenizer into a temporary sibling folder, then a rename: a reader
     never sees half a checkpoint. An existing ``path`` is replaced. ``extra_files``: name -> callable(path)
@@ -185,6 +207,9 @@ def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            settings = getattr(tokenizer, "memenv_prompt", None)
+            if settings:  # the prompt format travels with the checkpoint (SFT -> GRPO -> bench see one prompt)
+                (tmp / PROMPT_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
         for name, write in (extra_files or {}).items():
             write(tmp / name)
 
@@ -226,10 +251,13 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any =
 
     torch_dtype = resolve_dtype(dtype, device)
     check_attn_implementation(attn_implementation, torch_dtype, device)
-    path = Path(path)
+    from agents.llm.pretrained import resolve
+
+    path = resolve(path)  # a registered name (smollm2-135m-instruct): its prepared folder
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model checkpoint at {path} (config.json missing)")
     tokenizer = load_tokenizer(path)
+    tokenizer.memenv_prompt = read_prompt_settings(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype,

@@ -171,12 +171,16 @@ class LLMPolicy:
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos_ids |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [] if gen_eos is None else [gen_eos])
         self.eos_ids = eos_ids
-        # Stop strings that are one token are matched on ids; longer ones on the decoded tail.
+        # Stop strings that are one *added* token (the tiny tokenizers' protocol tags) are matched on ids: an added
+        # token is always split out whole. Any other string is matched on the decoded tail, since real BPE can
+        # sample it inside other tokens (SmolLM2 writes "memory" as "memory" but also inside " memory" or
+        # "memory>"; matching the one id missed those).
+        added_ids = set(getattr(tokenizer, "get_added_vocab", dict)().values())
         self.stop_ids: set[int] = set()
         self.stop_strings: list[str] = []
         for s in self.stop:
             ids = tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1 and tokenizer.decode(ids) == s:
+            if len(ids) == 1 and ids[0] in added_ids and tokenizer.decode(ids) == s:
                 self.stop_ids.add(ids[0])
             else:
                 self.stop_strings.append(s)

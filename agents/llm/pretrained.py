@@ -37,7 +37,6 @@ from typing import Any, Iterator
 
 from agents.files import write_directory_atomic, write_text_atomic
 from agents.llm.models import PROMPT_FILE
-from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
 
 FINGERPRINT_FILE = "memenv_model.json"
 FORMAT_VERSION = 2  # bump when the conversion changes what it writes
@@ -168,6 +167,8 @@ def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: b
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
+
     if not progress:
         hf_logging.disable_progress_bar()
     try:
@@ -231,6 +232,36 @@ def prepare(name: str, out: str | os.PathLike | None = None, *, force: bool = Fa
             return folder
         convert_gguf(gguf, folder, wanted, progress=progress)
     return folder
+
+
+def shrink(model, layers: int):
+    """A student with the first ``layers`` decoder layers of ``model`` (its embeddings, final norm, head and
+    tokenizer unchanged): the cheaper student on the teacher's own tokenizer that MemOPD needs, made from the
+    pretrained weights rather than from scratch. A new fp32 model; ``model`` is untouched."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    total = int(model.config.num_hidden_layers)
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+        raise ValueError(f"layers must be an int in 1..{total} (the model's decoder layers), got {layers!r}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:layers]
+    keep = {}
+    for key, value in model.state_dict().items():
+        parts = key.split(".")
+        if "layers" in parts:
+            index = parts.index("layers") + 1
+            if index < len(parts) and parts[index].isdigit() and int(parts[index]) >= layers:
+                continue
+        keep[key] = value.detach().clone().float()
+    student = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    student.load_state_dict(keep, strict=True)
+    student.generation_config = copy.deepcopy(model.generation_config)
+    return student
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:

@@ -25,6 +25,9 @@ class CheckpointStrategy:
     context = "memory"  # the LLM agents are trained on compact-memory observations
 
     def __init__(self, path: str | os.PathLike, *, max_new_tokens: int = 96, num_envs: int = 16) -> None:
+        from agents.llm.pretrained import resolve
+
+        path = resolve(path)  # a registered model name -> its prepared folder
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"model strategy {str(path)!r}: no config.json in that folder (need a checkpoint saved "
                              "with save_pretrained)")

@@ -400,7 +400,9 @@ def bench_settings(strategies: Iterable[str], specs: Iterable[EnvSpec], episodes
 
 def _weights_stamp(folder: str) -> str:
     """A short digest of the size and modification time of a checkpoint folder's weight files."""
-    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(folder).iterdir()
+    from agents.llm.pretrained import resolve
+
+    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in resolve(folder).iterdir()
                    if p.is_file() and p.suffix in (".safetensors", ".bin"))
     return hashlib.sha1(json.dumps(stamp).encode()).hexdigest()[:12]
 
