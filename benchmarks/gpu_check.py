@@ -19,7 +19,9 @@ transformers' ``position_ids`` inference, which it does for one-row batches only
 
 Backends: ``sdpa`` (the explicit 4D mask), ``sdpa_blocks`` (exact block attention), ``flex_attention`` (a block
 mask; compiled by transformers on CUDA; eager on CPU, where flex has no backward), ``flash_attention_2`` (varlen
-with ``cu_seqlens``; padded / padding-free layouts, bf16 only; when ``flash_attn`` is installed).
+with ``cu_seqlens``; padded / padding-free layouts, bf16 only; when ``flash_attn`` is installed) and
+``torch_varlen`` (the same boundaries to PyTorch's own flash varlen kernel, ``torch.nn.attention.varlen``: no
+extra package; bf16 on CUDA; on CPU the plain-torch reference kernel).
 
 Timing: per packing x backend x dtype, after a warm-up round (flex compiles there), the median of ``--rounds``
 rounds of (a) teacher scoring: no grad, the body on the packed batches and the full-vocabulary log-probs at the
@@ -46,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SMOLLM2 = Path("/work/models/smollm2-135m-instruct")
-BACKENDS = ("sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
+BACKENDS = ("sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2", "torch_varlen")
 OLD_FLASH = "flash_attention_2 (no cu_seqlens)"
 
 
@@ -139,6 +141,13 @@ def available(backend: str, method: str, dtype, device, packing) -> str | None:
             return "fp16/bf16 only"
         if method not in packing.VARLEN_PACKINGS:
             return "varlen cannot express a shared prefix"
+    if backend == "torch_varlen":
+        if not packing.torch_varlen_available():
+            return "no torch.nn.attention.varlen in this torch"
+        if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+            return "fp16/bf16 only"
+        if method not in packing.VARLEN_PACKINGS:
+            return "varlen cannot express a shared prefix"
     if backend == "flex_attention" and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return "no flex_attention in this torch"
     return None
@@ -214,6 +223,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     smoke = args.cpu_smoke
+    torch._dynamo.config.recompile_limit = 64  # flex recompiles per dtype / shape; never fall back to eager flex
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1 if smoke else torch.get_num_threads())

@@ -25,7 +25,7 @@ from typing import Any
 DIAGNOSE_METHODS = ("aligned", "padding_free", "shared_prefix", "persistent")
 #: Attention implementations of the packed forwards (:func:`distill.packing.hidden_states`); here for the same
 #: reason, so that configurations are checked without loading torch.
-ATTENTION_BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2")
+ATTENTION_BACKENDS = ("auto", "sdpa", "sdpa_blocks", "flex_attention", "flash_attention_2", "torch_varlen")
 
 
 def check_attention_backend(value: str, name: str = "attention_backend") -> str:

@@ -47,8 +47,10 @@ transformers' sdpa once per query block of :func:`attention_blocks` (a branch at
 in a prefix tree, each chain of the trie attends the chains above it, :func:`tree_pieces`) instead of over the
 whole row, so packed rows cost sum(n x (context + n)) attention, not row length^2: the fastest CPU choice for
 long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention_2`` varlen for padded /
-padding-free batches of a bf16/fp16 model when ``flash_attn`` is installed, else ``flex_attention`` with a block
-mask built from the same ids (any packing; for a prefix tree from ``tree_end``), else sdpa with the 4D mask.
+padding-free batches of a bf16/fp16 model when ``flash_attn`` is installed, else ``torch_varlen`` (PyTorch's
+own flash varlen kernel, ``torch.nn.attention.varlen``, through the same boundaries; on CPU it runs
+:func:`varlen_reference`, exact and slow), else ``flex_attention`` with a block mask built from the same ids (any
+packing; for a prefix tree from ``tree_end``), else sdpa with the 4D mask.
 
 Nothing depends on transformers inferring sequence boundaries from ``position_ids``: transformers 5.x does that
 only for a one-row batch (``modeling_flash_attention_utils._is_packed_sequence``) and otherwise runs plain causal
@@ -85,6 +87,7 @@ VARLEN_PACKINGS = ("padded", "sorted_padded", "padding_free")
 #: Attention implementations that take sequence boundaries as ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs
 #: (transformers' flash paths); :func:`register_varlen_attention` adds more.
 VARLEN_IMPLEMENTATIONS = {"flash_attention_2", "flash_attention_3", "flash_attention_4"}
+TORCH_VARLEN = "torch_varlen"  # PyTorch's own flash varlen kernel (torch.nn.attention.varlen): register_torch_varlen
 
 
 @dataclass
@@ -542,9 +545,11 @@ def select_backend(model, batch: PackedBatch, backend: str = "auto") -> str:
     if param.device.type != "cuda":
         # a prefix tree's rows hold whole tries: the dense mask would pay O(row length^2) for mostly hidden keys
         return SDPA_BLOCKS if batch.method == "prefix_tree" else "sdpa"
-    if (batch.method in VARLEN_PACKINGS and param.dtype in (torch.float16, torch.bfloat16)
-            and importlib.util.find_spec("flash_attn") is not None):
-        return "flash_attention_2"
+    if batch.method in VARLEN_PACKINGS and param.dtype in (torch.float16, torch.bfloat16):
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        if torch_varlen_available():
+            return TORCH_VARLEN
     if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
         return "flex_attention"
     return "sdpa"
@@ -715,6 +720,64 @@ def register_varlen_attention(name: str, function) -> str:
     return name
 
 
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
+                     causal: bool = True, scale: float | None = None) -> torch.Tensor:
+    """Plain-torch varlen attention with flash-attn's contract: ``q [T, Hq, D]``, ``k/v [T, Hk, D]`` (grouped
+    query heads share a key-value head), sequence ``i`` = rows ``cu[i]:cu[i + 1]``, causal aligned bottom-right;
+    softmax in float32, output in ``q``'s dtype. Exact and slow (a loop over the sequences): the CPU stand-in of
+    the CUDA kernel in :func:`register_torch_varlen` and the tests' reference kernel."""
+    out = torch.empty_like(q)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    rep = q.shape[1] // k.shape[1]
+    default = q.shape[-1] ** -0.5
+    for i in range(len(cq) - 1):
+        qi, ki, vi = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]
+        if rep > 1:
+            ki, vi = ki.repeat_interleave(rep, dim=1), vi.repeat_interleave(rep, dim=1)
+        n, m = qi.shape[0], ki.shape[0]
+        scores = torch.einsum("nhd,mhd->hnm", qi.float(), ki.float()) * (scale if scale is not None else default)
+        if causal:
+            allowed = torch.arange(m, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (m - n)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        out[cq[i]:cq[i + 1]] = torch.einsum("hnm,mhd->nhd", scores.softmax(-1), vi.float()).to(q.dtype)
+    return out
+
+
+def _torch_varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, *,
+                            cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers' attention signature over :func:`varlen_boundaries`: the rows flattened into one token
+    stream, then PyTorch's flash varlen kernel on CUDA (``torch.nn.attention.varlen.varlen_attn``, causal, GQA;
+    fp16/bf16; no ``flash_attn`` package needed) or :func:`varlen_reference` elsewhere."""
+    if cu_seq_lens_q is None or cu_seq_lens_k is None:
+        raise RuntimeError("torch_varlen attention needs the batch's sequence boundaries (cu_seq_lens_q/k): call "
+                           "distill.packing.hidden_states")
+    if dropout:
+        raise ValueError("torch_varlen attention has no dropout (the packed forwards run with attention dropout 0)")
+    B, H, L, D = query.shape
+    Hk = key.shape[1]
+    q = query.transpose(1, 2).reshape(B * L, H, D)
+    k = key.transpose(1, 2).reshape(B * L, Hk, D)
+    v = value.transpose(1, 2).reshape(B * L, Hk, value.shape[-1])
+    if q.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k, int(max_length_q), int(max_length_k), scale=scaling,
+                          window_size=(-1, 0), enable_gqa=Hk != H)
+    else:
+        out = varlen_reference(q, k, v, cu_seq_lens_q, cu_seq_lens_k, causal=True, scale=scaling)
+    return out.reshape(B, L, H, -1), None
+
+
+def register_torch_varlen() -> str:
+    """Register :data:`TORCH_VARLEN` (:func:`_torch_varlen_attention`) as a varlen implementation (idempotent)."""
+    return register_varlen_attention(TORCH_VARLEN, _torch_varlen_attention)
+
+
+def torch_varlen_available() -> bool:
+    """PyTorch ships its varlen flash kernel (``torch.nn.attention.varlen``, torch >= 2.9)."""
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
 def is_varlen(impl: str) -> bool:
     """True when attention implementation ``impl`` takes ``cu_seqlens`` boundaries (flash-attention varlen)."""
     return impl in VARLEN_IMPLEMENTATIONS
@@ -811,10 +874,13 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     if batch.input_ids.device != device:
         batch = batch.to(device)
     impl = select_backend(model, batch, backend)
+    if impl == TORCH_VARLEN:
+        register_torch_varlen()
     if is_varlen(impl):
         sequence_runs(batch)  # a layout varlen cannot express fails here, before the implementation is switched
         dtype = next(model.parameters()).dtype
-        if impl.startswith("flash_attention") and dtype not in (torch.float16, torch.bfloat16):
+        half = dtype in (torch.float16, torch.bfloat16)
+        if not half and (impl.startswith("flash_attention") or (impl == TORCH_VARLEN and device.type == "cuda")):
             raise ValueError(f"backend {impl} computes in float16/bfloat16 only; the model is {dtype}: load it "
                              "with dtype='bfloat16' (or use flex_attention / sdpa)")
     if impl == SDPA_BLOCKS:

@@ -287,3 +287,30 @@ def test_a_real_flash_backend_refuses_a_float32_model():
     (batch,) = _batches("padding_free")[:1]
     with pytest.raises(ValueError, match="flash_attention_2 computes in float16/bfloat16 only"):
         hidden_states(_model(), batch, backend="flash_attention_2")
+
+
+# ------------------------------------------------------------------ torch_varlen (PyTorch's own varlen kernel)
+@pytest.mark.parametrize("method", VARLEN_PACKINGS)
+def test_torch_varlen_backend_equals_the_dense_reference_on_every_row(method):
+    """On CPU the backend runs distill.packing.varlen_reference over the same cu_seqlens it hands
+    torch.nn.attention.varlen.varlen_attn on CUDA."""
+    model = _model()
+    checked = 0
+    with torch.no_grad():
+        for batch in _batches(method):
+            deltas = _deltas(batch, action_logprobs(model, batch, backend="torch_varlen"))
+            assert max(deltas.values()) <= TOL, (method, deltas)
+            checked += len(deltas)
+    assert checked == len(_sequences()) and model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="varlen cannot express a shared_prefix"):
+        hidden_states(model, _batches("shared_prefix")[0], backend="torch_varlen")
+
+
+def test_varlen_reference_matches_the_independent_test_kernel_with_gqa_and_unequal_lengths():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, h, 8, generator=g) for n, h in ((12, 4), (15, 2), (15, 2)))
+    cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 15], dtype=torch.int32)  # keys longer than queries: bottom-right causal
+    got = packing.varlen_reference(q, k, v, cu_q, cu_k, 7, 8, causal=True, scale=0.3)
+    want = _varlen(q, k, v, cu_q, cu_k, 7, 8, softmax_scale=0.3, causal=True)
+    assert torch.allclose(got, want, atol=1e-6)
