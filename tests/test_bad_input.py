@@ -667,6 +667,32 @@ def test_beam_fuzz_through_every_phase_never_raises(files, env: str) -> None:
     assert phases == {"read", "question", "strategy"}
 
 
+# Every real-text strategy (agents.scripted.text_strategies) on every dialog env: a whole episode of valid
+# actions, then act() on fuzzed observations (the nasty texts, and the episode's last observation cut anywhere)
+# always returns a string. Their served variants and bad constructor arguments: tests/test_dialog_strategies.py.
+DIALOG_STRATEGY_ENVS = ("MemDialog", "LoCoMo", "BEAM", "BEAM-data", "BEAM-release", "LongMemEval")
+
+
+@pytest.mark.parametrize("name", ["full-context", "recency-window", "bm25"])
+@pytest.mark.parametrize("env", DIALOG_STRATEGY_ENVS)
+def test_text_strategies_play_every_dialog_env_and_never_raise_on_observations(files, env: str, name: str) -> None:
+    from agents.scripted.qa_strategies import make_strategy
+
+    policy = make_strategy(name, ENVS[env][0])
+    made = make(env, files, context=policy.context, **policy.env_kwargs,
+                **({"chat_tokens": 4000} if env == "BEAM" else {}))
+    obs, _ = made.reset(seed=0)
+    policy.reset(made.unwrapped)
+    terminated = truncated = False
+    while not (terminated or truncated):
+        obs, _, terminated, truncated, info = made.step(policy.act(obs))
+        assert info["invocation"]["valid"], info["invocation"]["error"]
+    assert terminated and info["summary"]["answered"]
+    rng = np.random.default_rng(0)
+    for text in NASTY_ACTIONS + [obs[:int(k)] for k in rng.integers(0, len(obs) + 1, size=20)] + [None, 5]:
+        assert isinstance(policy.act(text), str)
+
+
 # ------------------------------------------------------------------------------------ malformed files
 #
 # Each case writes one malformed file and names what the error must say besides the file name: the record

@@ -154,11 +154,11 @@ def extractive_answer(question: str, turns: list[DialogTurn]) -> str:
     candidates = [(t, s.strip()) for t in turns for s in _SENTENCE.split(t.text) if s.strip()]
     if not terms or not candidates:
         return ABSTENTION_ANSWER
-    backend = make_backend("bm25", [s for _, s in candidates])
-    hits = backend.search(question, k=1)
-    if not hits or not (terms & set(tokenize(candidates[hits[0]][1]))):
-        return ABSTENTION_ANSWER
-    turn, sentence = candidates[hits[0]]
+    texts = [f"{t.speaker} {s}" for t, s in candidates]
+    hits = make_backend("bm25", texts).search(question, k=1)
+    # BM25's idf is 0 for a term in half of a tiny corpus: then the sentence sharing most question words
+    best = hits[0] if hits else max(range(len(texts)), key=lambda i: len(terms & set(tokenize(texts[i]))))
+    turn, sentence = candidates[best]
     if len(terms & set(tokenize(f"{turn.speaker} {sentence}"))) * 3 < len(terms):  # covers under a third
         return ABSTENTION_ANSWER
     if question.lower().lstrip().startswith("when") and turn.date:
@@ -290,7 +290,7 @@ class BM25Policy(_TextPolicy):
             return []
         if self._backend is None:
             self._backend = make_backend("bm25", [f"{t.speaker} {t.text}" for t in self._turns])
-        hits = self._backend.search(question, k=self.k)  # best first
+        hits = self._backend.search(question, k=self.k) or range(len(self._turns))  # best first (tiny: all)
         kept, left = set(), self.answer_budget
         for i in hits:
             n = len(self._turns[i].line().split())
@@ -336,14 +336,16 @@ class MemAgentPolicy(_TextPolicy):
             budget=budget, questions=f"\nYou will be asked:{shown}" if shown else "", memory=memory or "(empty)",
             date=session_turns[0].date if session_turns else "", session="\n".join(
                 f"{t.speaker}: {t.text}" for t in session_turns) or "(no dialogue)")
-        text = _TAGS.sub(" ", self.answerer.write(prompt)).strip()
+        text = _TAGS.sub(" ", self.answerer.write(prompt).split("</memory>")[0]).strip()
         return f"<memory>{' '.join(text.split()[:budget])}</memory>"
 
 
 def _memory_of(observation: Any) -> str:
     if not isinstance(observation, str):
         return ""
-    start, end = observation.find("<memory>"), observation.find("</memory>")
+    body = max(observation.find("</task>"), 0)  # the instructions quote the tags too
+    start = observation.find("<memory>", body)
+    end = observation.find("</memory>", start + 1)
     return observation[start + len("<memory>"):end].strip() if 0 <= start < end else ""
 
 
