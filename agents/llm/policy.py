@@ -36,14 +36,14 @@ PLAIN_TEMPLATE = "{observation}\n"
 #: :class:`LLMPolicy` zero-shot runs, the served policy (``openai:MODEL@URL``) and the real-model tests, so every
 #: path sends the same prompt.
 PROTOCOL_SYSTEM_PROMPT = (
-    "You are a search agent. Each turn you reply with exactly two tags and nothing else:\n"
-    "1. <memory>...</memory>: your notes, rewritten in full (they are all you keep from earlier turns);\n"
-    "2. either <search>a short query</search> to search the documents, or, once the notes hold the answers, "
-    "<answer>answer 1; answer 2</answer> with one short answer per question, in order.\n"
-    "Example search turn:\n"
-    "<memory>Q1: country of Wigei? Nothing found yet.</memory><search>Wigei</search>\n"
-    "Example answer turn, after a result said \"Wigei is a town in Solurtia\":\n"
-    "<memory>Q1: Wigei is in Solurtia.</memory><answer>Solurtia</answer>"
+    "You control a search engine with tags. You never repeat the user's text.\n"
+    "User: <task>...Question 1: In which country is Wigei?</task><memory></memory>"
+    "<information>No search results yet.</information>\n"
+    "Assistant: <memory>Q1: country of Wigei?</memory><search>Wigei</search>\n"
+    "User: <task>...Question 1: In which country is Wigei?</task><memory>Q1: country of Wigei?</memory>"
+    "<information>Doc 1 (Title: Wigei) Wigei is a town in Solurtia.</information>\n"
+    "Assistant: <memory>Q1: Wigei is in Solurtia.</memory><answer>Solurtia</answer>\n"
+    "Reply as the Assistant does: one <memory> block, then one <search> or <answer> block, nothing else."
 )
 
 
