@@ -21,7 +21,9 @@ Backends: ``sdpa`` (the explicit 4D mask), ``sdpa_blocks`` (exact block attentio
 mask; compiled by transformers on CUDA; eager on CPU, where flex has no backward), ``flash_attention_2`` (varlen
 with ``cu_seqlens``; padded / padding-free layouts, bf16 only; when ``flash_attn`` is installed) and
 ``torch_varlen`` (the same boundaries to PyTorch's own flash varlen kernel, ``torch.nn.attention.varlen``: no
-extra package; bf16 on CUDA; on CPU the plain-torch reference kernel).
+extra package; bf16 on CUDA; on CPU the plain-torch reference kernel; every packing: a branch's keys are its
+prefix gathered before it, so its RCE on shared_prefix / prefix_tree checks the kernel's bottom-right causal
+alignment).
 
 Timing: per packing x backend x dtype, after a warm-up round (flex compiles there), the median of ``--rounds``
 rounds of (a) teacher scoring: no grad, the body on the packed batches and the full-vocabulary log-probs at the
@@ -146,8 +148,6 @@ def available(backend: str, method: str, dtype, device, packing) -> str | None:
             return "no torch.nn.attention.varlen in this torch"
         if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
             return "fp16/bf16 only"
-        if method not in packing.VARLEN_PACKINGS:
-            return "varlen cannot express a shared prefix"
     if backend == "flex_attention" and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return "no flex_attention in this torch"
     return None

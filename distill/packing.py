@@ -50,7 +50,9 @@ long packed rows (``benchmarks/teacher_packing.py``). On CUDA: ``flash_attention
 padding-free batches of a bf16/fp16 model when ``flash_attn`` is installed, else ``torch_varlen`` (PyTorch's
 own flash varlen kernel, ``torch.nn.attention.varlen``, through the same boundaries; on CPU it runs
 :func:`varlen_reference`, exact and slow), else ``flex_attention`` with a block mask built from the same ids (any
-packing; for a prefix tree from ``tree_end``), else sdpa with the 4D mask.
+packing; for a prefix tree from ``tree_end``), else sdpa with the 4D mask. ``torch_varlen`` also runs the shared
+prefix and prefix tree layouts when asked (:func:`varlen_plan`: each branch's keys are its prefix gathered
+before it); ``auto`` leaves those to flex until ``benchmarks/gpu_check.py`` has run it on a GPU.
 
 Nothing depends on transformers inferring sequence boundaries from ``position_ids``: transformers 5.x does that
 only for a one-row batch (``modeling_flash_attention_utils._is_packed_sequence``) and otherwise runs plain causal
@@ -743,11 +745,50 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     return out
 
 
+def varlen_plan(batch: PackedBatch, device=None) -> dict:
+    """The ``torch_varlen`` inputs of ``batch``, any packing: one varlen sequence per query block of
+    :func:`attention_blocks` (per trie chain of :func:`tree_pieces` for a prefix tree), whose keys are its
+    context (the shared prefix / the chains on its path from the root, in full) followed by the block itself.
+    Queries stay where they are (the blocks tile each row, so ``cu_seq_lens_q`` cuts the flattened rows);
+    ``memenv_kv_index`` gathers each block's keys from the flattened rows, ``cu_seq_lens_k`` cuts the gathered
+    keys; with the kernel's causal mask aligned bottom-right, query ``t`` of a block with context ``c`` sees
+    keys ``0 .. c + t``: its context and itself causally, exactly the 4D mask. Packings without a shared prefix
+    need no gather (:func:`varlen_boundaries`, ``memenv_kv_index`` None)."""
+    dev = device if device is not None else batch.input_ids.device
+    if batch.tree_end is None and not bool(batch.is_prefix.any()):
+        return {**varlen_boundaries(batch, dev), "memenv_kv_index": None}
+    R, L = batch.input_ids.shape
+    q_cuts, k_cuts, pieces_of_index, max_q, max_k = [0], [0], [], 0, 0
+    rows = tree_pieces(batch) if batch.tree_end is not None else attention_blocks(batch)
+    for r, blocks in enumerate(rows):
+        base = r * L
+        for block in blocks:
+            a, b = block[0], block[1]
+            if batch.tree_end is not None:
+                ancestors = block[2] or ()
+                context = [(blocks[k][0], blocks[k][1]) for k in ancestors]
+            else:
+                p0, p1 = block[2], block[3]
+                context = [(p0, p1)] if p0 >= 0 and p1 > p0 else []
+            spans = context + [(a, b)]
+            pieces_of_index += [(base + c0, base + c1) for c0, c1 in spans]
+            n_keys = sum(c1 - c0 for c0, c1 in spans)
+            q_cuts.append(base + b)
+            k_cuts.append(k_cuts[-1] + n_keys)
+            max_q, max_k = max(max_q, b - a), max(max_k, n_keys)
+    index = torch.cat([torch.arange(c0, c1, dtype=torch.long) for c0, c1 in pieces_of_index]).to(dev)
+    as_int = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    return {"cu_seq_lens_q": as_int(q_cuts), "cu_seq_lens_k": as_int(k_cuts), "max_length_q": int(max_q),
+            "max_length_k": int(max_k), "memenv_kv_index": index}
+
+
 def _torch_varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, *,
-                            cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
-    """transformers' attention signature over :func:`varlen_boundaries`: the rows flattened into one token
-    stream, then PyTorch's flash varlen kernel on CUDA (``torch.nn.attention.varlen.varlen_attn``, causal, GQA;
-    fp16/bf16; no ``flash_attn`` package needed) or :func:`varlen_reference` elsewhere."""
+                            cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None,
+                            memenv_kv_index=None, **kwargs):
+    """transformers' attention signature over :func:`varlen_plan`: the rows flattened into one token stream
+    (keys gathered per block by ``memenv_kv_index`` when blocks share a context), then PyTorch's flash varlen
+    kernel on CUDA (``torch.nn.attention.varlen.varlen_attn``, causal aligned bottom-right, GQA; fp16/bf16; no
+    ``flash_attn`` package needed) or :func:`varlen_reference` elsewhere."""
     if cu_seq_lens_q is None or cu_seq_lens_k is None:
         raise RuntimeError("torch_varlen attention needs the batch's sequence boundaries (cu_seq_lens_q/k): call "
                            "distill.packing.hidden_states")
@@ -758,6 +799,8 @@ def _torch_varlen_attention(module, query, key, value, attention_mask, scaling=N
     q = query.transpose(1, 2).reshape(B * L, H, D)
     k = key.transpose(1, 2).reshape(B * L, Hk, D)
     v = value.transpose(1, 2).reshape(B * L, Hk, value.shape[-1])
+    if memenv_kv_index is not None:
+        k, v = k.index_select(0, memenv_kv_index), v.index_select(0, memenv_kv_index)
     if q.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
@@ -853,6 +896,8 @@ def attention_inputs(model, batch: PackedBatch, impl: str) -> dict:
     registered implementations): the explicit 4D mask, additive."""
     dtype = next(model.parameters()).dtype
     device = batch.input_ids.device
+    if impl == TORCH_VARLEN:
+        return {"attention_mask": None, **varlen_plan(batch, device)}
     if is_varlen(impl):
         return {"attention_mask": None, **varlen_boundaries(batch, device)}
     if impl == "flex_attention":
@@ -877,7 +922,8 @@ def hidden_states(model, batch: PackedBatch, backend: str = "auto") -> torch.Ten
     if impl == TORCH_VARLEN:
         register_torch_varlen()
     if is_varlen(impl):
-        sequence_runs(batch)  # a layout varlen cannot express fails here, before the implementation is switched
+        if impl != TORCH_VARLEN:  # transformers' flash path takes no key gather: no shared prefix
+            sequence_runs(batch)  # a layout it cannot express fails here, before the implementation is switched
         dtype = next(model.parameters()).dtype
         half = dtype in (torch.float16, torch.bfloat16)
         if not half and (impl.startswith("flash_attention") or (impl == TORCH_VARLEN and device.type == "cuda")):

@@ -290,20 +290,43 @@ def test_a_real_flash_backend_refuses_a_float32_model():
 
 
 # ------------------------------------------------------------------ torch_varlen (PyTorch's own varlen kernel)
-@pytest.mark.parametrize("method", VARLEN_PACKINGS)
-def test_torch_varlen_backend_equals_the_dense_reference_on_every_row(method):
-    """On CPU the backend runs distill.packing.varlen_reference over the same cu_seqlens it hands
-    torch.nn.attention.varlen.varlen_attn on CUDA."""
+@pytest.mark.parametrize("method", PACKINGS)
+def test_torch_varlen_backend_equals_the_dense_reference_on_every_row(method, monkeypatch):
+    """On CPU the backend runs distill.packing.varlen_reference over the same cu_seqlens (and, for a shared
+    prefix or a prefix tree, the same gathered keys) it hands torch.nn.attention.varlen.varlen_attn on CUDA."""
     model = _model()
+    seen = []
+    real = packing.varlen_reference
+    monkeypatch.setattr(packing, "varlen_reference", lambda *a, **k: seen.append(a[3].numel()) or real(*a, **k))
     checked = 0
     with torch.no_grad():
         for batch in _batches(method):
+            plan = packing.varlen_plan(batch)
+            assert (plan["memenv_kv_index"] is None) == (method in VARLEN_PACKINGS)
+            if method in VARLEN_PACKINGS:
+                assert torch.equal(plan["cu_seq_lens_q"], varlen_boundaries(batch)["cu_seq_lens_q"])
+            seen.clear()
             deltas = _deltas(batch, action_logprobs(model, batch, backend="torch_varlen"))
+            assert seen == [plan["cu_seq_lens_q"].numel()] * model.config.num_hidden_layers  # the kernel ran
             assert max(deltas.values()) <= TOL, (method, deltas)
             checked += len(deltas)
     assert checked == len(_sequences()) and model.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match="varlen cannot express a shared_prefix"):
-        hidden_states(model, _batches("shared_prefix")[0], backend="torch_varlen")
+
+
+def test_torch_varlen_gradients_through_gathered_prefix_keys_equal_the_dense_mask():
+    model = tiny_model(memqa_tokenizer(), kv_heads=1, seed=4)
+    for method in ("shared_prefix", "prefix_tree"):
+        (batch,) = _batches(method)[:1]
+        weights = torch.linspace(0.5, 1.5, batch.targets.numel())
+        out = {}
+        for backend in ("torch_varlen", "sdpa"):
+            lp = action_logprobs(model, batch, backend=backend)
+            (lp * weights).sum().backward()
+            out[backend] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+            model.zero_grad(set_to_none=True)
+        assert torch.allclose(out["torch_varlen"][0], out["sdpa"][0], rtol=0, atol=TOL)
+        tol = 2 * 32 * torch.finfo(torch.float32).eps * float(out["sdpa"][1].abs().max())
+        assert torch.allclose(out["torch_varlen"][1], out["sdpa"][1], rtol=0, atol=tol), method
 
 
 def test_varlen_reference_matches_the_independent_test_kernel_with_gqa_and_unequal_lengths():
