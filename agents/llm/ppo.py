@@ -39,7 +39,7 @@ Memory per update (``grad_accumulation``): the minibatch is split into micro-bat
 ``micro_batch_size`` records), each forward is followed by its backward (gradients accumulate; under DDP only the
 last one all-reduces), and one optimizer step follows; every loss term divides by the whole minibatch's
 token count, so the gradient equals one backward over the minibatch. ``gradient_checkpointing`` recomputes the
-body's activations in the backward (transformers' ``gradient_checkpointing_enable``, non-reentrant).
+body's activations in the backward (transformers' ``activation_checkpointing_enable``, non-reentrant).
 
 Loss per action token, averaged over all action tokens of the minibatch (token-mean):
 ``max(-A r, -A clip(r, 1-eps, 1+eps)) + vf_coef * 0.5 * max((V-R)^2, (V_clip-R)^2) - ent_coef * H
@@ -433,8 +433,12 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         lm, tok = model.to(dist.device), tokenizer
     else:
         lm, tok = load_or_build_model(cfg, dist, resume_from)
-    if cfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing:  # transformers >= 5.x names it activation checkpointing
+        enable = getattr(lm, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach).to(dist.device)
     ref = None
     if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume

@@ -1,0 +1,109 @@
+"""MemOPD on TRL: ``MemOPDTrainer`` (GRPOTrainer + the teacher's distillation term) under
+``accelerate launch --num_processes 2`` on CPU: two steps move the weights, the ranks agree, ``distill_loss`` is
+logged, and it is the teacher's reverse KL at the trained completion tokens (each row scored on its own by both
+models; a row with ``tool_mask`` 0, as MemenvRollout's padding rows, gets none)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+pytest.importorskip("accelerate")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, {tests!r})
+    import trl
+    from llm_common import ENV_KW, memqa_tokenizer, tiny_model
+    from agents.llm.ppo import param_checksum
+    from agents.llm.trl import MemenvRollout, episode_return_reward
+    from distill.losses import reverse_kl
+    from distill.trl import MemOPDTrainer
+
+    out = {out!r}
+    rank = int(os.environ.get("RANK", "0"))
+    tok = memqa_tokenizer()
+    rollout = MemenvRollout("MemQA-v0", ENV_KW, rows_per_episode=2)
+    args = trl.GRPOConfig(output_dir=out, num_generations=4, per_device_train_batch_size=4, max_steps=2,
+                          learning_rate=5e-3, logging_steps=1, report_to=[], bf16=False, max_completion_length=8,
+                          save_strategy="no", beta=0.0, seed=3, disable_tqdm=True, use_cpu=True)
+    model = tiny_model(tok, seed=rank)  # different on purpose: DDP starts every rank from rank 0's weights
+    reference = []
+
+    class Checked(MemOPDTrainer):
+        def _compute_loss(self, model, inputs):
+            if not reference:  # the first step: the term recomputed by hand, before the weights move
+                inputs["tool_mask"][0] = 0  # as a padding row (env_mask 0): no distillation there
+                reference.append(by_hand(self.accelerator.unwrap_model(model), self.teacher.model, inputs))
+            return super()._compute_loss(model, inputs)
+
+    def by_hand(student, teacher, inputs):
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        assert mask[0].sum() == 0 and mask[1:].sum() > 0
+        values = []
+        with torch.no_grad():
+            for b in range(mask.shape[0]):
+                p = inputs["prompt_ids"][b][inputs["prompt_mask"][b].bool()]
+                c = inputs["completion_ids"][b][inputs["completion_mask"][b].bool()]
+                ids = torch.cat([p, c])[None]
+                s = torch.log_softmax(student(ids).logits[0].float(), -1)
+                t = torch.log_softmax(teacher(ids).logits[0].float(), -1)
+                for j in mask[b].nonzero()[:, 0].tolist():
+                    values.append(reverse_kl(s[len(p) + j - 1][None], t[len(p) + j - 1][None])[0])
+        return float(torch.stack(values).mean())
+
+    trainer = Checked(model=model, teacher=os.path.join(out, "teacher"), distill_coef=1.0,
+                      reward_funcs=episode_return_reward, args=args, train_dataset=rollout.dataset(16),
+                      processing_class=tok, rollout_func=rollout)
+    start = param_checksum(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.train()
+    end = param_checksum(trainer.accelerator.unwrap_model(trainer.model))
+    with open(os.path.join(out, f"rank{{rank}}.json"), "w") as fh:
+        json.dump({{"start": start, "end": end, "world": trainer.accelerator.num_processes,
+                   "log": trainer.state.log_history, "reference": reference[0]}}, fh)
+''')
+
+
+def test_accelerate_two_processes_two_steps(tmp_path):
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models import save_pretrained
+
+    tok = memqa_tokenizer()
+    save_pretrained(tiny_model(tok, seed=2, initializer_range=0.3), tok, tmp_path / "teacher")
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.format(tests=str(ROOT / "tests"), out=str(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu",  # torchrun-style; gloo on CPU
+           "--main_process_port", str(29700 + os.getpid() % 1000), str(script)]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = proc.communicate(timeout=120)[0]
+    finally:  # bounded: a hang fails the test instead of stalling the suite
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, log[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["world"] == 2
+    assert ranks[0]["start"] != ranks[1]["start"]  # different on purpose (DDP broadcasts rank 0's at train())
+    assert ranks[0]["end"] == ranks[1]["end"]  # the ranks agree after the steps
+    assert ranks[0]["end"] != ranks[0]["start"]  # and the weights moved
+    steps = [row for row in ranks[0]["log"] if "distill_loss" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert all(row["distill_loss"] > 0 for row in steps)
+    # step 1 logs the mean over the ranks of each rank's term: the by-hand reverse KL
+    assert steps[0]["distill_loss"] == pytest.approx((ranks[0]["reference"] + ranks[1]["reference"]) / 2, rel=1e-3)
