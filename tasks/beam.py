@@ -5,7 +5,11 @@ BEAM's layout, one directory per conversation::
     <conv>/chat.json                                   [{"batch_number", "time_anchor", "turns": [[message, ...], ...]}, ...]
     <conv>/probing_questions/probing_questions.json    {ability: [{"question", <reference>, "rubric", "difficulty", ...}]}
 
-A message is ``{"role": "user"|"assistant", "id", "index", "content", "time_anchor"?, "question_type"?}``. The
+A message is ``{"role": "user"|"assistant", "id", "index", "content", "time_anchor"?, "question_type"?}``. In the
+official release a batch's ``time_anchor`` is ``null`` (the batch then takes the first anchor of its messages, or
+``""``), ids are ints, user messages carry ``index: "B,T"`` and end with a ``->-> B,T`` marker (cut at load), and
+each chat folder holds other files (``chat.pickle``, ``plan*.txt``, ``chat_trunecated.json``, ...) that are never
+read; evidence is ``source_chat_ids`` (a list, ints mixed with lists, or a dict of named lists). The
 reference sits under an ability-dependent key (:data:`REFERENCE_KEYS`: ``answer``, ``ideal_response``,
 ``ideal_answer``, ``ideal_summary`` or ``expected_compliance`` with ``compliance_indicators``).
 

@@ -9,6 +9,15 @@ streamed: one batch (= one session) is held at a time, so memory stays flat up t
 loaded, and costs ~1 MB whatever its size; an action over the action space's 100,000 characters is refused
 unread (``benchmarks/huge_inputs.py``).
 
+LongMemEval (``dataset="longmemeval"``, registered as ``MemDialog-LongMemEval-v0``; ``data_path=`` its oracle, S or M
+file): one item per episode (``reset(seed=s)`` plays item ``s`` mod the item count unless ``conversation=`` fixes
+it), its sessions streamed one at a time from the file (:mod:`tasks.longmemeval`), its one question shown with its
+``question_date``; ``abilities=`` takes question types; scored by :mod:`memenv.scoring.longmemeval` (per-type
+yes/no judge with ``judge=``, else a judge-free approximation). BEAM's release layout (null batch
+``time_anchor``, ``->-> B,T`` markers, ``source_chat_ids``) is read as released (:mod:`tasks.beam`).
+``info["summary"]["official_metric"]`` names the source's headline score, also stored under that name:
+``beam_score``, ``accuracy`` (LongMemEval) or ``locomo_f1`` (LoCoMo's official F1).
+
 Two memory modes (``memory_mode=``):
 
 * ``tools`` (the default; :mod:`memenv.memory_tools`): the memory is a store of entries under ``memory_budget`` tokens;
@@ -55,6 +64,7 @@ from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conv
 from tasks.locomo import CATEGORY_TYPES
 from tasks.longmemeval import QUESTION_TYPES as LONGMEMEVAL_TYPES
 from tasks.longmemeval import LongMemEvalItem, LongMemEvalSource, index_longmemeval
+from memenv.scoring.locomo import locomo_score
 from memenv.scoring.longmemeval import score_longmemeval_answer
 from tasks.types import DataFormatError, Question
 
@@ -69,8 +79,9 @@ BEAM_DATASETS = ("beam", "memdialog", "locomo", "longmemeval")
 _ABILITY_NAMES = {"synthetic": ABILITIES, "beam": ABILITIES, "memdialog": QUESTION_TYPES,
                   "locomo": tuple(CATEGORY_TYPES.values()), "longmemeval": LONGMEMEVAL_TYPES}
 #: The name of each task source's headline score in ``info["summary"]`` (``official_metric`` names it): BEAM's
-#: rubric score, LongMemEval's accuracy (judged, or the judge-free approximation; ``scoring`` says which).
-OFFICIAL_METRIC = {"synthetic": "beam_score", "beam": "beam_score", "memdialog": "score", "locomo": "score",
+#: rubric score, LongMemEval's accuracy (judged, or the judge-free approximation; ``scoring`` says which),
+#: LoCoMo's official F1 (memenv.scoring.locomo); none for MemDialog's synthetic conversations.
+OFFICIAL_METRIC = {"synthetic": "beam_score", "beam": "beam_score", "memdialog": "", "locomo": "locomo_f1",
                    "longmemeval": "accuracy"}
 #: Synthetic chat lengths, in whitespace tokens: the generator's floor, and 10x BEAM's longest chats.
 MIN_CHAT_TOKENS = 4_000
@@ -480,6 +491,7 @@ class MemDialogBeamEnv(MemEnvBase):
             "id": q.id, "ability": q.kind, "question": q.question, "answer": answer, "reference": q.answers[0],
             "score": scored["score"], "method": scored["method"], "items": scored["items"], "f1": f1, "em": em,
             "used_entries": list(dict.fromkeys(self._retrieved)),
+            **({"locomo_f1": locomo_score(answer, q.answers[0], q.meta["category"])} if self.dataset == "locomo" else {}),
         })
         self._question += 1
         self._calls, self._result, self._retrieved = 0, "", []
@@ -600,9 +612,10 @@ class MemDialogBeamEnv(MemEnvBase):
         score = float(np.mean([r["score"] for r in rows])) if rows else 0.0
         official = OFFICIAL_METRIC[self.dataset]
         benchmark = "LongMemEval accuracy" if self.dataset == "longmemeval" else "BEAM score"
+        value = float(np.mean([r.get("locomo_f1", 0.0) for r in rows])) if official == "locomo_f1" and rows else score
         return self._episode_info(
             [r["em"] for r in rows], [r["f1"] for r in rows], list(self._answers), answered,
-            score=score, official_metric=official, **({official: score} if official != "score" else {}),
+            score=score, official_metric=official, **({official: value} if official else {}),
             score_by_ability={a: float(np.mean(v)) for a, v in sorted(by_ability.items())},
             count_by_ability=counts, per_question=list(self._results),
             scoring="judge" if self.judge is not None else f"approximate (judge-free; not the official {benchmark})",
