@@ -196,6 +196,15 @@ def test_served_strategy_failure_is_a_server_error_naming_the_url(data) -> None:
         _play(env, policy)
 
 
+def test_bench_refuses_a_served_text_strategy_whose_server_is_down(tmp_path: Path, capsys) -> None:
+    from memenv.cli import main
+
+    code = main(["bench", "--strategies", "bm25+openai:m@http://127.0.0.1:9", "--envs", "MemDialog-v0", "-n", "1",
+                 "--quiet", "--out", str(tmp_path / "out")])
+    assert code != 0
+    assert "--strategies bm25+openai:m@http://127.0.0.1:9" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------- bench
 def test_bench_prints_one_table_per_benchmark_under_its_metric(data) -> None:
     envs = [f"MemDialog-LoCoMo-v0:data_path={data['locomo']!r},questions=3",

@@ -170,8 +170,8 @@ def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     """A strategy by name: a scripted one (:func:`make_strategy`, for ``env_id`` in ``memory_mode``), a served
     model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`) or a local checkpoint folder
     (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
-    if is_model_path(name):
-        return _checkpoint_strategy(str(Path(name).resolve()))
+    if is_model_path(name):  # a folder by its absolute path; a registered model name as it is
+        return _checkpoint_strategy(str(Path(name).resolve()) if Path(name).exists() else name)
     if is_text_served(name):  # a real-text dialog strategy with a served model: KIND+openai:MODEL@URL
         return make_text_strategy(name, env_family(env_id, memory_mode))
     return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
@@ -718,9 +718,9 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
         with user_input(f"env {spec.label!r}"):
             policies = [resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode")) for name in strategies]
             for policy in policies:
-                if isinstance(policy, ServedPolicy):
-                    try:
-                        policy.client.check()  # a server that is down fails here, naming its URL
+                if isinstance(policy, ServedPolicy) or hasattr(policy, "check_server"):
+                    try:  # a server that is down fails here, naming its URL
+                        policy.client.check() if isinstance(policy, ServedPolicy) else policy.check_server()
                     except ServerError as err:
                         raise CommandError(f"--strategies {policy.name}: {err}") from err
             env = gym.make(spec.env_id, **bench_env_kwargs(spec, policies[0]))  # the kwargs its cells will use

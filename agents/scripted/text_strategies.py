@@ -223,6 +223,11 @@ class _TextPolicy(ScriptedPolicy):
     def answer_context(self, view: TextView, question: str) -> list[DialogTurn]:
         return view.turns
 
+    def check_server(self) -> None:
+        """The served model's start-up check (``GET /v1/models``; the bench calls it before any episode)."""
+        if self.answerer is not None:
+            self.answerer.check()
+
     def act(self, observation: str) -> str:
         view = read_text_observation(observation)
         self.observe(view)
@@ -367,6 +372,9 @@ class SelfMemPolicy(RagPolicy):
         self.facts_per_session = _positive_int("facts_per_session", facts_per_session)
         self.name = f"selfmem+openai:{answerer.spec.model}@{answerer.spec.url}"
         super().__init__()
+
+    def check_server(self) -> None:
+        self.answerer.check()
 
     def plan(self, view) -> list:
         session = "\n".join(f"{role}: {text}" for role, _, text in view.messages if text)
