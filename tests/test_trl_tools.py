@@ -106,8 +106,8 @@ def test_tool_dataset_rows_seed_the_reset():
 class ScriptedToolCalls:
     """Forward hooks that make any causal LM write a fixed tool-calling transcript: assistant turn ``k`` (after
     ``k`` tool responses) is one of ``turns[k]`` (the last entry repeats), chosen by the model's own sampling where
-    the candidates branch. A bias of ``strength`` on the next token of every candidate the turn so far agrees
-    with; none once it agrees with none. The same bias is on in TRL's training forward, so the sampled and the
+    the candidates branch, uniformly. A bias on the next token of every candidate the turn so far agrees with;
+    none once it agrees with none. The same bias is on in TRL's training forward, so the sampled and the
     recomputed log-probs agree. It follows the whole sequence: a forward of several tokens (a prefill, a training
     forward) sets it, a one-token forward (a cached decoding step) extends it."""
 
@@ -118,7 +118,6 @@ class ScriptedToolCalls:
         self.turns = [[enc(text) for text in candidates] for candidates in turns]
         self.header = enc("<|im_start|>assistant\n")
         self.response = enc("<tool_response>")
-        assert len(self.response) == 1
         self.strength, self.torch = strength, torch
         self.rows: list[list[int]] = []
         self.starts: list[int | None] = []
@@ -139,13 +138,17 @@ class ScriptedToolCalls:
         """The tokens the script allows after ``row[:p + 1]``, the completion starting at ``start``."""
         h = len(self.header)
         last = max((i + h for i in range(start - h, p - h + 2) if row[i:i + h] == self.header), default=None)
-        k = row[start:p + 1].count(self.response[0])
+        m = len(self.response)
+        k = sum(row[i:i + m] == self.response for i in range(start, p + 2 - m))  # tool responses so far
         turn = row[last:p + 1]
         candidates = self.turns[min(k, len(self.turns) - 1)]
         return {c[len(turn)] for c in candidates if len(c) > len(turn) and c[:len(turn)] == turn}
 
     def _bias(self, module, args, output):
+        """Lift every allowed token to ``strength`` above the largest logit, all to the same value (a pretrained
+        model's own preference must not decide the branch). The lift is a constant: gradients are the model's."""
         bias = self.torch.zeros_like(output)
+        top = output.detach().amax(dim=-1)
         n = output.shape[1]
         for b, (row, start) in enumerate(zip(self.rows, self.starts)):
             if start is None:
@@ -153,8 +156,9 @@ class ScriptedToolCalls:
             for j in range(n):
                 p = len(row) - n + j
                 if p + 1 >= start:
-                    for token in self._next_tokens(row, p, start):
-                        bias[b, j, token] = self.strength
+                    tokens = list(self._next_tokens(row, p, start))
+                    if tokens:
+                        bias[b, j, tokens] = top[b, j] + self.strength - output.detach()[b, j, tokens]
         return output + bias
 
 
