@@ -254,3 +254,22 @@ def test_judge_verdicts_on_the_scale_parse() -> None:
     assert [parse_verdict(r) for r in ("yes", "Yes.", " NO \n", "no.")] == [True, True, False, False]
     assert set(QUESTION_TYPES) == {"single-session-user", "single-session-assistant", "single-session-preference",
                                    "temporal-reasoning", "knowledge-update", "multi-session"}
+
+
+def test_env_survives_pickling_mid_episode(tmp_path: Path) -> None:
+    """Vector envs copy envs mid-episode: the session stream re-opens at the item's next session."""
+    import pickle
+
+    path = write_synthetic_longmemeval(tmp_path / "s.json", items=2, sessions=6, turns=4, words=10)
+    env = gym.make("MemDialog-LongMemEval-v0", data_path=str(path), memory_mode="rewrite", context="none").unwrapped
+    env.reset(seed=1)
+    env.step("")
+    env.step("")
+    copy = pickle.loads(pickle.dumps(env))
+    for _ in range(3):
+        a, b = env.step(""), copy.step("")
+        assert a[0] == b[0] and "[session" in a[0]
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make("MemDialog-LongMemEval-v0", data_path=str(path))] * 2)
+    obs, info = vec.reset(seed=[0, 1])
+    assert list(info["question_ids"]) == [["synth00000000"], ["synth00000001"]]
+    vec.close()
