@@ -224,4 +224,5 @@ def test_bench_prints_one_table_per_benchmark_under_its_metric(data) -> None:
     assert "official:" not in text
     locomo = next(b for b in blocks if b.startswith("== LoCoMo"))
     assert locomo.splitlines()[1].split()[:3] == ["env", "strategy", "locomo_f1"]
+    assert "locomo_f1:" in locomo.splitlines()[1]  # and per category
     assert len(locomo.splitlines()) == 4  # header line, column line, one row per strategy

@@ -36,7 +36,9 @@ def official_columns(episode: dict[str, Any]) -> dict[str, float]:
         return {}
     scoring = episode.get("scoring")
     judged = float("nan") if scoring is None else float(scoring == "judge")
-    return {f"official:{metric}": float(episode[metric]), "official:judged": judged}
+    by_type = episode.get(f"{metric}_by_type") or {}  # LoCoMo: the official F1 per category
+    return {f"official:{metric}": float(episode[metric]), "official:judged": judged,
+            **{f"official:{metric}:{kind}": float(v) for kind, v in by_type.items()}}
 
 
 def _label(metric: str, judged: pd.Series) -> str:
@@ -51,7 +53,7 @@ def _label(metric: str, judged: pd.Series) -> str:
 def format_benchmark_tables(summary: pd.DataFrame, format_table: Callable[[pd.DataFrame], str]) -> str:
     """The summary as text: the general table for cells without an official metric, then one table per
     benchmark (see the module docstring). ``format_table`` formats a frame (the bench's own)."""
-    metrics = [c for c in summary.columns if c.startswith("official:") and c != "official:judged"]
+    metrics = [c for c in summary.columns if c.startswith("official:") and c != "official:judged" and c.count(":") == 1]
     if not metrics:
         return format_table(summary)
     parts = []
@@ -68,6 +70,10 @@ def format_benchmark_tables(summary: pd.DataFrame, format_table: Callable[[pd.Da
         label = _label(metric, rows["official:judged"]) if "official:judged" in rows else metric
         table = rows[[c for c in _SHOWN if c in rows.columns]].copy()
         table.insert(2, label, rows[column].map(lambda v: f"{v:.3f}"))
+        per = [c for c in rows.columns if c.startswith(f"{column}:")]  # per category (means over episodes)
+        for c in per:
+            if rows[c].notna().any():
+                table[f"{metric}:{c.rsplit(':', 1)[1]}"] = rows[c].map(lambda v: f"{v:.3f}")
         per = [c for c in rows.columns if c.startswith("score:")]
         for c in per:
             if rows[c].notna().any():
