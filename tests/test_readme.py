@@ -31,6 +31,8 @@ SMALLER = {
 NOT_RUN = {
     "train_memopd(cfg": "needs the teacher and student checkpoints of the commands above it (minutes of SFT); "
                         "train_memopd on tiny models is tested in tests/test_distill_trainer.py",
+    "environment_factory=functools.partial(MemQAToolEnv": "needs a tool-calling chat model; two GRPO steps of the "
+                        "same call on a tiny tool-calling model are tests/test_trl_tools.py",
 }
 
 
@@ -95,9 +97,20 @@ def _verl_data(ns: dict) -> None:
     assert not seeds(train) & seeds(val)  # validation tasks are not training tasks
 
 
+def _served(ns: dict) -> None:
+    import json
+
+    import gymnasium as gym
+
+    local = gym.make("MemQA-v0", objectives=1)
+    local.reset(seed=0)
+    info = local.step("<memory>Q1: Wigei</memory><search>Wigei</search>")[4]
+    assert ns["info"] == json.loads(json.dumps(info)) and ns["info"]["invocation"]["tool"] == "search"
+
+
 CHECKS = {"sub_env_info": _vector_recipe, "<search>Wigei</search>": _quick_start, "make_strategy": _strategy,
           "MaskablePPO": _sb3, "build_index(": _index, "PrefetchSearches(": _server,
-          "refine_strategy=True": _beam, "memenv_verl_dataset(": _verl_data}
+          "refine_strategy=True": _beam, "memenv_verl_dataset(": _verl_data, "connect(server.url)": _served}
 
 # A block that talks to a retrieval server gets one: the test's own (tests/test_remote.py) on a free port.
 SERVER_URL = "http://127.0.0.1:8000/retrieve"
@@ -130,6 +143,8 @@ def test_snippet_runs(index, tmp_path, monkeypatch):
         return
     if "sb3_contrib" in code:
         pytest.importorskip("sb3_contrib")
+    if "openenv" in code:
+        pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed: pip install 'memenv[openenv]'")
     if "to_parquet" in code:
         pytest.importorskip("pyarrow")
     for old, new in SMALLER.items():
