@@ -19,9 +19,10 @@ What the answer context holds (the scripted names):
 
 Who answers: scripted, an extractive reader (the sentence of the answer context that best matches the question
 by BM25; for "when" questions the date of that turn's session; the abstention answer when that sentence and its
-speaker cover under a third of the question's words, stopwords aside). With a served model, ``NAME+openai:MODEL@URL`` (e.g. ``bm25+openai:SmolLM2@http://127.0.0.1:8000``)
-sends the answer context and the question to the model (``/v1/completions``, :class:`agents.served.CompletionsClient`)
-and answers its reply.
+speaker cover under a third of the question's words, stopwords aside). With a served model,
+``NAME+openai:MODEL@URL`` (e.g. ``bm25+openai:SmolLM2@http://127.0.0.1:8000``) sends the answer context and the
+question to the model (``/v1/completions``, :class:`agents.served.CompletionsClient`) and answers its reply
+(tag characters removed, one line).
 
 LLM-driven memory (served only):
 
