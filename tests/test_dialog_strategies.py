@@ -226,3 +226,17 @@ def test_bench_prints_one_table_per_benchmark_under_its_metric(data) -> None:
     assert locomo.splitlines()[1].split()[:3] == ["env", "strategy", "locomo_f1"]
     assert "locomo_f1:" in locomo.splitlines()[1]  # and per category
     assert len(locomo.splitlines()) == 4  # header line, column line, one row per strategy
+
+
+def test_served_strategies_run_concurrently_in_the_bench_with_the_sequential_results(data) -> None:
+    env = f"MemDialog-LoCoMo-v0:data_path={data['locomo']!r},questions=3"
+    with standin_server(lambda prompt: prompt.split("Question: ")[-1].split()[0] if "Question: " in prompt
+                        else "memory") as server:
+        name = f"memagent+openai:stand-in@{server.url}"
+        summary, episodes = run_bench([name], [env], episodes=4, progress=False)
+        policy = resolve_strategy(name, "MemDialog-LoCoMo-v0")
+        assert hasattr(policy, "run_episodes")
+        made = _env("LoCoMo", data, policy)
+        sequential = [_play(made, policy, seed)["f1"] for seed in range(4)]
+    assert summary.failed.sum() == 0
+    assert list(episodes.f1) == pytest.approx(sequential)

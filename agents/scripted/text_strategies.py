@@ -42,9 +42,12 @@ on observation text: what it cannot read it answers with the abstention answer o
 
 from __future__ import annotations
 
+import copy
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from agents.scripted.reading_strategies import memory_budget_of
@@ -206,6 +209,36 @@ class ServedAnswerer:
 
 
 # ------------------------------------------------------------------------------------------------ policies
+#: Episodes a served strategy runs at once in ``memenv bench`` (one env and one copy of the policy per thread).
+CONCURRENCY = 8
+
+
+def _run_concurrently(policy: Any, make_env: Callable[[], Any], seeds: Sequence[int],
+                      run_episode: Callable[[Any, Any, int], tuple[dict[str, Any], int]],
+                      on_done: Callable[[], None] | None = None) -> list[tuple[dict[str, Any], int, dict]]:
+    """The bench's ``run_episodes`` for a served strategy: episodes on a thread pool, each thread with its own env
+    and its own copy of the (stateful) policy; results in seed order. The first exception ends the run."""
+    local, lock, envs = threading.local(), threading.Lock(), []
+
+    def one(seed: int):
+        if not hasattr(local, "env"):
+            local.env, local.policy = make_env(), copy.deepcopy(policy)
+            with lock:
+                envs.append(local.env)
+        summary, steps = run_episode(local.env, local.policy, seed)
+        if on_done is not None:
+            on_done()
+        return summary, steps, {}
+
+    pool = ThreadPoolExecutor(max_workers=min(CONCURRENCY, max(1, len(seeds))))
+    try:
+        return list(pool.map(one, seeds))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for env in envs:
+            env.close()
+
+
 class _TextPolicy(ScriptedPolicy):
     """Reads on with an empty action; answers each question once from :meth:`answer_context`."""
 
@@ -216,6 +249,8 @@ class _TextPolicy(ScriptedPolicy):
         self.answerer = answerer
         self.env_kwargs = dict(env_kwargs or {})
         self.name = self.kind if answerer is None else f"{self.kind}+openai:{answerer.spec.model}@{answerer.spec.url}"
+        if answerer is not None:  # served: the bench runs its episodes concurrently
+            self.run_episodes = lambda *args, **kw: _run_concurrently(self, *args, **kw)
         self.reset()
 
     def reset(self, env: Any = None) -> None:
@@ -372,6 +407,7 @@ class SelfMemPolicy(RagPolicy):
         self.answerer = answerer
         self.facts_per_session = _positive_int("facts_per_session", facts_per_session)
         self.name = f"selfmem+openai:{answerer.spec.model}@{answerer.spec.url}"
+        self.run_episodes = lambda *args, **kw: _run_concurrently(self, *args, **kw)
         super().__init__()
 
     def check_server(self) -> None:
