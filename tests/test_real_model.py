@@ -156,7 +156,7 @@ def test_bench_runs_the_real_model_zero_shot(tmp_path, smollm2_path):
     buf = io.StringIO()
     with redirect_stdout(buf):
         status = main(["bench", "--strategies", "smollm2-135m-instruct", "relevance", "--envs",
-                       "MemQA-v0:objectives=1,hops=1,max_turns=2", "-n", "2", "--out", str(out), "--quiet"])
+                       "MemQA-v0:objectives=1,hops=1,max_turns=1", "-n", "1", "--out", str(out), "--quiet"])
     assert status == 0, buf.getvalue()
     import pandas as pd
 
@@ -164,7 +164,7 @@ def test_bench_runs_the_real_model_zero_shot(tmp_path, smollm2_path):
     assert set(table["strategy"]) == {"smollm2-135m-instruct", "relevance"}, table
     episodes = pd.read_csv(out / "episodes.csv")
     real = episodes[episodes["strategy"] == "smollm2-135m-instruct"]
-    assert len(real) == 2 and real["f1"].between(0, 1).all()
+    assert len(real) == 1 and real["f1"].between(0, 1).all()
     assert "smollm2-135m-instruct" in buf.getvalue()
 
 
@@ -179,12 +179,12 @@ def test_sft_on_the_real_model_lowers_its_loss(tmp_path, smollm2_path):
     from agents.llm.sft import SFTConfig, train_sft
     from agents.llm.training import latest_checkpoint
 
-    cfg = SFTConfig(model=str(smollm2_path), out_dir=str(tmp_path / "sft"), env_kwargs=ENV_KW, episodes=2, steps=4,
+    cfg = SFTConfig(model=str(smollm2_path), out_dir=str(tmp_path / "sft"), env_kwargs=ENV_KW, episodes=2, steps=2,
                     batch_size=2, lr=1e-4, warmup=1, bucket=1, log_every=1, eval_every=0, save_every=100,
                     progress=False, autocast="none", num_envs=1)
     train_sft(cfg)
     losses = pd.read_csv(tmp_path / "sft" / "metrics.csv")["loss"].tolist()
-    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert len(losses) == 2 and losses[-1] < losses[0], losses  # measured: 1.38 -> 0.98 (4 steps: -> 0.10)
     ckpt = latest_checkpoint(tmp_path / "sft")
     assert json.loads((ckpt / "memenv_prompt.json").read_text())["system_prompt"] == PROTOCOL_SYSTEM_PROMPT
 
@@ -246,8 +246,8 @@ def test_memopd_on_a_real_teacher_lowers_the_distillation_loss(tmp_path, smollm2
     lm, _ = load_pretrained(student_dir)
     before = {k: v.detach().clone() for k, v in lm.named_parameters()}
     cfg = MemOPDConfig(algo="grpo", teacher=str(smollm2_path), out_dir=str(tmp_path / "memopd"), env_kwargs=ENV_KW,
-                       updates=2, episodes_per_update=4, group_size=2, lr=1e-4, epochs=2, num_minibatches=1,
-                       max_new_tokens=16, num_envs=4, eval_every=0, save_every=100, progress=False, token_budget=2048)
+                       updates=1, episodes_per_update=4, group_size=2, lr=1e-4, epochs=2, num_minibatches=1,
+                       max_new_tokens=12, num_envs=4, eval_every=0, save_every=100, progress=False, token_budget=2048)
     scorer = Teacher(teacher_model, tok, student_tokenizer=tok, student_model=lm)
     held = student_records[:8]  # sampled before training, not the update's own records
     start = distillation_loss(lm, scorer, held, cfg.layout(), cfg.loss_config(), tok)
@@ -286,7 +286,7 @@ def test_diagnose_on_real_model_records(tmp_path, student_dir, student_records):
     from memenv.cli import main
 
     path = tmp_path / "records.jsonl"
-    save_records(student_records, path)
+    save_records(path, student_records)
     buf = io.StringIO()
     with redirect_stdout(buf):
         status = main(["distill", "diagnose", "--records", str(path), "--model", str(student_dir), "--quiet",
