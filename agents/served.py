@@ -6,7 +6,7 @@
 Endpoints (the ``endpoint`` option of the strategy, ``openai:MODEL@URL?endpoint=E``):
 
 - ``chat`` (``/v1/chat/completions``): the observation is the user message after a system message that teaches
-  the protocol (:data:`agents.llm.policy.PROTOCOL_SYSTEM_PROMPT`; ``system=none`` drops it); the server applies
+  the protocol (:data:`agents.prompts.PROTOCOL_SYSTEM_PROMPT`; ``system=none`` drops it); the server applies
   the model's chat template. What an instruct model needs.
 - ``completions`` (``/v1/completions``): with ``tokenizer=DIR`` (the model's local folder) the prompt is the
   token ids :class:`agents.llm.policy.LLMPolicy` builds for the same observation (its chat template and the
@@ -45,6 +45,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from agents.prompts import PROTOCOL_SYSTEM_PROMPT
 from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 
 PREFIX = "openai:"
@@ -295,7 +296,7 @@ class ServedPolicy:
     """The ``openai:MODEL@URL`` strategy: a policy for ``memenv bench`` (and any ``act(observation)`` loop).
 
     ``endpoint``, ``tokenizer``, ``system_prompt`` override the spec's options (``system_prompt``: the text of
-    the chat system message; default :data:`agents.llm.policy.PROTOCOL_SYSTEM_PROMPT`, none with ``system=none``).
+    the chat system message; default :data:`agents.prompts.PROTOCOL_SYSTEM_PROMPT`, none with ``system=none``).
     ``run_episodes`` runs many episodes at once (``concurrency`` worker threads, one env each) and reports, per
     episode, the server's prompt and completion token counts."""
 
@@ -314,7 +315,7 @@ class ServedPolicy:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
         if system_prompt is ...:
-            system_prompt = None if self.spec.system == "none" else self._protocol_prompt()
+            system_prompt = None if self.spec.system == "none" else PROTOCOL_SYSTEM_PROMPT
         self.system_prompt = system_prompt
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(self.spec.tokenizer)
         self.format = None
@@ -331,12 +332,6 @@ class ServedPolicy:
         self.client = CompletionsClient(self.spec, **client_kwargs)
         self._usage = threading.local()
         self._local = threading.local()
-
-    @staticmethod
-    def _protocol_prompt() -> str:
-        from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
-
-        return PROTOCOL_SYSTEM_PROMPT
 
     def _load_tokenizer(self, folder: str | None):
         if folder is None:

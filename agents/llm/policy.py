@@ -28,23 +28,10 @@ from typing import Any, Sequence
 import torch
 
 from agents.llm.models import load_pretrained
+from agents.prompts import PROTOCOL_SYSTEM_PROMPT  # re-exported: the served policy uses it without torch
 
 DEFAULT_STOP = ("</search>", "</answer>")
 PLAIN_TEMPLATE = "{observation}\n"
-#: The system prompt that teaches an instruct model memenv's action protocol (chat templates only): one turn is
-#: ``<memory>...</memory>`` then ``<search>...</search>`` or ``<answer>...</answer>``. Shared by
-#: :class:`LLMPolicy` zero-shot runs, the served policy (``openai:MODEL@URL``) and the real-model tests, so every
-#: path sends the same prompt.
-PROTOCOL_SYSTEM_PROMPT = (
-    "You control a search engine with tags. You never repeat the user's text.\n"
-    "User: <task>...Question 1: In which country is Wigei?</task><memory></memory>"
-    "<information>No search results yet.</information>\n"
-    "Assistant: <memory>Q1: country of Wigei?</memory><search>Wigei</search>\n"
-    "User: <task>...Question 1: In which country is Wigei?</task><memory>Q1: country of Wigei?</memory>"
-    "<information>Doc 1 (Title: Wigei) Wigei is a town in Solurtia.</information>\n"
-    "Assistant: <memory>Q1: Wigei is in Solurtia.</memory><answer>Solurtia</answer>\n"
-    "Reply as the Assistant does: one <memory> block, then one <search> or <answer> block, nothing else."
-)
 
 
 @dataclass
