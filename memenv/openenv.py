@@ -27,6 +27,7 @@ answers with an OpenEnv error message, the session stays open, and the client ra
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import socket
@@ -158,23 +159,10 @@ class MemenvEnvironment(Environment):
     def get_metadata(self) -> EnvironmentMetadata:
         doc = (type(self.env.unwrapped).__doc__ or "").strip().split("\n\n")[0]
         return EnvironmentMetadata(name=self.env_id, description=" ".join(doc.split()) or self.env_id,
-                                   version=memenv.__version__, author="memenv",
-                                   documentation_url="https://github.com/memenv/memenv/blob/main/docs/openenv.md")
+                                   version=memenv.__version__, author="memenv")
 
     def close(self) -> None:
         self.env.close()
-
-
-class _EnvironmentFactory:
-    """``MemenvEnvironment(env_id, env_kwargs)`` as a named callable (OpenEnv names a failing factory)."""
-
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any]) -> None:
-        self.env_id, self.env_kwargs = env_id, dict(env_kwargs)
-        self.__name__ = f"MemenvEnvironment({env_id!r})"
-        self.SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __call__(self) -> MemenvEnvironment:
-        return MemenvEnvironment(self.env_id, self.env_kwargs)
 
 
 def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
@@ -189,7 +177,9 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     env_kwargs = dict(env_kwargs or {})
     gym.make(env_id, **env_kwargs).close()
     config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s)
-    app = openenv_create_app(_EnvironmentFactory(env_id, env_kwargs), MemenvAction, MemenvObservation,
+    # A partial of the class: openenv-core reads SUPPORTS_CONCURRENT_SESSIONS off the class (no probe env).
+    factory = functools.partial(MemenvEnvironment, env_id, env_kwargs)
+    app = openenv_create_app(factory, MemenvAction, MemenvObservation,
                              env_name=env_id, concurrency_config=config)
     app.add_middleware(_QuietDisconnect)
     return app

@@ -211,14 +211,14 @@ def _grpo(tmp_path, model, tokenizer, seed_row: int = 0, **config):
     return trainer, moved
 
 
-def _check_run(trainer, moved):
+def _check_run(trainer, moved, steps: int = 2):
     episodes = [e for e in _Recording.made if e.snapshots]  # the first made is TRL's probe, then a rollout env
     assert episodes, "no rollout called a tool"
     for env in episodes:
         assert [s["tool"] for s in env.snapshots] == ["mem_add", "answer"] and env.done
         assert env.get_reward() == env.info["summary"]["f1"]
     rewards = [h for h in trainer.state.log_history if "reward" in h]
-    assert len(rewards) == 2
+    assert len(rewards) == steps
     env_rewards = [h.get("rewards/_Recording/mean") for h in rewards]
     assert all(r is not None for r in env_rewards)  # the reward column is the env's get_reward
     assert {e.get_reward() for e in episodes} == {0.0, 1.0}  # right and wrong answers: a GRPO signal
@@ -246,7 +246,7 @@ def test_two_grpo_steps_with_environment_factory_on_a_tiny_tool_model(tmp_path):
 
 
 @pytest.mark.real_model
-def test_two_grpo_steps_with_environment_factory_on_smollm2(tmp_path, smollm2_path):
+def test_a_grpo_step_with_environment_factory_on_smollm2(tmp_path, smollm2_path):
     torch = pytest.importorskip("torch")
     from agents.llm.models import load_pretrained
 
@@ -254,5 +254,6 @@ def test_two_grpo_steps_with_environment_factory_on_smollm2(tmp_path, smollm2_pa
     model, tokenizer = load_pretrained(smollm2_path)
     tokenizer.chat_template = _qwen_template()  # SmolLM2's ChatML template has no tools; Qwen's is ChatML + tools
     tokenizer.padding_side = "left"
-    trainer, moved = _grpo(tmp_path, model, tokenizer, learning_rate=1e-5)
-    _check_run(trainer, moved)
+    # One step (a 135M model's step takes minutes on 2 CPU cores); its sampled branch is fixed by the seeds.
+    trainer, moved = _grpo(tmp_path, model, tokenizer, learning_rate=1e-5, max_steps=1)
+    _check_run(trainer, moved, steps=1)
