@@ -49,7 +49,7 @@ def make_records(args, path: Path) -> dict:
     import gymnasium as gym
     import torch
 
-    import memenv  # noqa: F401
+    import memenv  # noqa: F401 - registers the environments
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
 

@@ -9,10 +9,10 @@ episodes the *current* student samples on held-out seeds, the objective MemOPD l
 each update, and the cosine between the two trainers' first-update gradients. Both samplers are an
 ``LLMPolicy`` seeded 0 on the same task seeds with the same initial weights, so the first update's episodes are
 the same ones; later updates sample from slightly different weights. The claim checked is the direction: both
-lower the loss, and their first gradients point the same way (cosine > 0). The magnitudes differ by construction: TRL's ``grpo`` loss
-averages per sequence then over rows, ``train_memopd`` over action tokens; TRL pads each episode to
-``rows_per_episode`` rows (no loss on padding).
-"""
+lower the loss, and their first gradients point the same way (cosine > 0). With rewards the magnitudes differ
+by construction: TRL's ``grpo`` loss averages per sequence then over rows, ``train_memopd`` over action tokens
+(the tiny random student earns reward 0, so here only the distillation term acts); TRL pads each episode to
+``rows_per_episode`` rows (no loss on padding)."""
 
 from __future__ import annotations
 
@@ -54,12 +54,13 @@ def main(argv=None) -> int:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    import memenv  # noqa: F401
-    from agents.llm.models import build_tiny_model, build_tokenizer, task_texts
+    import memenv  # noqa: F401 - registers the environments
+    from agents.llm.models import build_tiny_model, build_tokenizer, load_pretrained, task_texts
     from agents.llm.policy import LLMPolicy
     from agents.llm.ppo import task_seeds
     from agents.llm.precision import host_line
     from agents.llm.rollouts import records_of, rollout
+    from agents.llm.training import latest_checkpoint
     from agents.llm.trl import MemenvRollout, episode_return_reward, task_prompt
     from distill.losses import DistillLossConfig
     from distill.teacher import ScoringLayout, Teacher
@@ -112,9 +113,6 @@ def main(argv=None) -> int:
                          model=native if u == 0 else None, tokenizer=tok, teacher=teacher_lm)
         finally:
             torch.optim.AdamW.step = original_step
-        from agents.llm.models import load_pretrained
-        from agents.llm.training import latest_checkpoint
-
         native, _ = load_pretrained(latest_checkpoint(Path(cfg.out_dir)))
         if u == 0:
             first_delta = _flat(native) - start
