@@ -87,8 +87,15 @@ class MemOPDTrainer(trl.GRPOTrainer):
     def _compute_loss(self, model, inputs):
         student = self.accelerator.unwrap_model(model)
         captured: list[torch.Tensor] = []
-        hook = student.base_model.register_forward_hook(
-            lambda module, args, output: captured.append(output.last_hidden_state))
+
+        def keep(module, args, output):
+            states = getattr(output, "last_hidden_state", None)
+            if states is None:  # e.g. a PEFT model, whose base_model is the wrapped causal LM
+                raise RuntimeError(f"MemOPDTrainer: the student's base_model ({type(module).__name__}) returned no "
+                                   "last_hidden_state; a plain transformers causal LM is supported (not PEFT)")
+            captured.append(states)
+
+        hook = student.base_model.register_forward_hook(keep)
         try:
             loss = super()._compute_loss(model, inputs)
         finally:
