@@ -308,7 +308,15 @@ def test_trl_rollout_func_two_grpo_steps_on_a_real_model_student(tmp_path, stude
     args = trl.GRPOConfig(output_dir=str(tmp_path), num_generations=2 * rows, per_device_train_batch_size=4 * rows,
                           max_steps=2, learning_rate=1e-4, logging_steps=1, report_to=[], bf16=False,
                           max_completion_length=12, save_strategy="no", beta=0.0, seed=3, disable_tqdm=True)
-    trainer = trl.GRPOTrainer(model=lm, reward_funcs=episode_return_reward, args=args,
+    def episode_brevity(completions, episode_id, **kwargs):
+        """Per episode (every row of it alike): minus its completions' length. A 4-layer cut writes no valid
+        action, so every episode's return is the same; this spreads the rewards of a group."""
+        total: dict = {}
+        for text, episode in zip(completions, episode_id):
+            total[episode] = total.get(episode, 0) + len(str(text))
+        return [-total[e] / 1000 for e in episode_id]
+
+    trainer = trl.GRPOTrainer(model=lm, reward_funcs=[episode_return_reward, episode_brevity], args=args,
                               train_dataset=rollout_fn.dataset(8), processing_class=tok, rollout_func=rollout_fn)
     before = {k: v.detach().clone() for k, v in lm.named_parameters()}
     trainer.train()
