@@ -72,7 +72,7 @@ def test_start_waits_for_the_model_and_stop_ends_the_whole_group(tmp_path, model
         assert server.start_s is not None and server.start_s < 30
         log = (tmp_path / "log").read_text()
         assert f"-m vllm.entrypoints.openai.api_server --model {model_dir.resolve()} --served-model-name smollm2 " \
-               f"--host 127.0.0.1 --port {server.port} --max-model-len 4096 --dtype float32" in log
+               f"--host 127.0.0.1 --port {server.port} --max-model-len 4096 --dtype float32 -O0" in log
         leader = server.process.pid
         children = [int(p) for p in Path(f"/proc/{leader}/task/{leader}/children").read_text().split()]
         assert children  # the server itself runs in a child of the started process
