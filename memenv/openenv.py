@@ -132,7 +132,8 @@ class MemenvEnvironment(Environment):
         return self._observation(text, info, reward=None, terminated=False, truncated=False)
 
     def step(self, action: MemenvAction, timeout_s: float | None = None, **kwargs: Any) -> MemenvObservation:
-        """``env.step(action.text)``: a malformed action text is an invalid step, never an error."""
+        """``env.step(action.text)``: a malformed action text is an invalid step, never an error. ``timeout_s``
+        (OpenEnv's) is accepted and not enforced: a memenv step takes milliseconds and cannot hang."""
         text, reward, terminated, truncated, info = self.env.step(action.text)
         self._steps += 1
         self._return += float(reward)
