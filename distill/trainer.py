@@ -64,7 +64,7 @@ class MemOPDConfig(PPOConfig):
     """:class:`agents.llm.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory credit."""
 
     out_dir: str = "runs/distill"
-    teacher: str | None = None  # local checkpoint of the teacher (same tokenizer as the student)
+    teacher: str | None = None  # local checkpoint of the teacher (same tokenizer as the student), or openai:NAME@URL
     distill_coef: float = 1.0  # lambda: total loss = PPO/GRPO loss + lambda * distillation loss
     loss: str = "reverse_kl"  # reverse_kl | forward_kl | jsd
     beta: float = 0.5  # JSD(beta)
