@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import time
 from contextlib import redirect_stdout
@@ -23,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 import memenv  # noqa: E402,F401
 from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
-from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT, LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
 from agents.llm.rollouts import records_of, rollout  # noqa: E402
 
 pytestmark = pytest.mark.real_model
@@ -66,7 +65,8 @@ def test_prepared_folder_is_a_plain_cached_checkpoint(smollm2_path):
     config = json.loads((smollm2_path / "config.json").read_text())
     assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
     assert "quantization_config" not in config and record["parameters"] == 134_515_008
-    assert json.loads((smollm2_path / "memenv_prompt.json").read_text())["system_prompt"] == PROTOCOL_SYSTEM_PROMPT
+    prompt = json.loads((smollm2_path / "memenv_prompt.json").read_text())["system_prompt"]
+    assert all(tag in prompt for tag in ("<memory>", "<search>", "<answer>"))  # the protocol, as a system prompt
     weights = smollm2_path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     started = time.perf_counter()
@@ -87,7 +87,8 @@ def test_prepare_never_overwrites_a_foreign_folder(tmp_path, smollm2_path):
 def test_chat_prompts_are_what_the_model_saw_and_records_reproduce(smollm2):
     model, tok = smollm2
     policy = LLMPolicy(model, tok, temperature=1.0, max_new_tokens=10, seed=0)
-    assert policy.use_chat and policy.system_prompt == PROTOCOL_SYSTEM_PROMPT  # from the checkpoint's prompt file
+    saved = tok.memenv_prompt["system_prompt"]
+    assert policy.use_chat and policy.system_prompt == saved  # from the checkpoint's prompt file
     envs = _envs(2)
     observations = [env.reset(seed=s)[0] for env, s in zip(envs, (1, 2))]
     observations[1] += "\nA longer observation pads the others on the left."
@@ -101,7 +102,7 @@ def test_chat_prompts_are_what_the_model_saw_and_records_reproduce(smollm2):
         handle.remove()
     ids, mask = seen[0]
     for row, (obs, gen) in enumerate(zip(observations, gens)):
-        messages = [{"role": "system", "content": PROTOCOL_SYSTEM_PROMPT}, {"role": "user", "content": obs}]
+        messages = [{"role": "system", "content": saved}, {"role": "user", "content": obs}]
         templated = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
         assert gen.prompt_ids == list(templated)  # the template's ids, <|im_start|>assistant\n last
         assert ids[row][mask[row].bool()].tolist() == gen.prompt_ids  # exactly what the prefill ran
@@ -186,7 +187,8 @@ def test_sft_on_the_real_model_lowers_its_loss(tmp_path, smollm2_path):
     losses = pd.read_csv(tmp_path / "sft" / "metrics.csv")["loss"].tolist()
     assert len(losses) == 2 and losses[-1] < losses[0], losses  # measured: 1.38 -> 0.98 (4 steps: -> 0.10)
     ckpt = latest_checkpoint(tmp_path / "sft")
-    assert json.loads((ckpt / "memenv_prompt.json").read_text())["system_prompt"] == PROTOCOL_SYSTEM_PROMPT
+    saved = json.loads((smollm2_path / "memenv_prompt.json").read_text())
+    assert json.loads((ckpt / "memenv_prompt.json").read_text()) == saved  # the prompt travels with the weights
 
 
 class _Talk(gym.Env):

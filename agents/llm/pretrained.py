@@ -122,8 +122,12 @@ def _version(dist: str) -> str | None:
 
 def source_fingerprint(src: PretrainedSource, gguf: Path) -> dict[str, Any]:
     """What the converted folder was made from (everything but the converter)."""
+    from agents.prompts import PROTOCOL_SYSTEM_PROMPT  # torch-free
+
     stat = gguf.stat()
-    return {"name": src.name, "format": FORMAT_VERSION, "package": src.distribution,
+    # the system prompt written into the folder is part of what it was made from: a new default is a new folder
+    prompt_sha = hashlib.sha256(PROTOCOL_SYSTEM_PROMPT.encode("utf-8")).hexdigest()[:16]
+    return {"name": src.name, "format": FORMAT_VERSION, "system_prompt_sha256": prompt_sha, "package": src.distribution,
             "package_version": _version(src.distribution), "gguf_file": gguf.name, "gguf_bytes": stat.st_size,
             "gguf_sha256": _sha256(gguf)}
 
@@ -167,7 +171,7 @@ def convert_gguf(gguf: Path, out: Path, fingerprint: dict[str, Any], progress: b
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
+    from agents.prompts import PROTOCOL_SYSTEM_PROMPT
 
     if not progress:
         hf_logging.disable_progress_bar()
