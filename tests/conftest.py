@@ -197,7 +197,9 @@ def vllm_url(smollm2_path) -> str:
 
     url = os.environ.get(vllm_server.URL_ENV)
     if url:
-        vllm_server.wait_until_served(url, "smollm2")
+        # CI sets up the server in the background; its flag file appears if that set-up failed (no long wait then)
+        failed = os.environ.get("MEMENV_VLLM_FAILED_FLAG")
+        vllm_server.wait_until_served(url, "smollm2", alive=lambda: not (failed and os.path.exists(failed)))
         yield url.rstrip("/")
         return
     if vllm_server.vllm_python() is None:
