@@ -9,11 +9,10 @@ calls, running the tools, the growing transcript, the rewards, the GRPO update) 
 
 from __future__ import annotations
 
-import os
-
 import functools
 import inspect
 import json
+import os
 from pathlib import Path
 
 import gymnasium as gym

@@ -27,11 +27,11 @@ class CheckpointStrategy:
     def __init__(self, path: str | os.PathLike, *, max_new_tokens: int = 96, num_envs: int = 16) -> None:
         from agents.llm.pretrained import resolve
 
+        self.name = str(path)  # as given: a folder or a registered model name
         path = resolve(path)  # a registered model name -> its prepared folder
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"model strategy {str(path)!r}: no config.json in that folder (need a checkpoint saved "
                              "with save_pretrained)")
-        self.name = str(path)
         lm, tok = load_pretrained(path)
         self.policy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=max_new_tokens)
         self.num_envs = num_envs
