@@ -131,10 +131,30 @@ def locomo_path(tmp_path: Path) -> str:
     return str(path)
 
 
+TINY_LONGMEMEVAL = [{
+    "question_id": "t1", "question_type": "single-session-user", "question": "What is my dog called?",
+    "answer": "Biscuit", "question_date": "2023/05/30 (Tue) 10:00",
+    "haystack_dates": ["2023/05/20 (Sat) 09:00", "2023/05/21 (Sun) 09:00"], "haystack_session_ids": ["s0", "s1"],
+    "haystack_sessions": [
+        [{"role": "user", "content": "Hello from session 0.", "has_answer": False},
+         {"role": "assistant", "content": "Hi!", "has_answer": False}],
+        [{"role": "user", "content": "My dog is called Biscuit.", "has_answer": True},
+         {"role": "assistant", "content": "A fine name.", "has_answer": False}]],
+    "answer_session_ids": ["s1"]}]
+
+
 @pytest.fixture
-def data_paths(hotpot_path: str, locomo_path: str) -> dict[str, str]:
+def longmemeval_path(tmp_path: Path) -> str:
+    """A one-item LongMemEval file (official layout)."""
+    path = tmp_path / "tiny_longmemeval.json"
+    path.write_text(json.dumps(TINY_LONGMEMEVAL), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def data_paths(hotpot_path: str, locomo_path: str, longmemeval_path: str) -> dict[str, str]:
     """Tiny data file per registered ``dataset=`` value that needs one."""
-    return {"hotpotqa": hotpot_path, "locomo": locomo_path}
+    return {"hotpotqa": hotpot_path, "locomo": locomo_path, "longmemeval": longmemeval_path}
 
 
 @pytest.fixture

@@ -286,8 +286,9 @@ def test_sigint_mid_bench_ends_with_one_line_and_the_rerun_finishes(tmp_path):
 
 # ---------------------------------------------------------------------------- bench: failed episodes
 class FlakyServer:
-    """An OpenAI-compatible completions server on 127.0.0.1 whose model is the ``relevance`` strategy; while
-    ``failing`` is above 0 it answers that many completion requests with HTTP 400 (no retry helps)."""
+    """An OpenAI-compatible completions server on 127.0.0.1 (a stand-in; the tests ask for ``endpoint=completions``)
+    whose model is the ``relevance`` strategy; while ``failing`` is above 0 it answers that many completion
+    requests with HTTP 400 (no retry helps)."""
 
     def __init__(self, failing: int = 0, delay: float = 0.0) -> None:
         self.failing, self.lock, self.policy = failing, threading.Lock(), make_strategy("relevance")
@@ -341,7 +342,7 @@ class FlakyServer:
 def test_failed_episodes_are_counted_shown_and_run_again_on_resume(tmp_path, capsys):
     out = tmp_path / "out"
     with FlakyServer(failing=2) as server:
-        served = f"openai:m@{server.url}"
+        served = f"openai:m@{server.url}?endpoint=completions"
         argv = ["bench", "--envs", ENV, "--strategies", "relevance", served, "-n", "6", "--quiet", "--out", str(out)]
         assert run(argv) == 0
         printed = capsys.readouterr().out
@@ -366,7 +367,7 @@ def test_failed_episodes_are_counted_shown_and_run_again_on_resume(tmp_path, cap
 def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
     out = tmp_path / "out"
     with FlakyServer(failing=10**6) as server:
-        served = f"openai:m@{server.url}"
+        served = f"openai:m@{server.url}?endpoint=completions"
         argv = ["bench", "--envs", ENV, "--strategies", "relevance", served, "-n", "20", "--quiet", "--out", str(out),
                 "--max-failures", "1"]
         start = time.perf_counter()
@@ -385,7 +386,7 @@ def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
 
 def test_max_failures_zero_stops_at_the_first_failure(tmp_path, capsys):
     with FlakyServer(failing=1) as server:
-        argv = ["bench", "--envs", ENV, "--strategies", f"openai:m@{server.url}", "-n", "3", "--quiet",
+        argv = ["bench", "--envs", ENV, "--strategies", f"openai:m@{server.url}?endpoint=completions", "-n", "3", "--quiet",
                 "--out", str(tmp_path / "out"), "--max-failures", "0"]
         assert run(argv) == 1
         assert "stopped after 1 failed episodes (more than --max-failures 0)" in last_line(capsys)
@@ -400,7 +401,7 @@ def test_sigint_while_served_episodes_run_on_threads_stops_them_soon(tmp_path):
     long_env = "MemQA-v0:objectives=8,hops=3"  # ~26 turns an episode
     with FlakyServer(delay=0.05) as server:
         argv = [sys.executable, "-m", "memenv.cli", "bench", "--envs", long_env, "--strategies", "relevance",
-                f"openai:m@{server.url}", "-n", "40", "--quiet", "--out", str(out)]
+                f"openai:m@{server.url}?endpoint=completions", "-n", "40", "--quiet", "--out", str(out)]
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         try:
