@@ -124,99 +124,9 @@ def _task_block(obs: str) -> str:
     return obs[:end + len("</task>")] if obs.startswith("<task>") and end >= 0 else ""
 
 
-class MemQAToolEnv(MemenvToolEnv):
-    """MemQA in memory-tools mode (``gym.make("MemQA-v0", memory_mode="tools", ...)``) as TRL tools."""
-
-    env_id = "MemQA-v0"
-    defaults = {"memory_mode": "tools"}
-    reward_key = "f1"
-
-    def search(self, query: str) -> str:
-        """Search the document collection.
-
-        Args:
-            query: what to look for, e.g. an entity name from a question.
-
-        Returns:
-            The best matching documents, with what your memory shows now.
-        """
-        return self._store_call("search", query)
-
-    def mem_add(self, text: str) -> str:
-        """Add an entry to your memory store (all you keep from earlier turns besides the newest result).
-
-        Args:
-            text: the note to keep, e.g. a fact a question needs.
-
-        Returns:
-            The new entry's id and size.
-        """
-        return self._store_call("mem_add", text)
-
-    def mem_update(self, entry_id: int, text: str) -> str:
-        """Replace the text of an entry of your memory store.
-
-        Args:
-            entry_id: the id of the entry to replace.
-            text: its new text.
-
-        Returns:
-            Whether the entry was updated.
-        """
-        return self._store_call("mem_update", text, entry_id)
-
-    def mem_delete(self, entry_id: int) -> str:
-        """Delete an entry of your memory store.
-
-        Args:
-            entry_id: the id of the entry to delete.
-
-        Returns:
-            Whether the entry was deleted.
-        """
-        return self._store_call("mem_delete", "", entry_id)
-
-    def mem_search(self, query: str) -> str:
-        """Search your memory store.
-
-        Args:
-            query: words to look for in your entries.
-
-        Returns:
-            The best matching entries as "[id] text" lines.
-        """
-        return self._store_call("mem_search", query)
-
-    def answer(self, answers: str) -> str:
-        """Answer the questions and end the episode.
-
-        Args:
-            answers: one answer per question, in order, separated by "; ".
-
-        Returns:
-            The end of the episode.
-        """
-        return self._store_call("answer", answers)
-
-
-class BeamToolEnv(MemenvToolEnv):
-    """MemDialog-BEAM in memory-tools mode (its default) as TRL tools: read sessions into the store, then answer
-    the probing questions from it."""
-
-    env_id = "MemDialog-BEAM-v0"
-    defaults = {"memory_mode": "tools"}
-    reward_key = "score"
-
-    def mem_add(self, text: str) -> str:
-        """Add an entry to your memory store.
-
-        Args:
-            text: the note to keep, e.g. a fact the user stated, with its date.
-
-        Returns:
-            The new entry's id and size.
-        """
-        return self._store_call("mem_add", text)
+class _MemoryStoreTools(MemenvToolEnv):
+    """The memory-store tools every tools-mode env shares (``mem_add`` is each env's own: its docstring says what
+    to keep there)."""
 
     def mem_update(self, entry_id: int, text: str) -> str:
         """Replace the text of an entry of your memory store (e.g. a fact that changed).
@@ -251,6 +161,67 @@ class BeamToolEnv(MemenvToolEnv):
             The best matching entries as "[id] text" lines.
         """
         return self._store_call("mem_search", query)
+
+
+class MemQAToolEnv(_MemoryStoreTools):
+    """MemQA in memory-tools mode (``gym.make("MemQA-v0", memory_mode="tools", ...)``) as TRL tools."""
+
+    env_id = "MemQA-v0"
+    defaults = {"memory_mode": "tools"}
+    reward_key = "f1"
+
+    def search(self, query: str) -> str:
+        """Search the document collection.
+
+        Args:
+            query: what to look for, e.g. an entity name from a question.
+
+        Returns:
+            The best matching documents, with what your memory shows now.
+        """
+        return self._store_call("search", query)
+
+    def mem_add(self, text: str) -> str:
+        """Add an entry to your memory store (all you keep from earlier turns besides the newest result).
+
+        Args:
+            text: the note to keep, e.g. a fact a question needs.
+
+        Returns:
+            The new entry's id and size.
+        """
+        return self._store_call("mem_add", text)
+
+    def answer(self, answers: str) -> str:
+        """Answer the questions and end the episode.
+
+        Args:
+            answers: one answer per question, in order, separated by "; ".
+
+        Returns:
+            The end of the episode.
+        """
+        return self._store_call("answer", answers)
+
+
+class BeamToolEnv(_MemoryStoreTools):
+    """MemDialog-BEAM in memory-tools mode (its default) as TRL tools: read sessions into the store, then answer
+    the probing questions from it."""
+
+    env_id = "MemDialog-BEAM-v0"
+    defaults = {"memory_mode": "tools"}
+    reward_key = "score"
+
+    def mem_add(self, text: str) -> str:
+        """Add an entry to your memory store.
+
+        Args:
+            text: the note to keep, e.g. a fact the user stated, with its date.
+
+        Returns:
+            The new entry's id and size.
+        """
+        return self._store_call("mem_add", text)
 
     def next_session(self) -> str:
         """Done with this chat session: show the next one (or the first question after the last session).
