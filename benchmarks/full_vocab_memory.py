@@ -4,19 +4,26 @@
 
 For each chunk size (0: one chunk, i.e. every position's logits at once), a fresh subprocess computes the
 reverse KL of a student against the teacher over all 49,152 vocabulary entries at ``--positions`` action
-positions and back-propagates it to the student's hidden states and head, then reports its peak RSS above the
-RSS it had with the heads loaded, the time, and the loss (equal across chunk sizes: the chunking is exact).
+positions and back-propagates it to the student's hidden states and head, then reports its peak resident set
+(sampled every 2 ms) above the one it had just before, the time, and the loss (equal across chunk sizes: the chunking is exact).
 Heads: SmolLM2-135M-Instruct's (teacher) and a 4-layer cut of it (student), from ``memenv models prepare``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import resource
+import os
 import subprocess
 import sys
+import threading
 import time
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def one(positions: int, chunk: int, threads: int) -> dict:
@@ -29,24 +36,36 @@ def one(positions: int, chunk: int, threads: int) -> dict:
     model, _ = load_pretrained("smollm2-135m-instruct")
     teacher_head = model.get_output_embeddings()
     student_head = torch.nn.Linear(teacher_head.in_features, teacher_head.out_features, bias=False)
-    with torch.no_grad():
-        student_head.weight.copy_(teacher_head.weight + 0.01 * torch.randn_like(teacher_head.weight))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the same student head in every subprocess
+        student_head.weight.copy_(teacher_head.weight + 0.01 * torch.randn(teacher_head.weight.shape, generator=gen))
     for p in model.parameters():
         p.requires_grad_(False)
-    gen = torch.Generator().manual_seed(0)
     width = teacher_head.in_features
     h_student = torch.randn(positions, width, generator=gen).requires_grad_(True)
     h_teacher = torch.randn(positions, width, generator=gen)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gc.collect()
+    base = _rss_mb()  # now, not the lifetime peak (loading the model peaked higher)
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:  # the resident set every 2 ms while the loss runs
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     started = time.perf_counter()
     cfg = DistillLossConfig(kind="reverse_kl", chunk=chunk or positions)
     per_token = chunked_distill_loss(student_head, h_student, teacher_head, h_teacher, cfg)
     loss = per_token.mean()
     loss.backward()
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    done.set()
+    sampler.join()
     return {"chunk": chunk or positions, "positions": positions, "vocab": teacher_head.out_features,
-            "peak_mb_above_heads": (peak - base) / 1024, "seconds": seconds, "loss": float(loss),
+            "peak_mb_above_start": peak[0] - base, "seconds": seconds, "loss": float(loss),
             "grad_norm": float(h_student.grad.norm())}
 
 
@@ -68,8 +87,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for chunk in args.chunks:
+        # A fixed mmap threshold: glibc otherwise raises it after the first large free, and later chunk-sized
+        # buffers come from the heap and stay resident after they are freed, so RSS would count dead chunks.
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         out = subprocess.run([sys.executable, __file__, "--positions", str(args.positions), "--threads",
-                              str(args.threads), "--child", str(chunk)], capture_output=True, text=True, check=True)
+                              str(args.threads), "--child", str(chunk)], capture_output=True, text=True, check=True,
+                             env=env)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     table = pd.DataFrame(rows)
     print(host_line())
