@@ -20,10 +20,7 @@ import sys
 import threading
 import time
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from memread_rss import _rss_mb  # current RSS in MB (benchmarks/ is on sys.path)
 
 
 def one(positions: int, chunk: int, threads: int) -> dict:

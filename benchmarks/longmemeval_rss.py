@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from memread_rss import _peak_rss_mb, _rss_mb  # the same RSS probes as the MemRead benchmark (benchmarks/ is on sys.path)
+from beam_rss import _host  # the host line of the BEAM benchmark (benchmarks/ is on sys.path)
+from memread_rss import _peak_rss_mb, _rss_mb  # the same RSS probes as the MemRead benchmark
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "longmemeval" / "longmemeval_dev.json"
 
@@ -59,17 +60,6 @@ def child(case: str, strategy: str, memory_mode: str, m_sessions: int) -> dict:
     return {"case": case, "file_mb": size_mb, "sessions": env.n_sessions, "messages": env.source.n_messages,
             "tokens": env.source.n_tokens, "steps": steps, "steps_per_s": steps / elapsed, "seconds": elapsed,
             "peak_rss_mb": peak, "rss_growth_mb": after - before, "accuracy": summary["accuracy"]}
-
-
-def _host() -> str:
-    try:
-        import torch
-
-        capability = torch.backends.cpu.get_cpu_capability()
-    except ImportError:  # pragma: no cover - torch is optional here
-        capability = "unknown (no torch)"
-    return (f"CPU capability {capability}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-            "single-threaded env (no tensors, no dtype)")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
