@@ -113,6 +113,9 @@ class ModelSpec:
     sft_clock: str = "cpu"  # budget clock: "cpu" (process CPU time, all threads) or "wall"
     sft_episodes: int = 2000  # oracle demonstrations
     lr: float = 3e-3
+    sft_worlds: int = 0  # 0: demonstrations in the experiment's world (world 0, train-pool questions); N > 0:
+    # spread over N other worlds of the same generator (SFTConfig.demo_worlds), so that SFT cannot teach world 0's
+    # facts and the model must read its search results to answer
 
 
 def _finite(name: str, value: Any, low: float | None = None, high: float | None = None,
@@ -197,6 +200,8 @@ class ExperimentConfig:
             _finite(f"{role} lr", spec.lr, 0, strict_low=True)
             if int(spec.sft_steps) < 1:
                 raise ValueError(f"{role} sft_steps must be >= 1, got {spec.sft_steps}")
+            if isinstance(spec.sft_worlds, bool) or not isinstance(spec.sft_worlds, int) or spec.sft_worlds < 0:
+                raise ValueError(f"{role} sft_worlds must be an integer >= 0, got {spec.sft_worlds!r}")
 
 
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
@@ -329,7 +334,8 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
     from agents.llm.sft import SFTConfig
 
     return SFTConfig(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
-                     episodes=spec.sft_episodes, steps=spec.sft_steps, batch_size=16, lr=spec.lr,
+                     episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
+                     lr=spec.lr,
                      warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
                      schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
@@ -951,6 +957,13 @@ def check_settings(cfg: ExperimentConfig) -> None:
     except (OSError, ValueError) as err:
         raise SettingsMismatchError(f"{path}: cannot be read as the settings of an earlier run ({err})") from None
     new = _config_record(cfg)
+    # A setting added after that run was made is read as its default (what that run did): fill it in, at the
+    # top level and inside the model specs, before comparing.
+    default = _config_record(replace(ExperimentConfig(), teacher=ModelSpec(), student=ModelSpec()))
+    old = {**{k: v for k, v in default.items() if k not in ("teacher", "student")}, **old}
+    for role in ("teacher", "student"):
+        if isinstance(old.get(role), dict):
+            old[role] = {**default[role], **old[role]}
     changed = sorted(k for k in set(old) | set(new) if k not in RERUN_MAY_CHANGE and old.get(k) != new.get(k))
     if changed:
         detail = ", ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in changed[:6])
@@ -1020,6 +1033,9 @@ def _run(args: argparse.Namespace) -> int:
                                   **({"sft_clock": args.teacher_clock} if args.teacher_clock else {}))
         if args.student_steps is not None:
             cfg.student = replace(cfg.student, sft_steps=args.student_steps)
+        if args.sft_worlds is not None:
+            cfg.teacher = replace(cfg.teacher, sft_worlds=args.sft_worlds)
+            cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
         cfg.__post_init__()
         check_settings(cfg)
     t0 = time.perf_counter()
@@ -1035,7 +1051,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv experiment memopd`` (entry point ``memenv.commands``)."""
-    from memenv.cli import non_negative_float, positive_float, unit_float
+    from memenv.cli import non_negative_float, non_negative_int, positive_float, unit_float
 
     p = subparsers.add_parser("experiment", help="reproducible experiments (memopd)", description=__doc__,
                               formatter_class=HelpFormatter)
@@ -1070,6 +1086,9 @@ def register_cli(subparsers) -> None:
                    help="at most this many student SFT steps in all (default 3000; quick 400)")
     m.add_argument("--student-start-f1", dest="student_start_f1", type=unit_float, default=None,
                    help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
+    m.add_argument("--sft-worlds", dest="sft_worlds", type=non_negative_int, default=None,
+                   help="teacher and student SFT demonstrations spread over this many other worlds of the "
+                        "generator, not world 0 (default 0: world 0's train-pool questions)")
     m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
     m.add_argument("--distill-coef", dest="distill_coef", type=non_negative_float, default=None,
                    help="lambda of the distillation loss in the OPD arms (default 1.0)")

@@ -219,3 +219,20 @@ def test_arm_workers_end_when_the_experiment_process_is_killed(tmp_path):
         assert not alive(worker), "the arm worker outlived the killed experiment process"
     finally:
         parent.kill()
+
+
+def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_cache(tmp_path):
+    from distill.experiment import SettingsMismatchError, check_settings
+
+    cfg = ExperimentConfig(out=str(tmp_path))
+    record = json.loads(json.dumps(dataclasses.asdict(cfg), default=list))
+    del record["teacher"]["sft_worlds"], record["student"]["sft_worlds"], record["diagnose_episodes"]
+    (tmp_path / "experiment.json").write_text(json.dumps(record))
+    check_settings(cfg)  # the earlier run made its SFT data in world 0: what sft_worlds=0 does
+    spread = dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=50))
+    with pytest.raises(SettingsMismatchError, match="teacher"):
+        check_settings(spread)
+    with pytest.raises(SettingsMismatchError, match="diagnose_episodes 16 -> 3"):
+        check_settings(dataclasses.replace(cfg, diagnose_episodes=3))
+    with pytest.raises(ValueError, match="teacher sft_worlds must be an integer >= 0"):
+        dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=-2))

@@ -108,3 +108,34 @@ def test_sft_zero_intervals_mean_never_evaluate_and_save_only_at_the_end(tmp_pat
     assert [int(r["step"]) for r in rows] == [3]  # logged once, at the end
     assert not any(r.get("eval_f1") for r in rows)
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0000003"]
+
+
+def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configured_one(tmp_path):
+    from agents.llm.models import make_tiny
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.sft import demo_env_kwargs, expert_data
+
+    env_kwargs = {"objectives": 1, "hops": 1, "comparison_rate": 0.0, "max_turns": 3, "world_seed": 4}
+    lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=4, vocab_size=300, include_corpus=False,
+                        hidden_size=16, layers=1, heads=2)
+    policy = LLMPolicy(lm, tok)
+    cfg = SFTConfig(env_kwargs=env_kwargs, demo_worlds=2)
+    assert [demo_env_kwargs(cfg, i)["world_seed"] for i in range(4)] == [5, 6, 5, 6]
+    assert demo_env_kwargs(SFTConfig(env_kwargs=env_kwargs), 3) == env_kwargs
+
+    def first_prompts(data):  # the prompt of each episode's first invocation (it holds the questions)
+        return [tok.decode(p) for p, a, _ in data if "No search results yet" in tok.decode(p)]
+
+    spread = first_prompts(expert_data(policy, cfg, [0, 1, 2, 3]))
+    # Grouped by world (5: seeds 0 and 2, then 6: seeds 1 and 3), each equal to that world's own episode.
+    by_hand = []
+    for world, seeds in ((5, [0, 2]), (6, [1, 3])):
+        one = SFTConfig(env_kwargs={**env_kwargs, "world_seed": world})
+        by_hand += first_prompts(expert_data(policy, one, seeds))
+    assert spread == by_hand
+    configured = first_prompts(expert_data(policy, SFTConfig(env_kwargs=env_kwargs), [0, 1, 2, 3]))
+    assert not set(spread) & set(configured)
+    with pytest.raises(ValueError, match="demo_worlds"):
+        SFTConfig(demo_worlds=-1)
+    with pytest.raises(ValueError, match="demo_worlds=2 needs an env with a synthetic world"):
+        expert_data(policy, SFTConfig(env_id="MemDialog-v0", env_kwargs={}, demo_worlds=2), [0])

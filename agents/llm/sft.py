@@ -48,6 +48,10 @@ from agents.llm.training import (
 @dataclass
 class SFTConfig(RunConfig):
     episodes: int = 2000  # oracle demonstrations (task seeds 0..episodes-1)
+    demo_worlds: int = 0  # 0: every demonstration in the configured world. N > 0: demonstration i is played in
+    # world ``world_seed + 1 + i % N`` of the same synthetic generator (never the configured world itself), so a
+    # small model cannot memorise one world's facts and must learn to read its search results; see
+    # :func:`demo_env_kwargs`
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
     lr: float = 1e-3
@@ -70,29 +74,60 @@ class SFTConfig(RunConfig):
             raise ValueError(f"SFTConfig.autocast must be one of {AUTOCAST_CHOICES}, got {self.autocast!r}")
         if self.schedule_by not in ("steps", "budget"):
             raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {self.schedule_by!r}")
+        if isinstance(self.demo_worlds, bool) or not isinstance(self.demo_worlds, int) or self.demo_worlds < 0:
+            raise ValueError(f"SFTConfig.demo_worlds must be an integer >= 0, got {self.demo_worlds!r}")
         if not 0.0 < self.prompt_loss_fraction <= 1.0:
             raise ValueError(f"SFTConfig.prompt_loss_fraction must be in (0, 1], got {self.prompt_loss_fraction}")
         if self.bucket < 1:
             raise ValueError(f"SFTConfig.bucket must be >= 1, got {self.bucket}")
 
 
-def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
-    """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds``."""
+def demo_env_kwargs(cfg: RunConfig, index: int) -> dict[str, Any]:
+    """The env kwargs of demonstration ``index``: the configured ones, or with ``cfg.demo_worlds`` set, those of
+    world ``world_seed + 1 + index % demo_worlds`` (the configured world is never among them). The question split
+    is kept: each world has its own hash salt, so it only thins that world's questions."""
+    worlds = getattr(cfg, "demo_worlds", 0)
+    if not worlds:
+        return dict(cfg.env_kwargs)
+    base = int(cfg.env_kwargs.get("world_seed", 0))
+    return {**cfg.env_kwargs, "world_seed": base + 1 + index % worlds}
 
-    env = make_envs(cfg, 1)[0]
+
+def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
+    """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds`` (the i-th seed in the
+    world :func:`demo_env_kwargs` gives it)."""
+    import gymnasium as gym
+
+    import memenv  # noqa: F401
+
+    seeds = list(seeds)
+    worlds = getattr(cfg, "demo_worlds", 0)
     oracle = make_strategy("oracle", cfg.env_id)
     data = []
-    for seed in seeds:
-        obs, _ = env.reset(seed=int(seed))
-        oracle.reset(env.unwrapped)
-        while True:
-            action = oracle.act(obs)
-            ids = policy.encode_action(action)
-            data.append((policy.encode_prompt(obs), ids, memory_mask(ids, policy.tokenizer)))
-            obs, _, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                break
-    env.close()
+    # One world at a time (each holds its corpus and search index); the data's order does not matter to training.
+    for world in range(worlds or 1):
+        indices = [i for i in range(len(seeds)) if not worlds or i % worlds == world]
+        if not indices:
+            continue
+        kwargs = demo_env_kwargs(cfg, indices[0])
+        try:
+            env = gym.make(cfg.env_id, **kwargs)
+        except TypeError as exc:
+            if worlds and "world_seed" in str(exc):
+                raise ValueError(f"SFTConfig.demo_worlds={worlds} needs an env with a synthetic world "
+                                 f"(a world_seed argument); {cfg.env_id!r} has none") from exc
+            raise
+        for i in indices:
+            obs, _ = env.reset(seed=int(seeds[i]))
+            oracle.reset(env.unwrapped)
+            while True:
+                action = oracle.act(obs)
+                ids = policy.encode_action(action)
+                data.append((policy.encode_prompt(obs), ids, memory_mask(ids, policy.tokenizer)))
+                obs, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    break
+        env.close()
     return data
 
 
