@@ -103,7 +103,8 @@ class SettingsMismatchError(ValueError):
 
 @dataclass
 class ModelSpec:
-    """A tiny Qwen2 model and the SFT that trains it."""
+    """A tiny Qwen2 model and the SFT that trains it (with ``ExperimentConfig.model``: how many of the pretrained
+    base's decoder layers it keeps, 0 = all, and its SFT; ``hidden`` and ``heads`` then do not apply)."""
 
     hidden: int = 128
     layers: int = 4
@@ -133,6 +134,12 @@ class ExperimentConfig:
     """Every knob of the experiment; :func:`quick_config` is the smoke-run preset."""
 
     out: str = "runs/memopd"
+    # A pretrained base (a registered name such as ``smollm2-135m-instruct``, or a checkpoint folder): the teacher
+    # is its SFT (its first ``teacher.layers`` decoder layers; all when that is >= its depth) and the student its
+    # first ``student.layers`` layers (:func:`agents.llm.pretrained.shrink`), both on its tokenizer and with the
+    # system prompt its folder carries. ``hidden``, ``heads``, ``vocab`` and ``tokenizer_episodes`` then do not
+    # apply. None: tiny Qwen2 models trained from scratch. See :func:`pretrained_config` for sizes that fit a CPU.
+    model: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(ENV_KWARGS))
     heldout_fraction: float = 0.25  # share of the world's entities whose questions are held out
     teacher: ModelSpec = field(default_factory=ModelSpec)
@@ -200,6 +207,10 @@ class ExperimentConfig:
             _finite(f"{role} lr", spec.lr, 0, strict_low=True)
             if int(spec.sft_steps) < 1:
                 raise ValueError(f"{role} sft_steps must be >= 1, got {spec.sft_steps}")
+            if isinstance(spec.layers, bool) or not isinstance(spec.layers, int) or \
+                    spec.layers < (0 if self.model else 1):
+                raise ValueError(f"{role} layers must be an integer >= {0 if self.model else 1}"
+                                 f"{' (0: all of the base model)' if self.model else ''}, got {spec.layers!r}")
             if isinstance(spec.sft_worlds, bool) or not isinstance(spec.sft_worlds, int) or spec.sft_worlds < 0:
                 raise ValueError(f"{role} sft_worlds must be an integer >= 0, got {spec.sft_worlds!r}")
 
@@ -215,6 +226,31 @@ def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
                 vocab=2048, tokenizer_episodes=60, arms=tuple(ARMS), seeds=2, updates=4, tasks_per_update=2,
                 eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
                 diagnose_episodes=8)
+    return ExperimentConfig(**{**base, **overrides})
+
+
+#: ``--quick --model``: the pretrained pipeline on cuts of the base (4-layer teacher, 2-layer student), a few steps.
+PRETRAINED_QUICK = dict(teacher=ModelSpec(layers=4, sft_steps=20, sft_minutes=None, sft_episodes=40, lr=1e-4),
+                        student=ModelSpec(layers=2, sft_steps=10, sft_minutes=None, sft_episodes=40, lr=1e-4),
+                        student_max_steps=10, probe_episodes=4, seeds=2, updates=2, eval_episodes=8,
+                        seen_eval_episodes=4, curve_every=1, curve_episodes=4, diagnose_episodes=2, num_envs=4)
+
+
+def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
+    """The experiment on a pretrained base (``--model``): the teacher is the whole model after SFT, the student
+    its first 6 decoder layers (SmolLM2-135M: 30 layers, 134.5M parameters -> ~50M, 28M of them the tied
+    embedding), learning rates for fine-tuning rather than training from scratch, 64-token actions (a protocol
+    action in SmolLM2's BPE is 25-60 tokens) and the three arms the claims need (GRPO alone, MemOPD, the matched
+    teacher-persistent control) x 5 seeds x 30 updates of 2 tasks x 4, 100 held-out episodes. These sizes are a
+    starting point chosen from the real-model tests' costs; the whole run has not been timed on a 2-core CPU
+    (docs/results.md says what has been run)."""
+    base = dict(out=out, model=model,
+                teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=60.0, sft_episodes=600, lr=5e-5),
+                student=ModelSpec(layers=6, sft_steps=40, sft_minutes=None, sft_episodes=600, lr=2e-4),
+                student_max_steps=400, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
+                updates=30, tasks_per_update=2, lr=1e-5, kl_coef=0.02, eval_episodes=100,
+                seen_eval_episodes=50, curve_every=10, curve_episodes=50, num_envs=8, timing_rounds=1,
+                diagnose_episodes=4)
     return ExperimentConfig(**{**base, **overrides})
 
 
@@ -339,7 +375,10 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
                      schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
-                     prompt_loss_weight=1.0, prompt_loss_fraction=0.3, eval_every=0, save_every=250,
+                     # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);
+                     # a pretrained base needs no such pretraining.
+                     prompt_loss_weight=0.0 if cfg.model else 1.0, prompt_loss_fraction=0.3, eval_every=0,
+                     save_every=250,
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
@@ -382,6 +421,23 @@ def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str) -> tupl
     return held, seen
 
 
+def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
+    """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
+    keeps every decoder layer, else its first ``layers`` layers saved (once) to ``folder``, tokenizer and prompt
+    settings included."""
+    from agents.llm.models import load_pretrained, save_pretrained
+    from agents.llm.pretrained import resolve, shrink
+
+    base = resolve(cfg.model)
+    depth = json.loads((base / "config.json").read_text()).get("num_hidden_layers")
+    if depth is None or layers == 0 or layers >= int(depth):
+        return str(base)
+    if not (folder / "config.json").exists():
+        lm, tok = load_pretrained(base)
+        save_pretrained(shrink(lm, int(layers)), tok, folder)
+    return str(folder)
+
+
 def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     """SFT the teacher (resumes a partial run), then evaluate it; cached in ``OUT/teacher/result.json``."""
     from agents.llm.sft import train_sft
@@ -391,7 +447,8 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     if (res := _done(out)) is not None:
         return res
     timer = Timer()
-    row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out))
+    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init") if cfg.model else None
+    row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out, model=base))
     lm, tok = _trained(out)
     held, seen = _evaluate_both(lm, tok, cfg, out, "teacher")
     res = {"path": str(latest_checkpoint(out).resolve()), "steps": int(row.get("step")),
@@ -414,7 +471,9 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
         return res
     tok = load_tokenizer(teacher["path"])
     init = out / "init"
-    if not (init / "config.json").exists():
+    if cfg.model:
+        init = Path(_pretrained_init(cfg, cfg.student.layers, init))
+    elif not (init / "config.json").exists():
         save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
                                          heads=cfg.student.heads), tok, init)
     probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
@@ -1026,7 +1085,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.arms:
         overrides["arms"] = tuple(dict.fromkeys(args.arms))
     with user_input():
-        cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
+        if args.model:
+            cfg = pretrained_config(args.out, args.model, **{**(PRETRAINED_QUICK if args.quick else {}), **overrides})
+        else:
+            cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
         if args.teacher_minutes is not None or args.teacher_clock is not None:
             cfg.teacher = replace(cfg.teacher, **({"sft_minutes": args.teacher_minutes}
                                                   if args.teacher_minutes is not None else {}),
@@ -1061,6 +1123,10 @@ def register_cli(subparsers) -> None:
     m.add_argument("--out", required=True, help="output folder (stages cached there; a rerun resumes)")
     m.add_argument("--quick", action="store_true",
                    help="smoke run (~8 CPU-minutes): small models, few updates; checks the pipeline, not the claims")
+    m.add_argument("--model", default=None,
+                   help="a pretrained base (registered name, e.g. smollm2-135m-instruct, or a checkpoint folder): "
+                        "teacher = its SFT, student = its first layers (sizes: distill.experiment.pretrained_config; "
+                        "with --quick: 4- and 2-layer cuts, a few steps)")
     m.add_argument("--seeds", type=positive_int, default=None, help="training seeds per arm (default 5; quick 2)")
     m.add_argument("--updates", type=positive_int, default=None, help="GRPO updates per arm (default 120; quick 4)")
     m.add_argument("--eval-episodes", dest="eval_episodes", type=positive_int, default=None,
@@ -1096,6 +1162,6 @@ def register_cli(subparsers) -> None:
     m.set_defaults(func=_run)
 
 
-__all__ = ["ExperimentConfig", "ModelSpec", "ARMS", "DEFAULT_ARMS", "quick_config", "paired_stats", "arm_summary",
+__all__ = ["ExperimentConfig", "ModelSpec", "ARMS", "DEFAULT_ARMS", "quick_config", "pretrained_config", "paired_stats", "arm_summary",
            "compare_arms", "comparisons_table", "run_experiment", "register_cli", "SettingsMismatchError",
            "check_settings", "pool_env_kwargs"]

@@ -236,3 +236,40 @@ def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_c
         check_settings(dataclasses.replace(cfg, diagnose_episodes=3))
     with pytest.raises(ValueError, match="teacher sft_worlds must be an integer >= 0"):
         dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=-2))
+
+
+def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_first_layers(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+    from distill.experiment import pretrained_config, run_experiment
+
+    env_kwargs = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2}
+    lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=8, vocab_size=400, hidden_size=32, layers=3,
+                        heads=2)
+    tok.memenv_prompt = {"system_prompt": "Answer with the protocol's tags."}
+    save_pretrained(lm, tok, tmp_path / "base")
+    small = {k: v for k, v in vars(_tiny(tmp_path / "x")).items()
+             if k not in ("out", "model", "teacher", "student", "arms", "vocab", "tokenizer_episodes")}
+    cfg = pretrained_config(str(tmp_path / "exp"), str(tmp_path / "base"), **{
+        **small, "arms": ("rl", "memopd"),
+        "teacher": ModelSpec(layers=0, sft_steps=3, sft_minutes=None, sft_episodes=4, lr=1e-3),
+        "student": ModelSpec(layers=1, sft_steps=2, sft_minutes=None, sft_episodes=4, lr=1e-3)})
+    table = run_experiment(cfg)
+    assert list(table.arm) == ["rl", "memopd"]
+    out = tmp_path / "exp"
+    assert not (out / "teacher" / "init").exists()  # every layer kept: SFT starts from the base folder itself
+    teacher_sft = json.loads((out / "teacher" / "config.json").read_text())
+    assert teacher_sft["model"] == str(tmp_path / "base") and teacher_sft["prompt_loss_weight"] == 0.0
+    student, stok = load_pretrained(out / "student" / "init")
+    assert student.config.num_hidden_layers == 1 and stok.get_vocab() == tok.get_vocab()
+    base, _ = load_pretrained(tmp_path / "base")
+    first = {k: v for k, v in base.state_dict().items() if ".layers.1." not in k and ".layers.2." not in k}
+    assert all(torch.equal(student.state_dict()[k], v) for k, v in first.items())
+    assert stok.memenv_prompt == {"system_prompt": "Answer with the protocol's tags."}
+    teacher_path = json.loads((out / "teacher" / "result.json").read_text())["path"]
+    assert load_pretrained(teacher_path)[1].memenv_prompt == tok.memenv_prompt  # the prompt travels on
+    with pytest.raises(ValueError, match="student layers must be an integer >= 0"):
+        pretrained_config(str(out), "x", student=ModelSpec(layers=-1))
+    with pytest.raises(ValueError, match="teacher layers must be an integer >= 1"):
+        ExperimentConfig(teacher=ModelSpec(layers=0))
