@@ -767,6 +767,15 @@ def comparisons_table(ends: dict[str, list[pd.DataFrame]],
     return pd.DataFrame(rows).reindex(columns=COMPARISON_COLUMNS)
 
 
+def _seen_detail(row, value: str, se: str, who: str = "") -> str:
+    """``; seen questions{who}: +x ± se (t t)``: the same figure on seen questions, beside the headline."""
+    v, e = row.get(value, math.nan), row.get(se, math.nan)
+    if v is None or e is None or not (math.isfinite(v) and math.isfinite(e)):
+        return ""
+    t = v / e if e > 0 else math.nan
+    return f"; seen questions{who}: {v:+.3f} ± {e:.3f} (t {t:.1f})"
+
+
 def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None = None,
             student: dict | None = None) -> list[dict[str, Any]]:
     """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool, ``value``
@@ -788,7 +797,7 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
         out.append({"target": "MemOPD vs teacher-persistent control separated beyond 3 seed-level SE",
                     "value": c["t"], "met": bool(abs(c["t"]) > 3),
                     "detail": f"{sign}: end F1 difference {c['diff']:+.3f} ± {c['se']:.3f} (t {c['t']:.1f}, "
-                              f"df {int(c['df'])}, p {c['p']:.3g})"})
+                              f"df {int(c['df'])}, p {c['p']:.3g})" + _seen_detail(c, "seen_diff", "seen_se")})
         out.append({"target": "aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE", "value": c["ratio"],
                     "met": bool(c["ratio"] >= 1.07 and c["t"] > 3),
                     "detail": f"ratio {c['ratio']:.3f}, t {c['t']:.1f}"})
@@ -801,7 +810,9 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
                     "detail": f"gains {g_m:+.3f} ± {by.loc['memopd', 'gain_f1_se']:.3f} vs {g_r:+.3f} ± "
                               f"{by.loc['rl', 'gain_f1_se']:.3f} (seed-level SE)"
                               + ("" if g_r > 0 else "; GRPO alone's gain not positive: ratio undefined")
-                              + ("" if significant else "; MemOPD gain not > 3 SE")})
+                              + ("" if significant else "; MemOPD gain not > 3 SE")
+                              + _seen_detail(by.loc["memopd"], "seen_gain_f1", "seen_gain_f1_se", " MemOPD")
+                              + _seen_detail(by.loc["rl"], "seen_gain_f1", "seen_gain_f1_se", " GRPO alone")})
     for arm, row in by.iterrows():
         if row["gain_f1"] > 0:
             out.append({"target": f"{arm}: gain > 3 SE", "value": row["gain_f1_t"],

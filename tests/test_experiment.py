@@ -273,3 +273,24 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
         pretrained_config(str(out), "x", student=ModelSpec(layers=-1))
     with pytest.raises(ValueError, match="teacher layers must be an integer >= 1"):
         ExperimentConfig(teacher=ModelSpec(layers=0))
+
+
+def test_targets_judge_held_out_questions_and_give_the_seen_figures_beside():
+    from distill.experiment import targets
+
+    table = pd.DataFrame([
+        {"arm": "rl", "gain_f1": -0.02, "gain_f1_se": 0.01, "gain_f1_t": -2.0, "gain_f1_df": 4,
+         "seen_gain_f1": -0.03, "seen_gain_f1_se": 0.01},
+        {"arm": "memopd", "gain_f1": 0.012, "gain_f1_se": 0.003, "gain_f1_t": 4.0, "gain_f1_df": 4,
+         "seen_gain_f1": 0.08, "seen_gain_f1_se": 0.004}])
+    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.001, "se": 0.002, "t": 0.5,
+                                 "df": 4, "p": 0.64, "ratio": 1.05, "seen_diff": 0.12, "seen_se": 0.01}])
+    goals = {g["target"]: g for g in targets(table, comparisons)}
+    control = goals["MemOPD vs teacher-persistent control separated beyond 3 seed-level SE"]
+    assert not control["met"]  # held-out decides, however large the seen difference
+    assert control["detail"].endswith("; seen questions: +0.120 ± 0.010 (t 12.0)")
+    gain = goals["MemOPD gain > 3 SE and >= 2x GRPO alone's gain"]
+    assert gain["met"] and "GRPO alone's gain not positive" in gain["detail"]
+    assert "seen questions MemOPD: +0.080 ± 0.004 (t 20.0); seen questions GRPO alone: -0.030 ± 0.010 (t -3.0)" \
+        in gain["detail"]
+    assert goals["memopd: gain > 3 SE"]["met"] and "rl: gain > 3 SE" not in goals
