@@ -4,7 +4,8 @@
     memenv experiment memopd --out runs/memopd_quick --quick
 
 Task: MemQA-v0 with 2 objectives (MemOPD's Q2 setting), single-hop questions, no comparisons and one document per
-search (a tiny teacher trained for 70 CPU-minutes reaches F1 ~0.9 there; see docs/results.md).
+search (a tiny teacher trained for 70 CPU-minutes reaches F1 0.90 on seen questions there, 0.31 on held-out ones; see
+docs/results.md).
 
 Held-out questions: the world (world_seed 0, 1,200 documents) is fixed, and its questions are split before any
 training by the entity they ask about (``question_split``, :func:`tasks.world.question_pool`): a quarter of the
@@ -41,15 +42,11 @@ seeds and t on ``seeds - 1`` degrees of freedom (p, 95% CI); a two-level bootstr
 gives a second interval that also carries the evaluation set's sampling error. Comparisons between arms are
 paired by training seed (seed s of two arms shares its rollout seeds and its start) and by episode.
 
-Defaults, sized for ~3 CPU-hours on a 2-core CPU (2 arm processes of 1 thread), from the costs of the earlier
-50- and 200-update runs: the teacher's SFT is 70 CPU-min (it reached F1 0.90 there on an evaluation whose
-questions had mostly been demonstrated; its held-out F1 is measured anew), the student's ~8 CPU-min; an arm ~0.029
-(GRPO alone) or ~0.033 (MemOPD) CPU-min per update, the two persistent-teacher arms ~0.037 (the earlier
-persistent arm cost 1.12x MemOPD: its teacher scores 2-3x longer sequences), plus ~0.75 CPU-min of evaluation
-per run (400 held-out, 200 seen and 2 x 200 curve episodes at ~0.3 CPU-min per 400). 5 training seeds (the
-fewest that give a seed-level t 4 degrees of freedom) x 4 arms x 120 updates is then ~180 CPU-min. 120
-updates, not 50: in the earlier runs no gain exceeded its error at 50, and MemOPD's grew with updates (+0.010 at 50,
-+0.026 at 100, +0.071 at 200). The HiMPO arm is not in the default set (``--arms ... memopd_himpo`` adds it,
+Defaults, sized for ~3 CPU-hours on a 2-core CPU (2 arm processes of 1 thread), and measured at that: the
+teacher's SFT 71 CPU-min, the student's 4.5 CPU-min plus probes, the 20 arm runs 96 CPU-min of training
+(4.3-5.4 CPU-min each) plus their evaluations, 59 wall-min for the arms in 2 processes (docs/results.md). 5
+training seeds are the fewest that give a seed-level t 4 degrees of freedom; 120 updates, not 50: in earlier runs
+no gain exceeded its error at 50 updates and MemOPD's grew with updates. The HiMPO arm is not in the default set (``--arms ... memopd_himpo`` adds it,
 ~+25 CPU-min): the matched control and GRPO alone are what the claims need.
 """
 
