@@ -248,6 +248,13 @@ def test_ctrl_c_in_train_says_what_was_kept(tmp_path, monkeypatch, capsys):
     assert last_line(capsys) == f"memenv train: interrupted: no checkpoint written yet in {out}"
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default, so that Python installs its Ctrl-C handler. A test
+    run launched in the background by a non-interactive shell (``cmd &``) inherits SIGINT ignored, and its
+    children would then never see the Ctrl-C these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_mid_bench_ends_with_one_line_and_the_rerun_finishes(tmp_path):
     """A real Ctrl-C (SIGINT to the process) while cells are running; then the same command completes the
     bench from the kept cells."""
@@ -256,7 +263,8 @@ def test_sigint_mid_bench_ends_with_one_line_and_the_rerun_finishes(tmp_path):
             "MemQA-v0:objectives=8,hops=2", "--strategies", "relevance", "history", "keep-all", "-n", "6",
             "--quiet", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
@@ -403,7 +411,7 @@ def test_sigint_while_served_episodes_run_on_threads_stops_them_soon(tmp_path):
         argv = [sys.executable, "-m", "memenv.cli", "bench", "--envs", long_env, "--strategies", "relevance",
                 f"openai:m@{server.url}?endpoint=completions", "-n", "40", "--quiet", "--out", str(out)]
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=_default_sigint)
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and proc.poll() is None and server.completions < 40:
