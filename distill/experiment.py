@@ -46,8 +46,8 @@ Defaults, sized for ~3 CPU-hours on a 2-core CPU (2 arm processes of 1 thread), 
 teacher's SFT 71 CPU-min, the student's 4.5 CPU-min plus probes, the 20 arm runs 96 CPU-min of training
 (4.3-5.4 CPU-min each) plus their evaluations, 59 wall-min for the arms in 2 processes (docs/results.md). 5
 training seeds are the fewest that give a seed-level t 4 degrees of freedom; 120 updates, not 50: in earlier runs
-no gain exceeded its error at 50 updates and MemOPD's grew with updates. The HiMPO arm is not in the default set (``--arms ... memopd_himpo`` adds it,
-~+25 CPU-min): the matched control and GRPO alone are what the claims need.
+no gain exceeded its error at 50 updates and MemOPD's grew with updates. The HiMPO arm is not in the default set
+(``--arms ... memopd_himpo`` adds it, ~+25 CPU-min): the matched control and GRPO alone are what the claims need.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class ExperimentConfig:
 
     out: str = "runs/memopd"
     # A pretrained base (a registered name such as ``smollm2-135m-instruct``, or a checkpoint folder): the teacher
-    # is its SFT (its first ``teacher.layers`` decoder layers; all when that is >= its depth) and the student its
+    # is its SFT (its first ``teacher.layers`` decoder layers; all when that is 0 or >= its depth) and the student its
     # first ``student.layers`` layers (:func:`agents.llm.pretrained.shrink`), both on its tokenizer and with the
     # system prompt its folder carries. ``hidden``, ``heads``, ``vocab`` and ``tokenizer_episodes`` then do not
     # apply. None: tiny Qwen2 models trained from scratch. See :func:`pretrained_config` for sizes that fit a CPU.
@@ -370,8 +370,7 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
 
     return SFTConfig(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
                      episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
-                     lr=spec.lr,
-                     warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
+                     lr=spec.lr, warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
                      schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
                      # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);
@@ -1172,6 +1171,6 @@ def register_cli(subparsers) -> None:
     m.set_defaults(func=_run)
 
 
-__all__ = ["ExperimentConfig", "ModelSpec", "ARMS", "DEFAULT_ARMS", "quick_config", "pretrained_config", "paired_stats", "arm_summary",
-           "compare_arms", "comparisons_table", "run_experiment", "register_cli", "SettingsMismatchError",
+__all__ = ["ExperimentConfig", "ModelSpec", "ARMS", "DEFAULT_ARMS", "quick_config", "pretrained_config", "paired_stats",
+           "arm_summary", "compare_arms", "comparisons_table", "run_experiment", "register_cli", "SettingsMismatchError",
            "check_settings", "pool_env_kwargs"]

@@ -105,13 +105,10 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int
     oracle = make_strategy("oracle", cfg.env_id)
     data = []
     # One world at a time (each holds its corpus and search index); the data's order does not matter to training.
-    for world in range(worlds or 1):
-        indices = [i for i in range(len(seeds)) if not worlds or i % worlds == world]
-        if not indices:
-            continue
-        kwargs = demo_env_kwargs(cfg, indices[0])
+    for world in range(min(worlds, len(seeds)) if worlds else 1):
+        indices = range(world, len(seeds), worlds or 1)  # the demonstrations this world plays
         try:
-            env = gym.make(cfg.env_id, **kwargs)
+            env = gym.make(cfg.env_id, **demo_env_kwargs(cfg, world))
         except TypeError as exc:
             if worlds and "world_seed" in str(exc):
                 raise ValueError(f"SFTConfig.demo_worlds={worlds} needs an env with a synthetic world "
