@@ -15,7 +15,8 @@ evaluated question (nor any other question about its entity) was ever trained on
 ("seen") questions, on evaluation seeds, is reported beside it.
 
 Stages, each cached under ``OUT`` and skipped on a rerun when its ``result.json`` exists (resume; a rerun with
-other settings is refused, naming them):
+other settings is refused, naming them; ``--until teacher`` or ``--until student`` stops after that stage, so
+the teacher's and the weak start's F1 can be read before the arms are paid for):
 
 1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories (:func:`agents.llm.sft.train_sft`);
 2. ``student/``: a smaller model (d=64, 2 layers) with the *teacher's tokenizer*, from a weak SFT (rounds until
@@ -1040,8 +1041,18 @@ def check_settings(cfg: ExperimentConfig) -> None:
                                     "--out (or the earlier settings) to keep its cached stages")
 
 
-def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
-    """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``."""
+#: Where ``run_experiment(until=...)`` / ``--until`` may stop: after the teacher's or the student's stage.
+STAGES = ("teacher", "student")
+
+
+def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFrame:
+    """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``.
+
+    ``until`` (``"teacher"`` or ``"student"``) stops after that stage, its result cached as a full run would
+    leave it (a later call without ``until`` resumes from it), and returns that stage's one-row summary instead
+    of the results table: the teacher's and the weak start's F1 can be measured before the arms are paid for."""
+    if until is not None and until not in STAGES:
+        raise ValueError(f"until must be one of {list(STAGES)} or None, got {until!r}")
     import torch
 
     from agents.llm.precision import host_line, resolve_autocast
@@ -1055,9 +1066,13 @@ def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
     write_text_atomic(out / "experiment.json", json.dumps(_config_record(cfg), indent=2))
     teacher = build_teacher(cfg)
     _log(cfg, f"teacher: held-out F1 {teacher['f1']:.3f} (EM {teacher['em']:.3f}), seen {teacher['seen_f1']:.3f}")
+    if until == "teacher":
+        return stage_summary({"teacher": teacher})
     student = build_student(cfg, teacher)
     _log(cfg, f"student start: held-out F1 {student['f1']:.3f} (EM {student['em']:.3f}), seen "
               f"{student['seen_f1']:.3f}")
+    if until == "student":
+        return stage_summary({"teacher": teacher, "student": student})
     start = pd.read_csv(out / "student" / "start_eval.csv")
     start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
     timing = actor_timing(cfg, student)
@@ -1078,6 +1093,13 @@ def run_experiment(cfg: ExperimentConfig) -> pd.DataFrame:
                                                           diagnostics, host, goals))
     plot_curves(cfg, out / "learning_curves.png", start)
     return table
+
+
+def stage_summary(stages: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per built stage (teacher, student start): its F1 on held-out and seen questions with their SEs
+    over episodes, its SFT steps and CPU seconds, its parameter count."""
+    keys = ("f1", "f1_se", "em", "seen_f1", "seen_f1_se", "steps", "train_cpu_seconds", "parameters", "path")
+    return pd.DataFrame([{"stage": name, **{k: res.get(k) for k in keys}} for name, res in stages.items()])
 
 
 # ---------------------------------------------------------------------- CLI
@@ -1111,9 +1133,14 @@ def _run(args: argparse.Namespace) -> int:
         check_settings(cfg)
     t0 = time.perf_counter()
     try:
-        table = run_experiment(cfg)
+        table = run_experiment(cfg, until=args.until)
     except SettingsMismatchError as err:  # a cached arm of another configuration
         raise CommandError(str(err)) from None
+    if args.until:
+        print(table.drop(columns=["path"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(f"stopped after the {args.until} stage, cached under {cfg.out} (a run without --until resumes "
+              f"from it; {(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
+        return 0
     print((Path(cfg.out) / "results.md").read_text())
     print(f"wrote {Path(cfg.out) / 'results.csv'}, comparisons.csv, results.md, learning_curves.png "
           f"({(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
@@ -1167,6 +1194,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
     m.add_argument("--distill-coef", dest="distill_coef", type=non_negative_float, default=None,
                    help="lambda of the distillation loss in the OPD arms (default 1.0)")
+    m.add_argument("--until", choices=list(STAGES), default=None,
+                   help="stop after this stage (cached; a later run without --until resumes): measure the "
+                        "teacher or the weak start before paying for the arms")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(func=_run)
 

@@ -146,6 +146,31 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     assert json.loads((out / "teacher" / "result.json").read_text())["f1"] == teacher["f1"]
 
 
+def test_until_stops_after_a_stage_and_a_later_run_resumes_from_it(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from distill.experiment import run_experiment
+
+    cfg = _tiny(tmp_path / "exp", arms=("rl",), seeds=1, updates=1)
+    out = tmp_path / "exp"
+    with pytest.raises(ValueError, match="until must be one of"):
+        run_experiment(cfg, until="arms")
+    first = run_experiment(cfg, until="teacher")
+    assert list(first.stage) == ["teacher"] and not (out / "student").exists() and not (out / "arms").exists()
+    teacher = json.loads((out / "teacher" / "result.json").read_text())
+    held = pd.read_csv(out / "teacher" / "teacher_eval.csv")
+    assert first.f1[0] == pytest.approx(held.f1.mean()) == pytest.approx(teacher["f1"])
+    assert json.loads((out / "experiment.json").read_text())["updates"] == 1
+    stamp = (out / "teacher" / "result.json").stat().st_mtime_ns
+    both = run_experiment(cfg, until="student")
+    assert list(both.stage) == ["teacher", "student"] and not (out / "arms").exists()
+    assert both.f1[1] == pytest.approx(pd.read_csv(out / "student" / "start_eval.csv").f1.mean())
+    assert both.seen_f1[1] == pytest.approx(pd.read_csv(out / "student" / "start_eval_seen.csv").f1.mean())
+    table = run_experiment(cfg)  # the full run reuses both cached stages
+    assert (out / "teacher" / "result.json").stat().st_mtime_ns == stamp
+    assert list(table.arm) == ["rl"] and table.start_f1[0] == pytest.approx(both.f1[1])
+
+
 def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["experiment", "memopd", "--out", str(tmp_path / "x"), "--arms", "magic"])
@@ -155,7 +180,8 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
                           ("--distill-coef", "nan"), ("--student-start-f1", "1.5"), ("--student-start-f1", "nan"),
                           ("--updates", "-3"), ("--eval-episodes", "2.5"), ("--curve-every", "0"),
                           ("--seen-eval-episodes", "x"), ("--curve-episodes", "0"), ("--workers", "0"),
-                          ("--threads", "nan"), ("--student-steps", "0"), ("--student-max-steps", "-1")):
+                          ("--threads", "nan"), ("--student-steps", "0"), ("--student-max-steps", "-1"),
+                          ("--until", "arms")):
         with pytest.raises(SystemExit) as err:
             main(["experiment", "memopd", "--out", str(tmp_path / "x"), option, value])
         lines = capsys.readouterr().err.strip().splitlines()
