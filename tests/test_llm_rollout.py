@@ -7,7 +7,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.policy import LLMPolicy, inverse_cdf_sample, sequence_logprobs  # noqa: E402
 from agents.llm.records import InvocationRecord, load_records, memory_mask, save_records  # noqa: E402
 from agents.llm.rollouts import rollout  # noqa: E402
 
@@ -40,6 +40,27 @@ def test_batched_sampling_round_trips_including_left_padded_rows():
     greedy = LLMPolicy(model, tok, temperature=0, max_new_tokens=8)
     batch = greedy.generate(observations)
     assert [greedy.generate([o])[0].response_ids for o in observations] == [g.response_ids for g in batch]
+
+
+def test_inverse_cdf_sampler_draws_each_id_at_its_probability_and_never_a_zero_weight():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(1, 40, generator=g) * 2, -1)
+    probs[0, [3, 17, 39]] = 0.0  # ids top-p removed (the last one too: the uniform never reaches the total)
+    n = 200_000
+    draws = inverse_cdf_sample(probs.expand(n, -1) * 5.0, g)  # unnormalised weights: proportional draws
+    freq = torch.bincount(draws, minlength=40).double() / n
+    p = probs[0].double() / probs[0].double().sum()
+    assert freq[[3, 17, 39]].sum() == 0
+    # 5 binomial SEs per id: a wrong offset (right=False, or an unscaled uniform) moves ids by far more
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-12).all()
+    one_hot = torch.zeros(4, 49_152)
+    one_hot[torch.arange(4), torch.tensor([0, 7, 49_151, 300])] = 1.0
+    assert inverse_cdf_sample(one_hot, g).tolist() == [0, 7, 49_151, 300]
+    a = inverse_cdf_sample(probs.expand(64, -1), torch.Generator().manual_seed(5))
+    assert torch.equal(a, inverse_cdf_sample(probs.expand(64, -1), torch.Generator().manual_seed(5)))
+    for bad in (torch.zeros(2, 5), torch.full((1, 5), float("nan"))):
+        with pytest.raises(ValueError, match="positive sum"):
+            inverse_cdf_sample(bad, g)
 
 
 def test_stops_at_closing_tag_or_eos_or_length():

@@ -110,6 +110,23 @@ class PromptFormat:
         return ids
 
 
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id per row of ``probs`` ``[B, V]`` (non-negative weights, not necessarily normalised), drawn with
+    probability proportional to its weight: one uniform per row against the row's float64 cumulative sum.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, ~20x cheaper on CPU over a 49k-entry vocabulary
+    (``benchmarks/sampler_speed.py``, 1 thread: 0.8 vs 18.8 ms for 8 rows at V = 49,152; rollouts of a 2-layer
+    SmolLM2 cut 1.14x the tokens/s). A zero-weight id (one top-p removed) is never drawn: the uniform stays below the row's total,
+    and ``right=True`` returns the first id whose cumulative sum exceeds it, so that id adds a positive weight."""
+    cdf = probs.to(torch.float64).cumsum(-1)
+    total = cdf[:, -1:]
+    if not bool((total > 0).all()) or not bool(torch.isfinite(total).all()):
+        raise ValueError("inverse_cdf_sample needs finite weights with a positive sum in every row")
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u * total may round up to total
+    return torch.searchsorted(cdf, u, right=True)[:, 0]
+
+
 class LLMPolicy:
     """Sampling policy over a causal LM.
 
@@ -231,7 +248,7 @@ class LLMPolicy:
             keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # always keeps the most likely token
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        token = torch.multinomial(probs.cpu(), 1, generator=self.generator)[:, 0].to(logits.device)
+        token = inverse_cdf_sample(probs.cpu(), self.generator).to(logits.device)
         return token, logp.gather(-1, token[:, None])[:, 0]
 
     def _stopped(self, response: list[int]) -> str | None:
