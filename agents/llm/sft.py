@@ -213,16 +213,13 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             logp_all, _, _ = train_model(**batch.inputs())
         logp = logp_all[~batch.prompt]
-        loss = -logp.mean()
-        total = loss
-        if cfg.prompt_loss_weight > 0:
-            total = loss - cfg.prompt_loss_weight * logp_all[batch.prompt].mean()
+        total, _ = sft_loss(logp_all, batch.prompt, cfg.prompt_loss_weight, dist)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         tokens += int(batch.attention_mask.sum())
-        loss_sum += float(loss.detach()) * len(logp)
+        loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens
         acc_sum += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
         n_sum += len(logp)
         bar.update(1)
@@ -231,7 +228,8 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             done = dist.mean({"d": float(done)})["d"] > 0
         row = None
         if (cfg.log_every > 0 and (step + 1) % cfg.log_every == 0) or done:
-            stats = dist.mean({"loss": loss_sum / max(1, n_sum), "token_acc": acc_sum / max(1, n_sum)})
+            loss_all, acc_all, n_all = dist.sum([loss_sum, acc_sum, n_sum])  # token means over every rank
+            stats = {"loss": loss_all / max(1, n_all), "token_acc": acc_all / max(1, n_all)}
             row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
             loss_sum = acc_sum = n_sum = 0.0
@@ -252,6 +250,28 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     if dist.enabled:
         dist.barrier()
     return last
+
+
+def sft_loss(logp_all: torch.Tensor, prompt: torch.Tensor, prompt_loss_weight: float, dist) -> tuple:
+    """``(total, loss)`` of one SFT step: ``loss`` is the negative mean log-prob of the action tokens
+    (``~prompt``), ``total`` adds ``prompt_loss_weight`` x the observation tokens' negative mean.
+
+    The means are over the tokens of **every rank**: each rank divides its sum by the global count / world size,
+    so DDP's average of the ranks' gradients is the gradient of the global token mean (a per-rank mean would
+    weight a rank's tokens by the inverse of its own count, and length-bucketed batches give ranks very
+    different counts). One all-reduce of two counts per step; with one process this is the plain mean. The
+    returned ``loss`` is this rank's share (its sum over the global count / world), for backward only: logged
+    figures are reduced separately."""
+    targets = ~prompt
+    counts = [float(targets.sum()), float(prompt.sum()) if prompt_loss_weight > 0 else 0.0]
+    if dist.enabled:
+        counts = dist.sum(counts)
+    denom_action, denom_prompt = (max(c, 1.0) / dist.world for c in counts)
+    loss = -logp_all[targets].sum() / denom_action
+    total = loss
+    if prompt_loss_weight > 0:
+        total = loss - prompt_loss_weight * logp_all[prompt].sum() / denom_prompt
+    return total, loss
 
 
 def _save(cfg, dist, out, step, lm, tok, optimizer, timer) -> None:
