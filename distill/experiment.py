@@ -381,7 +381,10 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
-                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress, **overrides)
+                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress,
+                     # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
+                     # layers: OOM at ~24 GB), so they are recomputed in the backward
+                     gradient_checkpointing=bool(cfg.model), **overrides)
 
 
 def _trained(out: Path):

@@ -287,6 +287,7 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
     assert not (out / "teacher" / "init").exists()  # every layer kept: SFT starts from the base folder itself
     teacher_sft = json.loads((out / "teacher" / "config.json").read_text())
     assert teacher_sft["model"] == str(tmp_path / "base") and teacher_sft["prompt_loss_weight"] == 0.0
+    assert teacher_sft["gradient_checkpointing"] is True  # a pretrained base's activations are recomputed
     student, stok = load_pretrained(out / "student" / "init")
     assert student.config.num_hidden_layers == 1 and stok.get_vocab() == tok.get_vocab()
     base, _ = load_pretrained(tmp_path / "base")

@@ -139,3 +139,33 @@ def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configur
         SFTConfig(demo_worlds=-1)
     with pytest.raises(ValueError, match="demo_worlds=2 needs an env with a synthetic world"):
         expert_data(policy, SFTConfig(env_id="MemDialog-v0", env_kwargs={}, demo_worlds=2), [0])
+
+
+def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkeypatch):
+    import csv
+
+    import agents.llm.sft as sft
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import latest_checkpoint
+
+    enabled = []
+    real = sft.enable_activation_checkpointing
+    monkeypatch.setattr(sft, "enable_activation_checkpointing", lambda lm: (enabled.append(lm), real(lm)))
+    runs = {}
+    for on in (False, True):
+        out = tmp_path / f"gc{int(on)}"
+        cfg = SFTConfig(out_dir=str(out), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
+                        steps=3, batch_size=4, warmup=1, lr=3e-3, eval_every=0, save_every=0, log_every=1,
+                        num_envs=2, max_new_tokens=16, threads=1, progress=False, tiny_vocab=300, tiny_hidden=32,
+                        tiny_layers=2, tiny_heads=2, tiny_tokenizer_episodes=4, autocast="none",
+                        gradient_checkpointing=on)
+        train_sft(cfg)
+        rows = list(csv.DictReader(open(out / "metrics.csv")))
+        runs[on] = ([float(r["loss"]) for r in rows], load_pretrained(latest_checkpoint(out))[0].state_dict())
+    flag = "is_activation_checkpointing" if hasattr(enabled[0], "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"  # transformers >= 5 / earlier
+    assert len(enabled) == 1 and getattr(enabled[0], flag)  # only the run that asked for it
+    assert runs[True][0] == pytest.approx(runs[False][0], abs=1e-5)  # recomputed activations: the same steps
+    worst = max(float((runs[True][1][k] - runs[False][1][k]).abs().max()) for k in runs[False][1])
+    assert worst <= 1e-5
+    assert runs[False][0][-1] < runs[False][0][0]  # and the steps did train

@@ -81,6 +81,7 @@ from agents.llm.training import (
     RunConfig,
     Timer,
     collate,
+    enable_activation_checkpointing,
     evaluate_off_budget,
     init_distributed,
     latest_checkpoint,
@@ -433,12 +434,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         lm, tok = model.to(dist.device), tokenizer
     else:
         lm, tok = load_or_build_model(cfg, dist, resume_from)
-    if cfg.gradient_checkpointing:  # transformers >= 5.x names it activation checkpointing
-        enable = getattr(lm, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing:
+        enable_activation_checkpointing(lm)
     model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach).to(dist.device)
     ref = None
     if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
