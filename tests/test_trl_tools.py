@@ -19,7 +19,7 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401
-from agents.llm.trl_tools import DEFAULT_PREAMBLE, BeamToolEnv, MemQAToolEnv, tool_dataset
+from agents.llm.trl_tools import DEFAULT_PREAMBLE, BeamToolEnv, LongMemEvalToolEnv, MemQAToolEnv, tool_dataset
 from memenv.memory_tools import format_tool_call
 
 MEMQA_KW = {"objectives": 1, "max_turns": 6}
@@ -73,6 +73,28 @@ def test_each_tool_call_is_the_env_step_of_its_action_text():
         tool_env.search("more")
     tool_env.reset(seed=4)
     assert tool_env.get_reward() == 0.0  # not answered (yet): no reward
+
+
+def test_longmemeval_items_play_through_the_same_tools(longmemeval_path):
+    tool_env = LongMemEvalToolEnv(data_path=longmemeval_path)
+    env = gym.make("MemDialog-LongMemEval-v0", memory_mode="tools", data_path=longmemeval_path)
+    assert _tools(tool_env) == _tools(BeamToolEnv(chat_tokens=4000, max_tool_calls=3))
+    first = tool_env.reset(seed=0)
+    obs, _ = env.reset(seed=0)
+    assert first == DEFAULT_PREAMBLE + obs
+    calls = [("mem_add", {"text": "session 0: a greeting"}), ("next_session", {}),
+             ("mem_add", {"text": "the user's dog is called Biscuit"}), ("next_session", {}),
+             ("answer", {"answer": "Biscuit"})]
+    for name, arguments in calls:
+        result = getattr(tool_env, name)(**arguments)
+        action = format_tool_call("next" if name == "next_session" else name,
+                                  arguments.get("text", arguments.get("answer", "")))
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert tool_env.snapshots[-1] == info["invocation"] and tool_env.reward == reward
+        if terminated:
+            break
+    assert terminated, "the item's question was answered"
+    assert tool_env.get_reward() == info["summary"]["score"] > 0.5  # "Biscuit" is the item's answer
 
 
 def test_the_tool_env_plays_on_an_openenv_server():

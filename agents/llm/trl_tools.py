@@ -12,6 +12,7 @@ action text in-process (``<mem_add>…</mem_add>``, ``<search>…</search>``, ``
 - :class:`BeamToolEnv`: MemDialog-BEAM (tools mode, its default): ``mem_add``, ``mem_update``, ``mem_delete``,
   ``mem_search``, ``next_session``, ``answer``; reward: the summary's ``score`` (BEAM's rubric score, or its
   judge-free approximation).
+- :class:`LongMemEvalToolEnv`: MemDialog-LongMemEval (``data_path=`` the official file), the same tools and reward.
 
 Each class takes the env's kwargs (``MemQAToolEnv(objectives=1)``); give TRL a callable of no arguments:
 ``environment_factory=functools.partial(MemQAToolEnv, objectives=1)``. ``url=`` plays the env on a memenv OpenEnv
@@ -37,7 +38,7 @@ import gymnasium as gym
 import memenv  # noqa: F401 - registers the environments
 from memenv.memory_tools import format_tool_call
 
-__all__ = ["BeamToolEnv", "MemQAToolEnv", "MemenvToolEnv", "tool_dataset", "DEFAULT_PREAMBLE"]
+__all__ = ["BeamToolEnv", "LongMemEvalToolEnv", "MemQAToolEnv", "MemenvToolEnv", "tool_dataset", "DEFAULT_PREAMBLE"]
 
 #: Put before the first observation: the observation names the tools by the tags of the text protocol.
 DEFAULT_PREAMBLE = ("Use the tools you are given, one call at a time. The text below names them by their tags: "
@@ -241,6 +242,14 @@ class BeamToolEnv(_MemoryStoreTools):
             The next question, or the end of the episode.
         """
         return self._store_call("answer", answer)
+
+
+class LongMemEvalToolEnv(BeamToolEnv):
+    """MemDialog-LongMemEval in memory-tools mode as TRL tools: the same tools as :class:`BeamToolEnv` over one
+    LongMemEval item per episode (its haystack sessions streamed, then its question); ``data_path=`` names the
+    official file (oracle, S or M). Reward: the summary's ``score``."""
+
+    env_id = "MemDialog-LongMemEval-v0"
 
 
 def tool_dataset(num_tasks: int, seed: int = 0, prompt: str = ""):
