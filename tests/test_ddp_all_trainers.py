@@ -9,8 +9,6 @@ the groups of rank 1 always differ), so that the reference can play both ranks' 
 union of the two ranks'. Everything is bounded in time (no hang can stall the suite)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -96,7 +94,7 @@ def _weights(folder, updates):
 
 
 def test_two_gloo_ranks_equal_one_process_on_the_global_batch(tmp_path):
-    from llm_common import memqa_tokenizer, tiny_model
+    from llm_common import memqa_tokenizer, run_two_ranks_and_reference, tiny_model
 
     from agents.llm.models import save_pretrained
 
@@ -106,23 +104,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_global_batch(tmp_path):
         folder.mkdir()
         save_pretrained(tiny_model(tok, seed=2, initializer_range=0.3), tok, folder / "teacher")
         (folder / "worker.py").write_text(WORKER.format(tests=str(ROOT / "tests"), out=str(folder)))
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env.pop("WORLD_SIZE", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(29600 + os.getpid() % 1000), str(ddp / "worker.py")],
-                              env=env, cwd=ddp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-             subprocess.Popen([sys.executable, str(ref / "worker.py")], env=env, cwd=ref, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:  # a hang (mismatched collectives) fails the test instead of stalling the suite
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+    run_two_ranks_and_reference(ddp / "worker.py", ref / "worker.py", 29600 + os.getpid() % 1000)
     start = tiny_model(tok, seed=1).state_dict()
     for name in ("grpo", "ppo", "memopd"):
         for update in range(1, UPDATES[name] + 1):  # the ranks agree after every update (also after the resume)

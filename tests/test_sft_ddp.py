@@ -7,8 +7,6 @@ observation-token term). The mean of the ranks' own means, what SFT computed bef
 gradient here, so the test can tell the two apart."""
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+from llm_common import run_two_ranks_and_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,24 +67,11 @@ WORKER = textwrap.dedent('''
 
 
 def test_two_gloo_ranks_take_the_token_mean_over_both_ranks(tmp_path):
-    (tmp_path / "worker.py").write_text(WORKER.format(tests=str(ROOT / "tests"), out=str(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env.pop("WORLD_SIZE", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(28600 + os.getpid() % 1000), str(tmp_path / "worker.py")],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-             subprocess.Popen([sys.executable, str(tmp_path / "worker.py")], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:  # a hang fails the test instead of stalling the suite
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+    ddp_dir, ref_dir = tmp_path / "ddp", tmp_path / "ref"
+    for folder in (ddp_dir, ref_dir):  # each run in its own folder, writing its file to tmp_path
+        folder.mkdir()
+        (folder / "worker.py").write_text(WORKER.format(tests=str(ROOT / "tests"), out=str(tmp_path)))
+    run_two_ranks_and_reference(ddp_dir / "worker.py", ref_dir / "worker.py", 28600 + os.getpid() % 1000)
     ddp = torch.load(tmp_path / "ddp.pt")
     ref = torch.load(tmp_path / "ref.pt")
     worst = max(float((ddp[k] - ref["union"][k]).abs().max()) for k in ddp)
