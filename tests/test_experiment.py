@@ -65,8 +65,20 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     from distill.experiment import SettingsMismatchError, make_env_fn, run_experiment
 
     cfg = _tiny(tmp_path / "exp")
-    table = run_experiment(cfg)
     out = tmp_path / "exp"
+    # --until: the stages one at a time, each cached as the full run leaves it (which then reuses them)
+    with pytest.raises(ValueError, match="until must be one of"):
+        run_experiment(cfg, until="arms")
+    first = run_experiment(cfg, until="teacher")
+    assert list(first.stage) == ["teacher"] and not (out / "student").exists() and not (out / "arms").exists()
+    assert first.f1[0] == pytest.approx(pd.read_csv(out / "teacher" / "teacher_eval.csv").f1.mean())
+    teacher_stamp = (out / "teacher" / "result.json").stat().st_mtime_ns
+    both = run_experiment(cfg, until="student")
+    assert list(both.stage) == ["teacher", "student"] and not (out / "arms").exists()
+    assert both.seen_f1[1] == pytest.approx(pd.read_csv(out / "student" / "start_eval_seen.csv").f1.mean())
+    table = run_experiment(cfg)
+    assert (out / "teacher" / "result.json").stat().st_mtime_ns == teacher_stamp
+    assert table.start_f1.tolist() == pytest.approx([both.f1[1]] * len(table))
     saved = pd.read_csv(out / "results.csv")
     assert list(saved.columns) == RESULT_COLUMNS and list(saved.arm) == list(DEFAULT_ARMS)
     assert (saved.seeds == 2).all() and (saved.updates == 2).all() and (saved.eval_episodes == 4).all()
@@ -144,31 +156,6 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     run_experiment(cfg)
     assert (out / "teacher" / "metrics.csv").read_bytes() == metrics
     assert json.loads((out / "teacher" / "result.json").read_text())["f1"] == teacher["f1"]
-
-
-def test_until_stops_after_a_stage_and_a_later_run_resumes_from_it(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from distill.experiment import run_experiment
-
-    cfg = _tiny(tmp_path / "exp", arms=("rl",), seeds=1, updates=1)
-    out = tmp_path / "exp"
-    with pytest.raises(ValueError, match="until must be one of"):
-        run_experiment(cfg, until="arms")
-    first = run_experiment(cfg, until="teacher")
-    assert list(first.stage) == ["teacher"] and not (out / "student").exists() and not (out / "arms").exists()
-    teacher = json.loads((out / "teacher" / "result.json").read_text())
-    held = pd.read_csv(out / "teacher" / "teacher_eval.csv")
-    assert first.f1[0] == pytest.approx(held.f1.mean()) == pytest.approx(teacher["f1"])
-    assert json.loads((out / "experiment.json").read_text())["updates"] == 1
-    stamp = (out / "teacher" / "result.json").stat().st_mtime_ns
-    both = run_experiment(cfg, until="student")
-    assert list(both.stage) == ["teacher", "student"] and not (out / "arms").exists()
-    assert both.f1[1] == pytest.approx(pd.read_csv(out / "student" / "start_eval.csv").f1.mean())
-    assert both.seen_f1[1] == pytest.approx(pd.read_csv(out / "student" / "start_eval_seen.csv").f1.mean())
-    table = run_experiment(cfg)  # the full run reuses both cached stages
-    assert (out / "teacher" / "result.json").stat().st_mtime_ns == stamp
-    assert list(table.arm) == ["rl"] and table.start_f1[0] == pytest.approx(both.f1[1])
 
 
 def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
