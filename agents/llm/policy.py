@@ -116,8 +116,9 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = 
 
     The same distribution as ``torch.multinomial(probs, 1)``, ~20x cheaper on CPU over a 49k-entry vocabulary
     (``benchmarks/sampler_speed.py``, 1 thread: 0.8 vs 18.8 ms for 8 rows at V = 49,152; rollouts of a 2-layer
-    SmolLM2 cut 1.14x the tokens/s). A zero-weight id (one top-p removed) is never drawn: the uniform stays below the row's total,
-    and ``right=True`` returns the first id whose cumulative sum exceeds it, so that id adds a positive weight."""
+    SmolLM2 cut 1.14x the tokens/s). A zero-weight id (one top-p removed) is never drawn: the uniform stays below
+    the row's total, and ``right=True`` returns the first id whose cumulative sum exceeds it, so that id adds a
+    positive weight."""
     cdf = probs.to(torch.float64).cumsum(-1)
     total = cdf[:, -1:]
     if not bool((total > 0).all()) or not bool(torch.isfinite(total).all()):
