@@ -115,6 +115,9 @@ class ModelSpec:
     sft_worlds: int = 0  # 0: demonstrations in the experiment's world (world 0, train-pool questions); N > 0:
     # spread over N other worlds of the same generator (SFTConfig.demo_worlds), so that SFT cannot teach world 0's
     # facts and the model must read its search results to answer
+    curve_every: int = 0  # > 0: greedy F1 of the SFT model every this many steps on curve_episodes evaluation
+    # episodes (train-pool questions on evaluation seeds), off the budget clock: the SFT learning curve
+    curve_episodes: int = 50
 
 
 def _finite(name: str, value: Any, low: float | None = None, high: float | None = None,
@@ -225,6 +228,31 @@ def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
                 eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
                 diagnose_episodes=8)
     return ExperimentConfig(**{**base, **overrides})
+
+
+#: ``--world``: the task worlds of the experiment. ``fixed``: one world (world 0) for every episode, whose facts a
+#: tiny model can learn by heart (the memorising-teacher case of docs/results.md). ``fresh``: every episode draws the
+#: world's facts afresh over world 0's inventory of names and values (MemQA's ``fresh_facts``), so only reading
+#: answers; 400 documents (a smaller inventory: fewer names for a tiny model's tokenizer and embeddings to learn).
+WORLDS = {"fixed": {}, "fresh": {"fresh_facts": True, "corpus_size": 400}}
+#: The fresh world's teacher: the same d=128 x 4 Qwen2 and 70 CPU-min, on 6,000 demonstrations (each its own fact
+#: draw, so repeated epochs cannot teach facts) and a 4,096-token vocabulary (the 400-document inventory's names are
+#: whole tokens well within it, and the output layer costs half of 8,192's); held-out F1 every 500 steps on 50
+#: episodes, off the budget clock (the learning curve).
+FRESH_TEACHER = dict(sft_episodes=6000, curve_every=500)
+FRESH_OVERRIDES = dict(vocab=4096)
+
+
+def world_config(cfg: ExperimentConfig, world: str) -> ExperimentConfig:
+    """``cfg`` on the task world ``world`` (:data:`WORLDS`); ``fresh`` also takes the fresh world's teacher data
+    and vocabulary (:data:`FRESH_TEACHER`, :data:`FRESH_OVERRIDES`) unless the preset is the quick one or a
+    pretrained base (whose sizes stay theirs)."""
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {list(WORLDS)}, got {world!r}")
+    cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **WORLDS[world]})
+    if world == "fresh" and cfg.model is None and cfg.teacher.sft_minutes and cfg.teacher.sft_minutes >= 60:
+        cfg = replace(cfg, teacher=replace(cfg.teacher, **FRESH_TEACHER), **FRESH_OVERRIDES)
+    return cfg
 
 
 #: ``--quick --model``: the pretrained pipeline on cuts of the base (4-layer teacher, 2-layer student), a few steps.
@@ -377,7 +405,8 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
                      # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);
                      # a pretrained base needs no such pretraining.
-                     prompt_loss_weight=0.0 if cfg.model else 1.0, prompt_loss_fraction=0.3, eval_every=0,
+                     prompt_loss_weight=0.0 if cfg.model else 1.0, prompt_loss_fraction=0.3, eval_every=spec.curve_every,
+                     eval_episodes=spec.curve_episodes,
                      save_every=250,
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
@@ -448,6 +477,10 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
 
     out = Path(cfg.out) / "teacher"
     if (res := _done(out)) is not None:
+        if cfg.env_kwargs.get("fresh_facts") and "train_draw_f1" not in res:  # cached before this figure existed
+            lm, tok = _trained(out)
+            res.update(_train_draw_eval(lm, tok, cfg, out))
+            _write_json(out / "result.json", res)
         return res
     timer = Timer()
     base = _pretrained_init(cfg, cfg.teacher.layers, out / "init") if cfg.model else None
@@ -459,8 +492,20 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
            "f1": float(held.f1.mean()), "em": float(held.em.mean()), "f1_se": _se(held.f1),
            "seen_f1": float(seen.f1.mean()), "seen_f1_se": _se(seen.f1), "stage_cpu_seconds": timer.cpu(),
            "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.teacher)}
+    if cfg.env_kwargs.get("fresh_facts"):
+        res.update(_train_draw_eval(lm, tok, cfg, out))
     _write_json(out / "result.json", res)
     return res
+
+
+def _train_draw_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, float]:
+    """Fresh world: the teacher's F1 on *training draws* (the first ``seen_eval_episodes`` SFT demonstration seeds:
+    facts, documents and questions it was trained on), written to ``teacher_eval_train_draws.csv``. A reader scores
+    about as well on held-out draws; a model that recalls its training episodes scores higher here."""
+    seeds = range(min(cfg.seen_eval_episodes, cfg.teacher.sft_episodes))
+    drawn = evaluate_per_seed(lm, tok, cfg, seeds=seeds, pool="train")
+    write_atomic(out / "teacher_eval_train_draws.csv", lambda tmp: drawn.to_csv(tmp, index=False))
+    return {"train_draw_f1": float(drawn.f1.mean()), "train_draw_f1_se": _se(drawn.f1)}
 
 
 def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
@@ -1130,6 +1175,7 @@ def _run(args: argparse.Namespace) -> int:
                                   **({"sft_clock": args.teacher_clock} if args.teacher_clock else {}))
         if args.student_steps is not None:
             cfg.student = replace(cfg.student, sft_steps=args.student_steps)
+        cfg = world_config(cfg, args.world)
         if args.sft_worlds is not None:
             cfg.teacher = replace(cfg.teacher, sft_worlds=args.sft_worlds)
             cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
@@ -1198,6 +1244,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
     m.add_argument("--distill-coef", dest="distill_coef", type=non_negative_float, default=None,
                    help="lambda of the distillation loss in the OPD arms (default 1.0)")
+    m.add_argument("--world", choices=list(WORLDS), default="fixed",
+                   help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
+                        "its facts afresh over one inventory of names and values, so only reading answers")
     m.add_argument("--until", choices=list(STAGES), default=None,
                    help="stop after this stage (cached; a later run without --until resumes): measure the "
                         "teacher or the weak start before paying for the arms")

@@ -231,6 +231,13 @@ class MemQAEnv(MemEnvBase):
             split of its questions by subject entity fixed before any training (:func:`tasks.world.question_pool`):
             an agent trained on ``train`` episodes never saw a ``heldout`` question; the documents are shared.
         heldout_fraction: share of the world's entities whose questions are held out (default 0.25).
+        fresh_facts: the synthetic world only. ``False`` (default): one fixed world (``world_seed``) for every
+            episode, so its facts can be learnt by heart. ``True``: every ``reset`` draws the world's facts afresh
+            from the episode's seed (:meth:`tasks.world.World.with_fresh_facts`) over the fixed inventory of
+            ``world_seed``'s names and values (entity names, look-alikes included, year ranges, populations):
+            documents and answers are those of the draw, so the same question has another answer in another
+            episode and only reading can answer it. The corpus is re-indexed at each reset (~0.1 s at 1,200
+            documents). ``reset``'s info carries ``world_draw``, a fingerprint of the episode's facts.
         top_k: documents returned per search.
         max_turns: invocations per episode (default ``2 * objectives * max(hops) + 2``).
         context: ``memory`` | ``history`` | ``window:K`` | ``none`` (see docs/design.md).
@@ -264,6 +271,7 @@ class MemQAEnv(MemEnvBase):
         world_seed: int = 0,
         question_split: str = "all",
         heldout_fraction: float = 0.25,
+        fresh_facts: bool = False,
         dataset: str = "synthetic",
         data_path: str | os.PathLike | None = None,
         data_limit: int | None = None,
@@ -319,6 +327,13 @@ class MemQAEnv(MemEnvBase):
                 distractors=distractors, world_seed=world_seed)
             self.documents = _sanitized_corpus(self.source)
             self.index = _search_index(self.source, search_backend)
+        self.fresh_facts = check_bool("fresh_facts", fresh_facts)
+        self._search_backend = search_backend
+        if self.fresh_facts and not isinstance(self.source, World):
+            raise ValueError("fresh_facts=True draws the synthetic world's facts afresh each episode; this task "
+                             "source has fixed documents (give no data_path, corpus_path, questions_path, "
+                             "index_path or source)")
+        self._inventory = self.source  # fresh_facts: the world whose names and values every draw shares
         self.question_split = check_choice("question_split", question_split, QUESTION_POOLS)
         self.heldout_fraction = check_number("heldout_fraction", heldout_fraction, minimum=0.01, maximum=0.99)
         self._accept = None
@@ -367,6 +382,8 @@ class MemQAEnv(MemEnvBase):
 
     def document(self, doc_id: str) -> Document:
         """The corpus document with id ``doc_id`` (as shown to the policy: sanitised text)."""
+        if self.fresh_facts:  # this episode's draw (a World indexes its own documents)
+            return self.documents[self.source.doc_index[doc_id]]
         return self.documents[_document_positions(self.source)[doc_id]]
 
     def format_results(self, doc_indices: list[int]) -> str:
@@ -386,6 +403,11 @@ class MemQAEnv(MemEnvBase):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
+        if self.fresh_facts:
+            # The facts first, then the questions, both from the episode's generator: one seed, one draw.
+            self.source = self._inventory.with_fresh_facts(self.np_random)
+            self.documents = tuple(Document(d.id, sanitize(d.title), sanitize(d.text)) for d in self.source.documents)
+            self.index = make_backend(self._search_backend, [d.contents for d in self.documents])
         if isinstance(self.source, World):
             self.questions = self.source.sample_questions(self.np_random, self.objectives, self.hops,
                                                           self.comparison_rate, accept=self._accept)
@@ -407,6 +429,8 @@ class MemQAEnv(MemEnvBase):
             "max_turns": self.max_turns,
             "context_tokens": self._obs_tokens,
         }
+        if self.fresh_facts:
+            info["world_draw"] = self.source.fingerprint()
         return self._obs, info
 
     def _parse(self, action: Any) -> tuple[str | None, str | None, str | None, str | None, dict[str, Any]]:

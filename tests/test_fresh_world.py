@@ -1,0 +1,159 @@
+"""MemQA's fresh world (``fresh_facts=True``): every episode draws the world's facts afresh over one inventory of
+names and values, so the same question has another answer in another episode and only reading answers it."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import memenv  # noqa: F401 - registers the envs
+from agents.scripted.qa_strategies import make_strategy
+from tasks.world import build_world, support_known
+
+SMALL = dict(corpus_size=400)  # a smaller inventory: every reset re-renders and re-indexes the whole corpus
+
+
+def _play_oracle(env, seed: int) -> float:
+    oracle = make_strategy("oracle", "MemQA-v0", env.unwrapped.memory_mode)
+    obs, _ = env.reset(seed=seed)
+    oracle.reset(env.unwrapped)
+    while True:
+        obs, reward, terminated, truncated, _ = env.step(oracle.act(obs))
+        if terminated or truncated:
+            return reward
+
+
+def test_a_seed_gives_one_draw_and_reset_replays_it():
+    a = gym.make("MemQA-v0", fresh_facts=True, **SMALL)
+    b = gym.make("MemQA-v0", fresh_facts=True, **SMALL)
+    obs_a, info_a = a.reset(seed=7)
+    docs_a = [d.text for d in a.unwrapped.documents]
+    obs_b, info_b = b.reset(seed=7)
+    assert obs_a == obs_b and info_a["world_draw"] == info_b["world_draw"]
+    assert docs_a == [d.text for d in b.unwrapped.documents]
+    b.reset(seed=8)
+    obs_again, info_again = b.reset(seed=7)
+    assert obs_again == obs_a and info_again["world_draw"] == info_a["world_draw"]
+    # The same search finds the same document text in both
+    action = f"<memory></memory><search>{a.unwrapped.questions[0].meta['start']}</search>"
+    assert a.step(action)[0] == b.step(action)[0]
+
+
+def test_facts_and_answers_change_across_episodes_over_one_inventory():
+    env = gym.make("MemQA-v0", fresh_facts=True, **SMALL).unwrapped
+    draws, birthplaces, names = set(), set(), None
+    for seed in range(12):
+        _, info = env.reset(seed=seed)
+        draws.add(info["world_draw"])
+        world = env.source
+        inventory = sorted((e.id, e.kind, e.name) for e in world.entities.values())
+        assert names is None or inventory == names  # the names never change...
+        names = inventory
+        birthplaces.add(world.entities["per00000"].facts["born_in"])  # ...who is born where does
+    assert len(draws) == 12
+    assert len(birthplaces) >= 6
+    # The same question (subject and relation) has another answer in another draw, and documents state the draw's
+    world = build_world(400)
+    answers = set()
+    for seed in range(10):
+        draw = world.with_fresh_facts(np.random.default_rng(seed))
+        city = draw.entities[draw.entities["per00000"].facts["born_in"]].name
+        doc = draw.documents[draw.doc_index["per00000"]].text
+        assert city in doc
+        answers.add(city)
+    assert len(answers) >= 5
+    # Values come from the inventory: populations are the base world's, years from its ranges
+    assert {c.facts["population"] for c in draw._by_kind["city"]} <= set(world.population_inventory)
+
+
+def test_the_default_world_is_unchanged_and_has_no_draw():
+    env = gym.make("MemQA-v0", **SMALL)
+    _, info = env.reset(seed=3)
+    assert "world_draw" not in info
+    assert env.unwrapped.source is build_world(400, 0.3, 3, 0)  # the one cached world, every episode
+    env.reset(seed=4)
+    assert env.unwrapped.source is build_world(400, 0.3, 3, 0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(objectives=3, hops=(1, 2, 3), comparison_rate=0.25),
+                                    dict(memory_mode="tools")])
+def test_the_oracle_scores_one_in_the_fresh_world(kwargs):
+    env = gym.make("MemQA-v0", fresh_facts=True, **SMALL, **kwargs)
+    assert [_play_oracle(env, seed) for seed in range(12)] == [1.0] * 12
+
+
+def test_check_env_passes_on_the_fresh_world():
+    check_env(gym.make("MemQA-v0", fresh_facts=True, **SMALL).unwrapped, skip_render_check=True)
+
+
+def test_fresh_facts_needs_the_synthetic_world_and_a_bool(tmp_path):
+    corpus, questions = tmp_path / "c.jsonl", tmp_path / "q.jsonl"
+    corpus.write_text('{"id": "d1", "title": "A", "text": "A is B."}\n{"id": "d2", "title": "C", "text": "C is D."}\n')
+    questions.write_text('{"id": "q1", "question": "What is A?", "answers": ["B"], "supporting_ids": ["d1"]}\n')
+    with pytest.raises(ValueError, match="fresh_facts"):
+        gym.make("MemQA-v0", fresh_facts=True, objectives=1, corpus_path=corpus, questions_path=questions)
+    with pytest.raises(TypeError, match="fresh_facts"):
+        gym.make("MemQA-v0", fresh_facts="yes")
+
+
+def test_heldout_draws_never_occur_in_any_training_episode():
+    """The experiment's evaluation seeds are disjoint from every seed it trains or probes on (SFT demonstrations of
+    teacher and student, the tokenizer's text, the weak-start probe, every GRPO update of every arm and seed), and a
+    draw is a function of its seed, so no held-out draw was ever trained on; the draws' fingerprints are checked
+    distinct too, on a sample of each set."""
+    from agents.llm.ppo import task_seeds
+    from agents.llm.training import eval_seeds
+    from distill.experiment import ARMS, PROBE_SEED_BASE, ExperimentConfig, arm_config, world_config
+
+    cfg = world_config(ExperimentConfig(out="unused"), "fresh")
+    assert cfg.env_kwargs["fresh_facts"] is True
+    evaluation = set(eval_seeds(max(cfg.eval_episodes, cfg.seen_eval_episodes)))
+    training = {
+        "teacher SFT": set(range(cfg.teacher.sft_episodes)),
+        "student SFT": set(range(cfg.student.sft_episodes)),
+        "tokenizer": set(range(10**6, 10**6 + cfg.tokenizer_episodes)),
+        "probe": {PROBE_SEED_BASE + i for i in range(cfg.probe_episodes)},
+        "grpo": set(),
+    }
+    for arm in ARMS:
+        for seed in range(cfg.seeds):
+            run = arm_config(cfg, arm, seed, {"path": "student"}, {"path": "teacher"})
+            for update in range(cfg.updates):
+                training["grpo"].update(task_seeds(run, update, 0)[0])
+    for name, seeds in training.items():
+        assert seeds and evaluation.isdisjoint(seeds), name
+    # A draw is its seed's: the env's fingerprint equals a draw made from the same seed directly
+    env = gym.make("MemQA-v0", fresh_facts=True, corpus_size=cfg.env_kwargs["corpus_size"])
+    inventory = env.unwrapped._inventory
+    for seed in (0, 10**7):
+        _, info = env.reset(seed=seed)
+        assert info["world_draw"] == inventory.with_fresh_facts(np.random.default_rng(seed)).fingerprint()
+    sample = [s for seeds in training.values() for s in sorted(seeds)[:20]] + sorted(evaluation)[:20]
+    fingerprints = {inventory.with_fresh_facts(np.random.default_rng(s)).fingerprint() for s in sample}
+    assert len(fingerprints) == len(set(sample))
+
+
+def test_multi_hop_heldout_questions_cannot_be_recalled_in_the_fresh_world():
+    """At hops=2 in the fixed world, many held-out questions (entity split) have every supporting fact inside
+    some training question, so recall answers them; in the fresh world facts are the draw's, and none does."""
+    counts = {}
+    for fresh in (False, True):
+        kw = dict(objectives=2, hops=2, fresh_facts=fresh, **SMALL)
+        train = gym.make("MemQA-v0", question_split="train", **kw).unwrapped
+        heldout = gym.make("MemQA-v0", question_split="heldout", **kw).unwrapped
+        known = set()
+        for seed in range(80):
+            train.reset(seed=seed)
+            for q in train.questions:
+                known.update(map(tuple, q.meta["facts"]))
+        covered = total = 0
+        for seed in range(40):
+            heldout.reset(seed=10**7 + seed)
+            for q in heldout.questions:
+                total += 1
+                covered += support_known(q, known)
+        counts[fresh] = (covered, total)
+    assert counts[False][0] >= 0.1 * counts[False][1]  # the fixed world's leak, measured (~40% at 300 episodes)
+    assert counts[True][0] == 0
