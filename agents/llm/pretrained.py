@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agents.files import write_directory_atomic, write_text_atomic
-from agents.llm.models import PROMPT_FILE
+from agents.llm.prompt_settings import PROMPT_FILE
 
 FINGERPRINT_FILE = "memenv_model.json"
 FORMAT_VERSION = 2  # bump when the conversion changes what it writes
