@@ -69,7 +69,7 @@ import pandas as pd
 from agents.files import write_atomic, write_text_atomic
 from distill import check_attention_backend
 from distill.stats import INFERENCE, episode_level_se, paired_difference, paired_gain, two_level_bootstrap
-from memenv.cli import HelpFormatter, positive_int
+from memenv.cli_common import HelpFormatter, positive_int
 
 ENV_ID = "MemQA-v0"
 # One document per search (top_k=1; the oracle searches by exact title, so its evidence is always the top hit):
@@ -1108,7 +1108,7 @@ def stage_summary(stages: dict[str, dict[str, Any]]) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------- CLI
 def _run(args: argparse.Namespace) -> int:
-    from memenv.cli import CommandError, check_out_dir, user_input
+    from memenv.cli_common import CommandError, check_out_dir, user_input
 
     check_out_dir(args.out)  # a file, or a folder that cannot be made: one line, before any work
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
@@ -1153,7 +1153,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv experiment memopd`` (entry point ``memenv.commands``)."""
-    from memenv.cli import non_negative_float, non_negative_int, positive_float, unit_float
+    from memenv.cli_common import non_negative_float, non_negative_int, positive_float, unit_float
 
     p = subparsers.add_parser("experiment", help="reproducible experiments (memopd)", description=__doc__,
                               formatter_class=HelpFormatter)

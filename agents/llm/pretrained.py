@@ -281,7 +281,7 @@ def _prepare_cli(args: argparse.Namespace) -> int:
     try:
         folder = prepare(args.name, args.out, force=args.force, progress=not args.quiet)
     except (ModelNotInstalledError, FileExistsError, ValueError) as exc:
-        from memenv.cli import CommandError
+        from memenv.cli_common import CommandError
 
         raise CommandError(str(exc)) from None
     record = read_fingerprint(folder) or {}
