@@ -24,7 +24,7 @@ from memenv.protocol import TOOLS, parse_action
 
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
 _FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli",
-                      "distill": "distill.cli:register_cli", "experiment": "distill.experiment:register_cli",
+                      "distill": "distill.cli:register_cli", "experiment": "distill.experiment.cli:register_cli",
                       "models": "agents.llm.pretrained:register_cli"}
 
 # Optional dependencies -> the extra that installs them (a command that needs a missing one says so).
