@@ -131,7 +131,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     from agents.llm.models import load_pretrained
     from agents.llm.records import load_records
     from distill.diagnose import diagnose
-    from distill.packing import check_records
+    from distill.scoring import check_records
 
     try:
         records = load_records(records_path)
