@@ -17,8 +17,8 @@ import gymnasium as gym
 from memenv.cli_common import (INTERRUPTED_STATUS, CommandError, CommandInterrupted, HelpFormatter, non_negative_int,
                                parse_kwargs, user_input)
 from memenv.search.http import ServiceError
-from memenv.search.index import build_command as index_build_command
-from memenv.search.index import register_cli as register_index
+from memenv.search.index.cli import build_command as index_build_command
+from memenv.search.index.cli import register_cli as register_index
 from memenv.serve import register_cli as register_serve
 from memenv.protocol import TOOLS, parse_action
 
