@@ -157,10 +157,10 @@ def _frame_scores(frames: Sequence[pd.DataFrame], metric: str, seeds: Sequence[i
 
 
 def arm_summary(start: pd.DataFrame, ends: Sequence[pd.DataFrame], prefix: str = "") -> dict[str, float]:
-    """Start vs end of one arm, with seed-level inference (:func:`paired_gain`, :func:`two_level_bootstrap`). Every frame has ``seed, f1,
-    em`` rows on the same evaluation episodes (checked). Keys ``{prefix}gain_f1``, ``..._se`` (across training
-    seeds), ``_t``, ``_df``, ``_p``, ``_ci_low/high`` (t), ``_boot_low/high`` (two-level bootstrap),
-    ``_episode_se`` (seeds averaged first: what that leaves out), ``end_f1_seed_sd`` ..."""
+    """Start vs end of one arm, with seed-level inference (:func:`paired_gain`, :func:`two_level_bootstrap`). Every
+    frame has ``seed, f1, em`` rows on the same evaluation episodes (checked). Keys ``{prefix}gain_f1``,
+    ``..._se`` (across training seeds), ``_t``, ``_df``, ``_p``, ``_ci_low/high`` (t), ``_boot_low/high``
+    (two-level bootstrap), ``_episode_se`` (seeds averaged first: what that leaves out), ``end_f1_seed_sd`` ..."""
     out: dict[str, float] = {}
     for metric in ("f1", "em"):
         s0 = start[metric].to_numpy(float)
