@@ -2,8 +2,8 @@
 :func:`user_input`, the argparse number types, the ``--out`` checks, :class:`HelpFormatter` and ``--kw`` parsing.
 
 Here, below :mod:`memenv.cli` (which builds the ``memenv`` parser and runs a command) and every module that
-registers a command (:mod:`memenv.serve`, :mod:`memenv.search.build`, and through the ``memenv.commands`` entry
-points ``agents`` and ``distill``), so that none of them imports the command line that imports them.
+registers a command (:mod:`memenv.serve`, and through the ``memenv.commands`` entry points those of ``agents``
+and ``distill``), so that none of them imports the command line that imports them.
 """
 
 from __future__ import annotations
