@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     from agents.llm.ppo import train_rl
     from agents.llm.precision import host_line
     from agents.llm.training import latest_checkpoint
-    from distill.experiment import ExperimentConfig, ModelSpec, arm_config
+    from distill.experiment.config import ExperimentConfig, ModelSpec
+    from distill.experiment.stages import arm_config
     from distill.trainer import train_memopd
 
     torch.set_num_threads(1)

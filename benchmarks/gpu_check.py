@@ -27,7 +27,7 @@ alignment).
 
 Timing: per packing x backend x dtype, after a warm-up round (flex compiles there), the median of ``--rounds``
 rounds of (a) teacher scoring: no grad, the body on the packed batches and the full-vocabulary log-probs at the
-action positions (``distill.packing.action_logprobs``), and (b) an actor pass: the same with grad and a
+action positions (``distill.scoring.action_logprobs``), and (b) an actor pass: the same with grad and a
 backward per packed batch. ``speedup`` = the best padded baseline (``sorted_padded``, the fastest backend that
 runs it in that dtype) / this row's time. Every forward holds at most ``--token-budget`` tokens.
 
@@ -130,9 +130,11 @@ def with_reference_logprobs(model, records):
     return out
 
 
-def available(backend: str, method: str, dtype, device, packing) -> str | None:
+def available(backend: str, method: str, dtype, device) -> str | None:
     """None if ``backend`` can run ``method`` in ``dtype`` on ``device``, else why not."""
     import torch
+
+    from distill.attention import VARLEN_PACKINGS, torch_varlen_available
 
     if backend == "flash_attention_2":
         if device.type != "cuda":
@@ -141,10 +143,10 @@ def available(backend: str, method: str, dtype, device, packing) -> str | None:
             return "flash_attn not installed"
         if dtype not in (torch.float16, torch.bfloat16):
             return "fp16/bf16 only"
-        if method not in packing.VARLEN_PACKINGS:
+        if method not in VARLEN_PACKINGS:
             return "varlen cannot express a shared prefix"
     if backend == "torch_varlen":
-        if not packing.torch_varlen_available():
+        if not torch_varlen_available():
             return "no torch.nn.attention.varlen in this torch"
         if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
             return "fp16/bf16 only"
@@ -160,18 +162,24 @@ def rce_of(deltas) -> tuple[float, float]:
     return float(d.max()), float(torch.quantile(d, 0.99))
 
 
-def packed_logprobs(model, batches, backend, records, packing):
+def packed_logprobs(model, batches, backend, records):
     import torch
 
-    lps = [packing.action_logprobs(model, b, 1.0, backend=backend).float().cpu() for b in batches]
-    return torch.cat(packing.unpack(lps, batches, len(records)))
+    from distill.packing import unpack
+    from distill.scoring import action_logprobs
+
+    lps = [action_logprobs(model, b, 1.0, backend=backend).float().cpu() for b in batches]
+    return torch.cat(unpack(lps, batches, len(records)))
 
 
-def old_flash_logprobs(model, batches, records, packing):
+def old_flash_logprobs(model, batches, records):
     """The old flash inputs: no mask, no cu_seqlens, positions only (what transformers 5 infers from)."""
     import torch
 
-    body, head = packing.model_body(model), model.get_output_embeddings()
+    from distill.attention import model_body
+    from distill.packing import unpack
+
+    body, head = model_body(model), model.get_output_embeddings()
     lps = []
     model.set_attn_implementation("flash_attention_2")
     try:
@@ -182,7 +190,7 @@ def old_flash_logprobs(model, batches, records, packing):
             lps.append(logp.gather(-1, b.targets[:, None])[:, 0].cpu())
     finally:
         model.set_attn_implementation("sdpa")
-    return torch.cat(packing.unpack(lps, batches, len(records)))
+    return torch.cat(unpack(lps, batches, len(records)))
 
 
 def sync(device) -> None:
@@ -217,9 +225,10 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    import distill.packing as packing
     from agents.llm.precision import dtype_name, host_line, resolve_dtype
+    from distill.packing import PACKINGS
     from distill.reconstruct import aligned
+    from distill.scoring import action_logprobs
 
     started = time.perf_counter()
     smoke = args.cpu_smoke
@@ -270,14 +279,14 @@ def main(argv=None) -> int:
         ref = torch.cat([torch.tensor(r.response_logprobs) for r in records])
         sequences = aligned(records)
         batches, pack_s = {}, {}
-        for method in packing.PACKINGS:
+        for method in PACKINGS:
             t0 = time.perf_counter()
-            batches[method] = [b.to(device) for b in pack(sequences, method, records, budget, pad, packing)]
+            batches[method] = [b.to(device) for b in pack(sequences, method, records, budget, pad)]
             pack_s[method] = time.perf_counter() - t0
         runs.append((dtype, model, records, batches))
-        for method in packing.PACKINGS:
+        for method in PACKINGS:
             for backend in BACKENDS:
-                why = available(backend, method, dtype, device, packing)
+                why = available(backend, method, dtype, device)
                 row = {"dtype": dtype_name(dtype), "packing": method, "backend": backend,
                        "rows": sum(b.input_ids.shape[0] for b in batches[method]), "forwards": len(batches[method]),
                        "slots": sum(b.n_slots for b in batches[method]), "pack_s": pack_s[method], "note": why or ""}
@@ -286,14 +295,14 @@ def main(argv=None) -> int:
                         else contextlib.nullcontext()
                     with ctx, torch.no_grad():
                         try:
-                            got = packed_logprobs(model, batches[method], backend, records, packing)
+                            got = packed_logprobs(model, batches[method], backend, records)
                             row["rce_max"], row["rce_p99"] = rce_of([(got - ref).abs()])
                         except Exception as exc:  # noqa: BLE001 - a backend failing on this host is a finding
                             row["note"] = f"error: {type(exc).__name__}: {str(exc)[:80]}"
                 rows.append(row)
-        if available("flash_attention_2", "padding_free", dtype, device, packing) is None:
+        if available("flash_attention_2", "padding_free", dtype, device) is None:
             with torch.no_grad():
-                got = old_flash_logprobs(model, batches["padding_free"], records, packing)
+                got = old_flash_logprobs(model, batches["padding_free"], records)
             mx, p99 = rce_of([(got - ref).abs()])
             rows.append({"dtype": dtype_name(dtype), "packing": "padding_free", "backend": OLD_FLASH,
                          "rce_max": mx, "rce_p99": p99, "note": "old inputs: expected to leak"})
@@ -314,12 +323,12 @@ def main(argv=None) -> int:
             def teacher():
                 with ctx(), torch.no_grad():
                     for b in bs:
-                        packing.action_logprobs(model, b, 1.0, backend=backend)
+                        action_logprobs(model, b, 1.0, backend=backend)
 
             def actor():
                 with ctx():
                     for b in bs:
-                        lp = packing.action_logprobs(model, b, 1.0, backend=backend)
+                        lp = action_logprobs(model, b, 1.0, backend=backend)
                         (-lp.mean()).backward()
                 model.zero_grad(set_to_none=True)
 
@@ -369,7 +378,9 @@ def main(argv=None) -> int:
     return 0 if len(bad) == 0 else 1
 
 
-def pack(sequences, method, records, budget, pad, packing):
+def pack(sequences, method, records, budget, pad):
+    from distill import packing
+
     return packing.pack(sequences, method, token_budget=budget, pad_id=pad, records=records)
 
 

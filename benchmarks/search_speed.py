@@ -46,7 +46,8 @@ except ImportError:  # run as a script from a checkout without the package insta
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from memenv.search.bm25 import STOPWORDS, SearchBackend, make_backend, tokenize
 
-from memenv.search.index import BM25Index, build_index
+from memenv.search.index.build import build_index
+from memenv.search.index.search import BM25Index
 
 TARGET_RATIO = 50.0
 TARGET_QUERY_MS = 2.0

@@ -27,7 +27,7 @@ import numpy as np
 
 import memenv  # noqa: F401
 from agents.scripted import make_strategy
-from memenv.cli import parse_kwargs
+from memenv.cli_common import parse_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 

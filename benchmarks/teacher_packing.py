@@ -17,14 +17,14 @@ Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
 In one run, each packing of the same records is timed for
 
 - teacher scoring: a frozen teacher (wider than the student), no grad, full-vocabulary log-probs at the sampled
-  action positions only (``distill.packing.action_hidden`` + the lm head in chunks), reported as invocation
+  action positions only (``distill.scoring.action_hidden`` + the lm head in chunks), reported as invocation
   tokens per second (the same records for every packing, so the ratio is the time ratio);
 - actor forward+backward: the student's log-probs of the sampled tokens with grad, ``-mean`` backward.
 
 Baselines: ``padded`` rows hold one invocation each in record order (the naive baseline); ``sorted_padded``
 takes them longest first, so a batch holds rows of like length (the best padded baseline). Both run with both
 exact CPU attentions, ``sdpa`` with the explicit 4D mask and ``sdpa_blocks`` (each query block attends only its
-context and itself, ``distill.packing.attention_blocks``), and the best padded baseline of each pass is the
+context and itself, ``distill.attention.attention_blocks``), and the best padded baseline of each pass is the
 fastest of those four. Packed layouts: ``padding_free`` and ``shared_prefix`` in rows of ``--row-lens`` x the
 longest invocation, and ``prefix_tree`` (one trie per episode / GRPO group; whole tries per row), with
 ``sdpa_blocks``. Every layout runs forwards of at most ``--token-budget`` tokens, padding included, in one
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     from agents.llm.models import build_tiny_model, build_tokenizer, task_texts
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import records_of, rollout
-    from distill.packing import action_hidden, chunked_logprobs, pack, unpack
+    from distill.packing import pack, unpack
+    from distill.scoring import action_hidden, chunked_logprobs
     from distill.reconstruct import aligned
 
     torch.set_num_threads(args.threads)

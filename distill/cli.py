@@ -29,8 +29,8 @@ from agents.llm.cli import (DTYPE_CHOICES, add_model_options, apply_set, check_c
                             check_run_out, interrupted_note)
 from agents.served import ServedSpec, is_served
 from distill import DIAGNOSE_METHODS
-from memenv.cli import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
-                        open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
+from memenv.cli_common import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
+                               open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
 from tasks.types import DataFormatError
 
 LOSSES = ("reverse_kl", "forward_kl", "jsd")
@@ -131,7 +131,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     from agents.llm.models import load_pretrained
     from agents.llm.records import load_records
     from distill.diagnose import diagnose
-    from distill.packing import check_records
+    from distill.scoring import check_records
 
     try:
         records = load_records(records_path)
@@ -159,7 +159,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 def _check_csv(path: str) -> None:
     """``--csv`` can be written: not a folder, and its folder exists or can be made (checked before the work)."""
-    from memenv.cli import check_out_dir
+    from memenv.cli_common import check_out_dir
 
     target = Path(path)
     if target.is_dir():

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from distill import DIAGNOSE_METHODS
-from distill.packing import score_records
+from distill.scoring import score_records
 
 _PLAN = {  # method -> (reconstruction, packing)
     "aligned": ("aligned", "padded"),

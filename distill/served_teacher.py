@@ -44,6 +44,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from agents.llm.records import InvocationRecord
+from agents.llm.training import unwrap_ddp
 from agents.served import CompletionsClient, ServedSpec, ServerError, is_served
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, _tail_logmass, divergence, head_logprobs
@@ -258,9 +259,7 @@ class ServedTeacherHook:
         self._scores: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
 
     def on_update(self, episodes, records: Sequence[InvocationRecord], module) -> dict[str, float]:
-        from distill.trainer import _actor
-
-        stats = apply_memory_credit(records, _actor(module), self.tokenizer, self.credit)
+        stats = apply_memory_credit(records, unwrap_ddp(module), self.tokenizer, self.credit)
         scores = self.teacher.score(records)
         counts = [sum(r.action_mask) for r in records]
         sampled = scores.sampled.split(counts)

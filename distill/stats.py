@@ -17,15 +17,22 @@ training seed:
   episodes (the same resampled episodes for every seed, keeping the pairing): its interval also carries the
   sampling error of the fixed evaluation set, which the seed-level t holds fixed.
 
-Pure numpy/scipy; no torch.
+:func:`arm_summary` and :func:`compare_arms` apply these to the experiment's evaluation frames (one per training
+seed, rows ``seed, f1, em`` on the same evaluation episodes); :func:`paired_stats` compares two models on one
+evaluation set (no training seeds); :func:`standard_error` is the one standard error of a mean.
+
+Pure numpy/scipy (frames are read, pandas is not imported); no torch.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 INFERENCE = ("seed-level: per training seed the paired gain over the same evaluation episodes; mean over seeds, "
              "SE across seeds, t on n_seeds - 1 degrees of freedom")
@@ -40,6 +47,12 @@ def _matrix(x, name: str) -> np.ndarray:
     if not np.isfinite(a).all():
         raise ValueError(f"{name} holds a value that is not finite")
     return a
+
+
+def standard_error(values) -> float:
+    """``sd(ddof=1) / sqrt(n)`` of ``values``: the sampling error of their mean; nan for fewer than 2 values."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    return float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
 
 
 def seed_level(per_seed: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
@@ -119,9 +132,63 @@ def episode_level_se(start, ends) -> float:
     ``sd_e(mean_s(ends[s, e]) - start[e]) / sqrt(episodes)``. Kept to show what it leaves out; it is not an
     error bar for a claim about training."""
     e, s = _matrix(ends, "ends"), _matrix(start, "start")
-    d = e.mean(axis=0) - s.mean(axis=0)
-    return float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else math.nan
+    return standard_error(e.mean(axis=0) - s.mean(axis=0))
 
 
-__all__ = ["INFERENCE", "seed_level", "per_seed_gains", "paired_gain", "paired_difference", "two_level_bootstrap",
-           "episode_level_se"]
+def paired_stats(start: Sequence[float], end: Sequence[float]) -> dict[str, float]:
+    """Mean paired difference ``end - start`` over the same episodes, its standard error ``sd(ddof=1)/sqrt(n)``
+    and ``z = mean / se`` (``se`` 0 -> ``z`` inf or nan). One model against another on one evaluation set (the
+    teacher's or the start's F1 and its sampling error); claims about training use the seed-level functions above."""
+    start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
+    if start.shape != end.shape or start.ndim != 1 or len(start) < 2:
+        raise ValueError(f"paired_stats needs two equal-length 1-D series of >= 2 values, got {start.shape} and "
+                         f"{end.shape}")
+    d = end - start
+    se = standard_error(d)
+    mean = float(d.mean())
+    return {"mean": mean, "se": se, "z": mean / se if se > 0 else (math.inf if mean else math.nan), "n": len(d)}
+
+
+def _frame_scores(frames: Sequence[pd.DataFrame], metric: str, seeds: Sequence[int]) -> np.ndarray:
+    for f in frames:
+        if list(f["seed"]) != list(seeds):
+            raise ValueError("start and end evaluations are not on the same evaluation episodes")
+    return np.stack([f[metric].to_numpy(float) for f in frames])  # [training seeds, episodes]
+
+
+def arm_summary(start: pd.DataFrame, ends: Sequence[pd.DataFrame], prefix: str = "") -> dict[str, float]:
+    """Start vs end of one arm, with seed-level inference (:func:`paired_gain`, :func:`two_level_bootstrap`). Every
+    frame has ``seed, f1, em`` rows on the same evaluation episodes (checked). Keys ``{prefix}gain_f1``,
+    ``..._se`` (across training seeds), ``_t``, ``_df``, ``_p``, ``_ci_low/high`` (t), ``_boot_low/high``
+    (two-level bootstrap), ``_episode_se`` (seeds averaged first: what that leaves out), ``end_f1_seed_sd`` ..."""
+    out: dict[str, float] = {}
+    for metric in ("f1", "em"):
+        s0 = start[metric].to_numpy(float)
+        ends_m = _frame_scores(ends, metric, list(start["seed"]))
+        g = paired_gain(s0, ends_m)
+        boot = two_level_bootstrap(ends_m - s0[None, :])
+        out.update({f"{prefix}start_{metric}": float(s0.mean()), f"{prefix}end_{metric}": float(ends_m.mean()),
+                    f"{prefix}end_{metric}_seed_sd": float(ends_m.mean(axis=1).std(ddof=1)) if len(ends) > 1
+                    else math.nan,
+                    f"{prefix}gain_{metric}": g["mean"], f"{prefix}gain_{metric}_se": g["se"],
+                    f"{prefix}gain_{metric}_t": g["t"], f"{prefix}gain_{metric}_df": g["df"],
+                    f"{prefix}gain_{metric}_p": g["p"], f"{prefix}gain_{metric}_ci_low": g["ci_low"],
+                    f"{prefix}gain_{metric}_ci_high": g["ci_high"], f"{prefix}gain_{metric}_boot_low": boot["boot_low"],
+                    f"{prefix}gain_{metric}_boot_high": boot["boot_high"],
+                    f"{prefix}gain_{metric}_episode_se": episode_level_se(s0, ends_m)})
+    return out
+
+
+def compare_arms(a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame], metric: str = "f1") -> dict[str, float]:
+    """End of arm ``a`` minus end of arm ``b``, paired by training seed (the i-th frame of each) and episode;
+    seed-level inference (:func:`paired_difference`) and the two-level bootstrap."""
+    if len(a) != len(b):
+        raise ValueError(f"arms to compare need the same training seeds, got {len(a)} and {len(b)}")
+    seeds = list(a[0]["seed"])
+    ea, eb = _frame_scores(a, metric, seeds), _frame_scores(b, metric, seeds)
+    return {**paired_difference(ea, eb), **two_level_bootstrap(ea - eb),
+            "ratio": float(ea.mean() / eb.mean()) if eb.mean() > 0 else math.nan}
+
+
+__all__ = ["INFERENCE", "standard_error", "seed_level", "per_seed_gains", "paired_gain", "paired_difference",
+           "two_level_bootstrap", "episode_level_se", "paired_stats", "arm_summary", "compare_arms"]

@@ -23,7 +23,8 @@ import torch
 
 from agents.llm.records import InvocationRecord, tokenizer_fingerprint
 from distill.losses import head_logprobs
-from distill.packing import PACKINGS, action_hidden, pack
+from distill.packing import PACKINGS, pack
+from distill.scoring import action_hidden
 from distill.reconstruct import RECONSTRUCTIONS, reconstruct
 
 

@@ -52,10 +52,11 @@ from agents.llm.models import load_tokenizer
 from agents.llm.ppo import ActorOutput, PPOConfig, train_rl
 from agents.llm.records import InvocationRecord
 from agents.served import is_served
-from agents.llm.training import init_distributed, latest_checkpoint, load_or_build_model
+from agents.llm.training import init_distributed, latest_checkpoint, load_or_build_model, unwrap_ddp
 from distill import check_attention_backend
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss
+from distill.served_teacher import ServedTeacher, ServedTeacherHook, check_served_options
 from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 
 
@@ -129,10 +130,6 @@ class MemOPDConfig(PPOConfig):
         return CreditConfig(kind=self.credit, coef=self.credit_coef, gate_temperature=self.credit_gate_temperature)
 
 
-def _actor(module):
-    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
-
-
 class PackedActorForward:
     """The actor forward of :func:`agents.llm.ppo.train_rl` on a reconstruction + packing (see the module doc).
 
@@ -177,7 +174,7 @@ class PackedActorForward:
 
     def __call__(self, module, records: Sequence[InvocationRecord], *, temperature: float = 1.0,
                  entropy: bool = False) -> ActorOutput:
-        ac = _actor(module)
+        ac = unwrap_ddp(module)
         if isinstance(module, torch.nn.parallel.DistributedDataParallel):
             logp, ent, values, hidden = module(call=self._body, records=records, temperature=temperature,
                                                entropy=entropy)
@@ -200,7 +197,7 @@ class MemOPDHook:
 
     def on_update(self, episodes, records: Sequence[InvocationRecord], module) -> dict[str, float]:
         """Memory credit on the fresh advantages; teacher hidden states of every action token of the update."""
-        stats = apply_memory_credit(records, _actor(module), self.tokenizer, self.credit)
+        stats = apply_memory_credit(records, unwrap_ddp(module), self.tokenizer, self.credit)
         t0 = time.perf_counter()
         hidden = self.teacher.action_hidden(records, self.layout)
         counts = [sum(r.action_mask) for r in records]
@@ -266,8 +263,6 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
         raise ValueError("an in-memory student model needs its tokenizer")
     device = dist.device  # every rank scores its own records with its own copy of the teacher
     if teacher is None and is_served(cfg.teacher):  # --teacher openai:NAME@URL: log-probs from a server
-        from distill.served_teacher import ServedTeacher, ServedTeacherHook, check_served_options
-
         check_served_options(cfg.loss_config(), cfg.teacher_reconstruction, cfg.reconstruction)
         served = ServedTeacher(cfg.teacher, tokenizer, top_k=cfg.top_k)  # probes the server's tokenizer now
         hook = ServedTeacherHook(served, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)

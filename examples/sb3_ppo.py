@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         help="MemQA kwargs for the wrapper's task, e.g. hops=2")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from memenv.cli import parse_kwargs
+    from memenv.cli_common import parse_kwargs
 
     task = parse_kwargs(args.kw)
     start = time.perf_counter()

@@ -20,7 +20,7 @@ or any OpenEnv client (GenericEnvClient, actions {"text": "<memory>...</memory><
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    from memenv.cli import HelpFormatter, positive_float, positive_int
+    from memenv.cli_common import HelpFormatter, positive_float, positive_int
 
     serve = sub.add_parser("serve", help="serve an env over OpenEnv (pip install 'memenv[openenv]')",
                            description=SERVE_HELP, formatter_class=HelpFormatter)
@@ -48,7 +48,7 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from memenv.cli import CommandError, parse_kwargs, user_input
+    from memenv.cli_common import CommandError, parse_kwargs, user_input
 
     kwargs = parse_kwargs(args.kw)
     from memenv import openenv  # ModuleNotFoundError 'openenv' -> "pip install -e '.[openenv]'" (memenv.cli)

@@ -7,8 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from distill import experiment  # noqa: E402
-from distill.experiment import ExperimentConfig, actor_timing  # noqa: E402
+from distill.experiment import stages  # noqa: E402
+from distill.experiment.config import ExperimentConfig  # noqa: E402
+from distill.experiment.stages import actor_timing  # noqa: E402
 from distill.trainer import PackedActorForward  # noqa: E402
 
 # fake CPU seconds per pass: sorted padded with sdpa_blocks is the fastest padded layout
@@ -37,7 +38,7 @@ def test_actor_timing_warms_up_rotates_and_compares_with_the_best_padded_baselin
         return real_call(self, module, records, **kw)
 
     monkeypatch.setattr(PackedActorForward, "__call__", fake_call)
-    monkeypatch.setattr(experiment.time, "process_time", lambda: clock[0])
+    monkeypatch.setattr(stages.time, "process_time", lambda: clock[0])
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(2)  # what the SFT stages leave behind on a 2-core machine
     try:

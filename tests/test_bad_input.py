@@ -1101,7 +1101,8 @@ def test_index_build_refuses_in_one_line_and_changes_nothing(files, capsys, args
 
 
 def test_damaged_index_fails_at_make_naming_the_file(files, tmp_path: Path) -> None:
-    from memenv.search.index import IndexCorruptError, build_index
+    from memenv.search.index.build import build_index
+    from memenv.search.index.format import IndexCorruptError
 
     build_index(files["corpus"], tmp_path / "idx", progress=False, workers=0)
     terms = tmp_path / "idx" / "terms.txt"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import memenv
-from memenv.cli import (CommandError, build_parser, main, non_negative_int, play_command, positive_float,
-                        positive_int)
+from memenv.cli import build_parser, main, play_command
+from memenv.cli_common import CommandError, non_negative_int, positive_float, positive_int
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -13,11 +13,12 @@ from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  #
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.records import InvocationRecord, tokenizer_fingerprint  # noqa: E402
 from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from distill.attention import attention_blocks  # noqa: E402
 from distill.diagnose import diagnose  # noqa: E402
-from distill.packing import (PACKINGS, action_logprobs, attention_blocks, build_mask, check_records,  # noqa: E402
-                             pack, rce, score_records, unpack)
+from distill.packing import PACKINGS, build_mask, pack, unpack  # noqa: E402
 from distill.reconstruct import (REPLY_TEMPLATE, Segment, TokenSequence, aligned, environment_reply,  # noqa: E402
                                  persistent, reconstruct)
+from distill.scoring import action_logprobs, check_records, rce, score_records  # noqa: E402
 
 T, F = True, False
 
@@ -312,14 +313,14 @@ def test_packings_match_one_sequence_scoring_on_other_architectures_and_attentio
 
 
 def test_sdpa_blocks_over_several_rows_with_padding_matches_the_dense_mask_with_gradients(monkeypatch):
-    import distill.packing as packing
+    import distill.attention as attention
 
     model, tok, records = _rollout_records()
     sequences = aligned(records)
     # short rows: units split (each piece with its own prefix copy), several rows per batch, padded row ends
     (batch,) = pack(sequences, "shared_prefix", records=records, row_len=400, token_budget=10**6)
     assert batch.input_ids.shape[0] > 2 and batch.is_prefix.any() and (batch.unit_ids < 0).any()
-    plans = packing._block_plans(batch, torch.float32, torch.device("cpu"))
+    plans = attention._block_plans(batch, torch.float32, torch.device("cpu"))
     for plan, blocks in zip(plans, attention_blocks(batch)):
         assert sum(plan.sizes) == batch.input_ids.shape[1]  # the blocks tile the row: one split per row
         for (a, b, p0, p1), block in zip(blocks, plan.blocks):
@@ -327,13 +328,13 @@ def test_sdpa_blocks_over_several_rows_with_padding_matches_the_dense_mask_with_
                 (k,), mask = block
                 assert blocks[k][:2] == (p0, p1) and mask.shape[-2:] == (b - a, p1 - p0 + b - a)
     seen_masks = []
-    real = packing._sdpa_blocks_attention
+    real = attention._sdpa_blocks_attention
 
     def spy(module, query, key, value, attention_mask, **kw):
         seen_masks.append(attention_mask)
         return real(module, query, key, value, attention_mask, **kw)
 
-    monkeypatch.setattr(packing, "_sdpa_blocks_attention", spy)
+    monkeypatch.setattr(attention, "_sdpa_blocks_attention", spy)
     temps = torch.tensor([r.temperature for r in records])[batch.record_index]
     out = {}
     for backend in ("sdpa", "sdpa_blocks"):

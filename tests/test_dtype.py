@@ -123,7 +123,7 @@ def test_memopd_config_and_teacher_take_a_dtype(checkpoint):
 def test_clis_take_dtype_and_attention_options(checkpoint):
     from agents.llm import cli as train_cli
     from distill import cli as distill_cli
-    from memenv.cli import CommandError
+    from memenv.cli_common import CommandError
 
     def parser(register):
         p = argparse.ArgumentParser()

@@ -1,6 +1,6 @@
-"""``memenv experiment memopd``: seed-level statistics on known numbers; a miniature end-to-end run (table
-structure, the same evaluation episodes at start and end, figures recomputable from the per-seed CSVs, curves,
-resume, reruns with other settings refused); the CLI's one-line refusals."""
+"""``memenv experiment memopd``: a miniature end-to-end run (table structure, the same evaluation episodes at start
+and end, figures recomputable from the per-seed CSVs, curves, resume, reruns with other settings refused); the
+CLI's one-line refusals. The seed-level statistics on known numbers: tests/test_seed_stats.py."""
 
 import dataclasses
 import json
@@ -10,41 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distill.experiment import (ARMS, DEFAULT_ARMS, RESULT_COLUMNS, ExperimentConfig, ModelSpec, arm_summary,
-                               compare_arms, paired_stats)
+from distill.experiment.config import ARMS, DEFAULT_ARMS, ExperimentConfig, ModelSpec
+from distill.experiment.report import RESULT_COLUMNS
 
 from memenv.cli import main
 from tasks.world import question_pool
-
-
-def test_paired_stats_known_numbers():
-    s = paired_stats([0, 0, 0, 0], [1, 0, 1, 0])
-    assert s["mean"] == 0.5 and s["n"] == 4
-    assert s["se"] == pytest.approx(math.sqrt(1 / 3) / 2)  # sd (ddof=1) of (1,0,1,0) is sqrt(1/3)
-    assert s["z"] == pytest.approx(0.5 / (math.sqrt(1 / 3) / 2))
-    # pairing removes the spread shared by start and end: a constant gain has zero standard error
-    same = paired_stats([0.1, 0.9, 0.4], [0.3, 1.1, 0.6])
-    assert same["mean"] == pytest.approx(0.2) and same["se"] == pytest.approx(0.0, abs=1e-12)
-    with pytest.raises(ValueError, match="equal-length"):
-        paired_stats([0, 1], [0, 1, 1])
-
-
-def test_arm_summary_is_seed_level():
-    start = pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 0.5, 1.0], "em": [0, 0, 1]})
-    ends = [pd.DataFrame({"seed": [7, 8, 9], "f1": [1.0, 0.5, 1.0], "em": [1, 0, 1]}),
-            pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 1.0, 1.0], "em": [0, 1, 1]})]
-    out = arm_summary(start, ends)
-    g = np.array([2.5 / 3 - 0.5, 2 / 3 - 0.5])  # per training seed: mean over episodes of end - start
-    assert out["gain_f1"] == pytest.approx(g.mean())
-    assert out["gain_f1_se"] == pytest.approx(g.std(ddof=1) / math.sqrt(2))  # across training seeds
-    assert out["gain_f1_df"] == 1 and out["gain_f1_t"] == pytest.approx(g.mean() / out["gain_f1_se"])
-    assert out["end_f1_seed_sd"] == pytest.approx(np.std([2.5 / 3, 2 / 3], ddof=1))
-    d = np.array([0.5, 0.25, 0.0])  # the old error: seeds averaged first, SE over episodes
-    assert out["gain_f1_episode_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
-    with pytest.raises(ValueError, match="same evaluation episodes"):
-        arm_summary(start, [ends[0].assign(seed=[7, 8, 10])])
-    c = compare_arms(ends, [start, start])  # paired by training seed: the gains again
-    assert c["mean"] == pytest.approx(g.mean()) and c["se"] == pytest.approx(out["gain_f1_se"])
 
 
 def _tiny(out, **kw):
@@ -62,7 +32,9 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from agents.llm.training import eval_seeds
-    from distill.experiment import SettingsMismatchError, make_env_fn, run_experiment
+    from distill.experiment.config import SettingsMismatchError
+    from distill.experiment.run import run_experiment
+    from distill.experiment.stages import make_env_fn
 
     cfg = _tiny(tmp_path / "exp")
     out = tmp_path / "exp"
@@ -205,7 +177,7 @@ def test_arm_workers_end_when_the_experiment_process_is_killed(tmp_path):
     script = (
         "import multiprocessing, os, time\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
-        "from distill.experiment import _exit_with_parent\n"
+        "from distill.experiment.run import _exit_with_parent\n"
         "if __name__ == '__main__':\n"
         "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
         "                               initializer=_exit_with_parent, initargs=(os.getpid(), 0.05))\n"
@@ -235,7 +207,7 @@ def test_arm_workers_end_when_the_experiment_process_is_killed(tmp_path):
 
 
 def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_cache(tmp_path):
-    from distill.experiment import SettingsMismatchError, check_settings
+    from distill.experiment.config import SettingsMismatchError, check_settings
 
     cfg = ExperimentConfig(out=str(tmp_path))
     record = json.loads(json.dumps(dataclasses.asdict(cfg), default=list))
@@ -255,7 +227,8 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from agents.llm.models import load_pretrained, make_tiny, save_pretrained
-    from distill.experiment import pretrained_config, run_experiment
+    from distill.experiment.config import pretrained_config
+    from distill.experiment.run import run_experiment
 
     env_kwargs = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2}
     lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=8, vocab_size=400, hidden_size=32, layers=3,
@@ -290,7 +263,7 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
 
 
 def test_targets_judge_held_out_questions_and_give_the_seen_figures_beside():
-    from distill.experiment import targets
+    from distill.experiment.report import targets
 
     table = pd.DataFrame([
         {"arm": "rl", "gain_f1": -0.02, "gain_f1_se": 0.01, "gain_f1_t": -2.0, "gain_f1_df": 4,

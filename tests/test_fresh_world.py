@@ -105,7 +105,8 @@ def test_heldout_draws_never_occur_in_any_training_episode():
     distinct too, on a sample of each set."""
     from agents.llm.ppo import task_seeds
     from agents.llm.training import eval_seeds
-    from distill.experiment import ARMS, PROBE_SEED_BASE, ExperimentConfig, arm_config, world_config
+    from distill.experiment.config import ARMS, ExperimentConfig, world_config
+    from distill.experiment.stages import PROBE_SEED_BASE, arm_config
 
     cfg = world_config(ExperimentConfig(out="unused"), "fresh")
     assert cfg.env_kwargs["fresh_facts"] is True

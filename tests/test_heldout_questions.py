@@ -7,7 +7,8 @@ import pytest
 import memenv  # noqa: F401
 from agents.llm.ppo import task_seeds
 from agents.llm.training import eval_seeds, make_envs
-from distill.experiment import PROBE_SEED_BASE, ExperimentConfig, _sft_config, make_env_fn, pool_env_kwargs
+from distill.experiment.config import ExperimentConfig, pool_env_kwargs
+from distill.experiment.stages import PROBE_SEED_BASE, _sft_config, make_env_fn
 
 KW = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "top_k": 1}
 
@@ -24,7 +25,7 @@ def _questions(env, seeds):
 
 def test_experiment_evaluates_questions_it_never_trained_on(tmp_path):
     pytest.importorskip("torch")
-    from distill.experiment import arm_config
+    from distill.experiment.stages import arm_config
 
     cfg = ExperimentConfig(out=str(tmp_path))
     # what the SFT stage builds its demonstrations on (the env of its config, seeds 0..episodes-1)

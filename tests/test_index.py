@@ -14,7 +14,9 @@ import pytest
 import memenv  # noqa: F401 - registers the environments
 from memenv.context import sanitize
 from memenv.cli import main as cli_main
-from memenv.search.index import BM25Index, IndexMismatchError, build_index
+from memenv.search.index.build import build_index
+from memenv.search.index.format import IndexMismatchError
+from memenv.search.index.search import BM25Index
 from memenv.search.bm25 import SearchBackend, make_backend, tokenize
 from tasks.corpus import load_corpus_jsonl
 from tasks.types import DataFormatError
@@ -242,7 +244,7 @@ def test_memqa_over_an_index_matches_memqa_over_the_loaded_corpus(tmp_path):
 def test_build_tokenises_each_document_as_tokenize_does(tmp_path):
     """The build's chunk tokeniser (ASCII fast path, sanitize only for non-ASCII, stopwords dropped per term
     after mapping) counts exactly what tokenize() of the sanitised title and text gives, document by document."""
-    from memenv.search.index import _tokenize_chunk
+    from memenv.search.index.build import _tokenize_chunk
 
     texts = ["the of and", "Zoë's 2nd-floor \x01ctrl\x7f nbsp\u00a0x \ufb01ne", "A an THE", "ﬁsh ǅ Ⅻ 𝐀bc x²",
              "x", "Alpha beta alpha\tALPHA", "\u2028line\u0085sep café CAFE", "beta the gamma the"]

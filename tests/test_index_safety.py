@@ -18,8 +18,10 @@ import pytest
 
 import memenv  # noqa: F401 - registers the environments
 from memenv.cli import main as cli_main
-from memenv.search.index import (INDEX_FILES, BM25Index, BM25Params, IndexCorruptError, build_index,
-                                 check_bm25_params)
+from memenv.search.bm25 import check_bm25_params
+from memenv.search.index.build import build_index
+from memenv.search.index.format import INDEX_FILES, BM25Params, IndexCorruptError
+from memenv.search.index.search import BM25Index
 from tasks.types import DataFormatError
 
 WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
@@ -204,7 +206,7 @@ def test_leftovers_of_dead_builds_are_removed_and_live_ones_kept(tmp_path):
 def test_a_killed_build_is_cleaned_by_the_next_one(tmp_path):
     """A real build killed mid-way (SIGKILL: no clean-up runs) leaves its folder; the next build removes it."""
     corpus = write_corpus(tmp_path / "c.jsonl", n=60000)
-    script = ("import sys; from memenv.search.index import build_index; "
+    script = ("import sys; from memenv.search.index.build import build_index; "
               "build_index(sys.argv[1], sys.argv[2], progress=False, workers=0, chunk_docs=500)")
     proc = subprocess.Popen([sys.executable, "-c", script, str(corpus), str(tmp_path / "idx")])
     try:

@@ -68,7 +68,7 @@ def test_sft_then_grpo_and_ppo_with_checkpoints_and_resume(tmp_path):
 
 
 def test_cli_rejects_options_of_another_algo(tmp_path):
-    from memenv.cli import CommandError
+    from memenv.cli_common import CommandError
 
     with pytest.raises(CommandError, match="--updates does not apply to --algo sft"):
         _cli(["train", "--algo", "sft", "--updates", "3", "--out", str(tmp_path)])

@@ -20,10 +20,12 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-import distill.packing as packing  # noqa: E402
-from distill.packing import (PACKINGS, VARLEN_PACKINGS, action_logprobs, flex_mask_mod, hidden_states,  # noqa: E402
-                             model_body, pack, sequence_runs, varlen_boundaries)
+import distill.attention as attention  # noqa: E402
+from distill.attention import (VARLEN_PACKINGS, flex_mask_mod, hidden_states, model_body, sequence_runs,  # noqa: E402
+                               varlen_boundaries)
+from distill.packing import PACKINGS, pack  # noqa: E402
 from distill.reconstruct import Segment, TokenSequence  # noqa: E402
+from distill.scoring import action_logprobs  # noqa: E402
 
 EMULATED = "memenv_varlen_emulated"
 TOL = 1e-5
@@ -71,7 +73,7 @@ def emulated_flash(monkeypatch):
     process = fa._lazy_define_process_function(_varlen)
     monkeypatch.setattr(fa, "lazy_import_flash_attention", lambda *a, **k: (
         (_dense, _varlen, None, fa._pad_input, fa._unpad_input), (process, dict)))
-    packing.register_varlen_attention(EMULATED, flash_attention_forward)
+    attention.register_varlen_attention(EMULATED, flash_attention_forward)
     CALLS.clear()
     yield EMULATED
     CALLS.clear()
@@ -164,7 +166,7 @@ def test_varlen_boundaries_cover_every_sequence_of_every_row_and_refuse_shared_p
 def test_flash_path_with_explicit_boundaries_equals_the_dense_reference_on_every_row(method, emulated_flash,
                                                                                     monkeypatch):
     model = _model()
-    monkeypatch.setattr(packing, "select_backend", lambda *a, **k: emulated_flash)
+    monkeypatch.setattr(attention, "select_backend", lambda *a, **k: emulated_flash)
     checked = 0
     with torch.no_grad():
         for batch in _batches(method):
@@ -219,7 +221,7 @@ def test_without_boundaries_the_flash_path_leaks_across_sequences_of_a_multi_row
 
 
 def test_flash_on_a_shared_prefix_batch_fails_clearly_before_any_compute(emulated_flash, monkeypatch):
-    monkeypatch.setattr(packing, "select_backend", lambda *a, **k: emulated_flash)
+    monkeypatch.setattr(attention, "select_backend", lambda *a, **k: emulated_flash)
     for method in ("shared_prefix", "prefix_tree"):
         with pytest.raises(ValueError, match="varlen cannot express"):
             hidden_states(_model(), _batches(method)[0])
@@ -270,7 +272,7 @@ def test_gradients_through_the_flash_path_with_boundaries_equal_the_dense_mask(e
     weights = torch.linspace(0.5, 1.5, batch.targets.numel())
     out = {}
     for name, backend in (("flash", emulated_flash), ("sdpa", "sdpa")):
-        monkeypatch.setattr(packing, "select_backend", lambda *a, backend=backend, **k: backend)
+        monkeypatch.setattr(attention, "select_backend", lambda *a, backend=backend, **k: backend)
         lp = action_logprobs(model, batch)
         (lp * weights).sum().backward()
         out[name] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -292,16 +294,16 @@ def test_a_real_flash_backend_refuses_a_float32_model():
 # ------------------------------------------------------------------ torch_varlen (PyTorch's own varlen kernel)
 @pytest.mark.parametrize("method", PACKINGS)
 def test_torch_varlen_backend_equals_the_dense_reference_on_every_row(method, monkeypatch):
-    """On CPU the backend runs distill.packing.varlen_reference over the same cu_seqlens (and, for a shared
+    """On CPU the backend runs distill.attention.varlen_reference over the same cu_seqlens (and, for a shared
     prefix or a prefix tree, the same gathered keys) it hands torch.nn.attention.varlen.varlen_attn on CUDA."""
     model = _model()
     seen = []
-    real = packing.varlen_reference
-    monkeypatch.setattr(packing, "varlen_reference", lambda *a, **k: seen.append(a[3].numel()) or real(*a, **k))
+    real = attention.varlen_reference
+    monkeypatch.setattr(attention, "varlen_reference", lambda *a, **k: seen.append(a[3].numel()) or real(*a, **k))
     checked = 0
     with torch.no_grad():
         for batch in _batches(method):
-            plan = packing.varlen_plan(batch)
+            plan = attention.varlen_plan(batch)
             assert (plan["memenv_kv_index"] is None) == (method in VARLEN_PACKINGS)
             if method in VARLEN_PACKINGS:
                 assert torch.equal(plan["cu_seq_lens_q"], varlen_boundaries(batch)["cu_seq_lens_q"])
@@ -334,6 +336,6 @@ def test_varlen_reference_matches_the_independent_test_kernel_with_gqa_and_unequ
     q, k, v = (torch.randn(n, h, 8, generator=g) for n, h in ((12, 4), (15, 2), (15, 2)))
     cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
     cu_k = torch.tensor([0, 7, 15], dtype=torch.int32)  # keys longer than queries: bottom-right causal
-    got = packing.varlen_reference(q, k, v, cu_q, cu_k, 7, 8, causal=True, scale=0.3)
+    got = attention.varlen_reference(q, k, v, cu_q, cu_k, 7, 8, causal=True, scale=0.3)
     want = _varlen(q, k, v, cu_q, cu_k, 7, 8, softmax_scale=0.3, causal=True)
     assert torch.allclose(got, want, atol=1e-6)

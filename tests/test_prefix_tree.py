@@ -13,9 +13,10 @@ from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.rollouts import records_of, rollout  # noqa: E402
-from distill.packing import (SDPA_BLOCKS, action_logprobs, build_tree_mask, pack, select_backend,  # noqa: E402
-                             tree_pieces, unpack)
+from distill.attention import SDPA_BLOCKS, select_backend  # noqa: E402
+from distill.packing import build_tree_mask, pack, tree_pieces, unpack  # noqa: E402
 from distill.reconstruct import Segment, TokenSequence, aligned  # noqa: E402
+from distill.scoring import action_logprobs  # noqa: E402
 
 EPS = torch.finfo(torch.float32).eps
 

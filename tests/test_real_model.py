@@ -125,7 +125,7 @@ def test_eos_and_stop_strings_end_an_action(smollm2):
 
 
 def test_records_not_text_are_what_training_consumes(smollm2, student_records):
-    from distill.packing import score_records
+    from distill.scoring import score_records
 
     model, tok = smollm2
     drift = [tok.encode(tok.decode(r.response_ids), add_special_tokens=False) != r.response_ids for r in student_records]

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from distill.stats import (episode_level_se, paired_difference, paired_gain, per_seed_gains, seed_level,
-                           two_level_bootstrap)
+from distill.stats import (arm_summary, compare_arms, episode_level_se, paired_difference, paired_gain,
+                           paired_stats, per_seed_gains, seed_level, two_level_bootstrap)
 
 START = np.array([0.2, 0.4, 0.6, 0.8])
 # three training seeds whose gains are 0.0, 0.3 and 0.6 on every episode: a pure seed effect
@@ -69,3 +70,33 @@ def test_two_level_bootstrap_carries_both_levels():
     assert paired_gain(np.zeros(200), noise)["se"] == pytest.approx(0.0, abs=1e-12)
     b2 = two_level_bootstrap(noise, n_boot=4000)
     assert b2["boot_se"] == pytest.approx(noise[0].std() / math.sqrt(200), rel=0.1)
+
+
+def test_paired_stats_known_numbers():
+    s = paired_stats([0, 0, 0, 0], [1, 0, 1, 0])
+    assert s["mean"] == 0.5 and s["n"] == 4
+    assert s["se"] == pytest.approx(math.sqrt(1 / 3) / 2)  # sd (ddof=1) of (1,0,1,0) is sqrt(1/3)
+    assert s["z"] == pytest.approx(0.5 / (math.sqrt(1 / 3) / 2))
+    # pairing removes the spread shared by start and end: a constant gain has zero standard error
+    same = paired_stats([0.1, 0.9, 0.4], [0.3, 1.1, 0.6])
+    assert same["mean"] == pytest.approx(0.2) and same["se"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_stats([0, 1], [0, 1, 1])
+
+
+def test_arm_summary_is_seed_level():
+    start = pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 0.5, 1.0], "em": [0, 0, 1]})
+    ends = [pd.DataFrame({"seed": [7, 8, 9], "f1": [1.0, 0.5, 1.0], "em": [1, 0, 1]}),
+            pd.DataFrame({"seed": [7, 8, 9], "f1": [0.0, 1.0, 1.0], "em": [0, 1, 1]})]
+    out = arm_summary(start, ends)
+    g = np.array([2.5 / 3 - 0.5, 2 / 3 - 0.5])  # per training seed: mean over episodes of end - start
+    assert out["gain_f1"] == pytest.approx(g.mean())
+    assert out["gain_f1_se"] == pytest.approx(g.std(ddof=1) / math.sqrt(2))  # across training seeds
+    assert out["gain_f1_df"] == 1 and out["gain_f1_t"] == pytest.approx(g.mean() / out["gain_f1_se"])
+    assert out["end_f1_seed_sd"] == pytest.approx(np.std([2.5 / 3, 2 / 3], ddof=1))
+    d = np.array([0.5, 0.25, 0.0])  # the old error: seeds averaged first, SE over episodes
+    assert out["gain_f1_episode_se"] == pytest.approx(d.std(ddof=1) / math.sqrt(3))
+    with pytest.raises(ValueError, match="same evaluation episodes"):
+        arm_summary(start, [ends[0].assign(seed=[7, 8, 10])])
+    c = compare_arms(ends, [start, start])  # paired by training seed: the gains again
+    assert c["mean"] == pytest.approx(g.mean()) and c["se"] == pytest.approx(out["gain_f1_se"])

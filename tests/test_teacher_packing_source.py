@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
-from distill.packing import PACKINGS, rce  # noqa: E402
+from distill.packing import PACKINGS  # noqa: E402
+from distill.scoring import rce  # noqa: E402
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "teacher_packing.py"
 

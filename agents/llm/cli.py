@@ -26,8 +26,9 @@ from typing import Any
 import gymnasium as gym
 
 import memenv  # noqa: F401 - registers the envs
-from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_float,
-                        non_negative_int, parse_kwargs, positive_float, positive_int, prepare_out_dir, user_input)
+from memenv.cli_common import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_float,
+                               non_negative_int, parse_kwargs, positive_float, positive_int, prepare_out_dir,
+                               user_input)
 from tasks.types import DataFormatError
 
 #: Files a training run writes into its ``--out`` folder besides its ``checkpoint-N`` folders.
@@ -62,7 +63,7 @@ def _parse_value(text: str) -> Any:
 
 def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str, Any]:
     """``--set KEY=VALUE`` items into ``values`` (fields of the dataclass ``cls``); a bad item or an unknown
-    field raises :class:`memenv.cli.CommandError` naming it."""
+    field raises :class:`memenv.cli_common.CommandError` naming it."""
     known = {f.name: f for f in fields(cls)}
     for item in items or []:
         if "=" not in item:
@@ -121,7 +122,7 @@ def _check_safetensors(path: Path, what: str) -> None:
 def check_checkpoint(path: str | os.PathLike, option: str) -> str:
     """Check, without loading it, that ``path`` is a model checkpoint folder: ``config.json`` (valid JSON with a
     ``model_type``), weights (whole ``.safetensors`` files) and a tokenizer whose JSON files parse. A
-    :class:`memenv.cli.CommandError` naming ``option``, the folder and the file otherwise. Returns ``path``."""
+    :class:`memenv.cli_common.CommandError` naming ``option``, the folder and the file otherwise. Returns ``path``."""
     from agents.llm.pretrained import ModelNotInstalledError, is_registered, resolve
 
     what = f"{option} {os.fspath(path)}"
@@ -151,7 +152,7 @@ def check_checkpoint(path: str | os.PathLike, option: str) -> str:
 
 
 def check_run_out(out: str | os.PathLike, resume: bool, option: str = "--out") -> Path:
-    """Check ``--out`` of a training run before any work (see :func:`memenv.cli.check_out_dir`): a folder or
+    """Check ``--out`` of a training run before any work (see :func:`memenv.cli_common.check_out_dir`): a folder or
     nothing yet; its ``config.json``, if any, a training run's (not a model checkpoint's); without ``resume``, no
     earlier run in it (its checkpoints would be deleted and its metrics replaced). Only rank 0 looks for an
     earlier run (the other ranks of a ``torchrun`` could see rank 0's first files)."""
@@ -205,7 +206,8 @@ def interrupted_note(out: str | os.PathLike) -> str:
 
 
 def build_config(args: argparse.Namespace):
-    """The trainer config from parsed CLI arguments (a user's mistake raises :class:`memenv.cli.CommandError`)."""
+    """The trainer config from parsed CLI arguments (a user's mistake raises
+    :class:`memenv.cli_common.CommandError`)."""
     # The trainers import torch: loaded only when `memenv train` runs, not whenever the memenv CLI starts.
     if args.algo == "sft":
         from agents.llm.sft import SFTConfig as cls
@@ -235,7 +237,7 @@ def build_config(args: argparse.Namespace):
 
 def check_model_options(cfg, fields_: tuple[tuple[str, str], ...] = (("dtype", "attn_implementation"),)) -> None:
     """``--dtype`` / ``--attn-implementation`` (and ``--set`` ones) can load on this host's training device (a
-    CUDA device where one is visible, as the trainers pick), else a :class:`memenv.cli.CommandError` naming the
+    CUDA device where one is visible, as the trainers pick), else a :class:`memenv.cli_common.CommandError` naming the
     option: e.g. flash_attention_2 on a CPU-only host, in float32, or without the flash_attn package."""
     import torch
 

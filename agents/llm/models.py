@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agents.files import write_directory_atomic
+from agents.llm.pretrained import resolve
+from agents.llm.prompt_settings import PROMPT_FILE, read_prompt_settings
 from agents.scripted.qa_strategies import make_strategy
 
 PROTOCOL_TAGS = ("<memory>", "</memory>", "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>")
@@ -177,28 +179,6 @@ def use_float32_attention(model) -> None:
     model.set_attn_implementation(FLOAT32_SDPA)
 
 
-PROMPT_FILE = "memenv_prompt.json"  # a checkpoint's prompt settings (system prompt), read by load_pretrained
-
-
-def read_prompt_settings(path: str | os.PathLike) -> dict[str, Any]:
-    """The prompt settings saved with a checkpoint (``{"system_prompt": ...}``), ``{}`` when it has none.
-
-    :func:`load_pretrained` puts them on the tokenizer (``tokenizer.memenv_prompt``) and :func:`save_pretrained`
-    writes them back, so a model trained with a system prompt is sampled, trained further and benchmarked with
-    the same one (``system_prompt="checkpoint"``, the default of :class:`agents.llm.policy.LLMPolicy`)."""
-    file = Path(path) / PROMPT_FILE
-    if not file.is_file():
-        return {}
-    try:
-        settings = json.loads(file.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ValueError(f"{file}: not valid JSON ({exc})") from None
-    prompt = settings.get("system_prompt") if isinstance(settings, dict) else None
-    if not isinstance(settings, dict) or not (prompt is None or isinstance(prompt, str)):
-        raise ValueError(f"{file}: expected an object with a string 'system_prompt', got {settings!r:.80}")
-    return settings
-
-
 def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path:
     """``save_pretrained`` of model and tokenizer into a temporary sibling folder, then a rename: a reader
     never sees half a checkpoint. An existing ``path`` is replaced. ``extra_files``: name -> callable(path)
@@ -251,8 +231,6 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, device: Any =
 
     torch_dtype = resolve_dtype(dtype, device)
     check_attn_implementation(attn_implementation, torch_dtype, device)
-    from agents.llm.pretrained import resolve
-
     path = resolve(path)  # a registered name (smollm2-135m-instruct): its prepared folder
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model checkpoint at {path} (config.json missing)")

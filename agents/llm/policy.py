@@ -65,8 +65,9 @@ def _get_cache(out) -> Any:
 
 def resolve_system_prompt(system_prompt: str | None, tokenizer) -> str | None:
     """``"checkpoint"``: the system prompt saved with the tokenizer's checkpoint (``memenv_prompt.json``, see
-    :func:`agents.llm.models.read_prompt_settings`), else none; ``"protocol"``: :data:`PROTOCOL_SYSTEM_PROMPT`;
-    ``None``: no system message (the chat template's own default, if it has one); any other string is the prompt."""
+    :func:`agents.llm.prompt_settings.read_prompt_settings`), else none; ``"protocol"``:
+    :data:`PROTOCOL_SYSTEM_PROMPT`; ``None``: no system message (the chat template's own default, if it has one);
+    any other string is the prompt."""
     if system_prompt == "checkpoint":
         system_prompt = (getattr(tokenizer, "memenv_prompt", None) or {}).get("system_prompt")
     if system_prompt == "protocol":

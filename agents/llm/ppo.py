@@ -92,6 +92,7 @@ from agents.llm.training import (
     save_checkpoint,
     seed_everything,
     set_rng_state,
+    unwrap_ddp,
 )
 
 
@@ -323,10 +324,6 @@ class LossHook(Protocol):
         ...
 
 
-def _unwrap(module):
-    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
-
-
 def micro_batches(forward, records: Sequence[InvocationRecord], cfg: PPOConfig) -> list[list[int]]:
     """Index groups of ``records``, one per forward + backward of a minibatch (see the module doc)."""
     if not cfg.grad_accumulation or len(records) <= 1:
@@ -350,7 +347,7 @@ def collate_forward(pad_id: int, device) -> ActorForward:
         b = _batch(records, pad_id, device)
         logp, ent, values, hidden = module(**b.inputs(), temperature=temperature, entropy=entropy,
                                            return_hidden=True)
-        return ActorOutput(logp, ent, values, hidden, _unwrap(module).lm.get_output_embeddings(), b)
+        return ActorOutput(logp, ent, values, hidden, unwrap_ddp(module).lm.get_output_embeddings(), b)
 
     return forward
 

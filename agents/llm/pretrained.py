@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agents.files import write_directory_atomic, write_text_atomic
-from agents.llm.models import PROMPT_FILE
+from agents.llm.prompt_settings import PROMPT_FILE
 
 FINGERPRINT_FILE = "memenv_model.json"
 FORMAT_VERSION = 2  # bump when the conversion changes what it writes
@@ -281,7 +281,7 @@ def _prepare_cli(args: argparse.Namespace) -> int:
     try:
         folder = prepare(args.name, args.out, force=args.force, progress=not args.quiet)
     except (ModelNotInstalledError, FileExistsError, ValueError) as exc:
-        from memenv.cli import CommandError
+        from memenv.cli_common import CommandError
 
         raise CommandError(str(exc)) from None
     record = read_fingerprint(folder) or {}

@@ -135,6 +135,12 @@ def init_distributed() -> Dist:
     return Dist(rank, world, local_rank, device)
 
 
+def unwrap_ddp(module):
+    """The model inside a :class:`torch.nn.parallel.DistributedDataParallel` wrapper (``module`` itself when not
+    wrapped): what a trainer reads the LM head or the memory credit from."""
+    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
 def enable_activation_checkpointing(lm) -> None:
     """Recompute ``lm``'s decoder activations in the backward instead of keeping them (transformers >= 5 names
     it activation checkpointing, earlier versions gradient checkpointing): the body's memory becomes its layer

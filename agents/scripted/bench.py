@@ -58,8 +58,8 @@ from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, env_fam
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
 from agents.scripted.bench_tables import format_benchmark_tables, official_columns
 from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
-from memenv.cli import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
-                        positive_int, prepare_out_dir, user_input)
+from memenv.cli_common import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
+                               positive_int, prepare_out_dir, user_input)
 from tasks.types import DataFormatError
 
 DEFAULT_ENVS = ("MemQA-v0", "MemQA-v0:objectives=8,hops=3", "MemQA-v0:objectives=16,context_budget=800")
@@ -417,7 +417,7 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     With ``out``, each finished cell is written to ``out/cells/`` as it ends and the finished cells of an
     earlier call with the same settings are not run again (``fresh``: they are). An episode that fails on a
     service (:data:`SERVICE_ERRORS`) counts in the ``failed`` column; past ``max_failures`` of them the run
-    raises :class:`TooManyFailures`. Ctrl-C raises :class:`memenv.cli.CommandInterrupted` saying how many cells
+    raises :class:`TooManyFailures`. Ctrl-C raises :class:`memenv.cli_common.CommandInterrupted` saying how many cells
     were kept (with ``out``; a plain KeyboardInterrupt without).
 
     Returns (summary table, one row per episode).
@@ -712,7 +712,7 @@ def format_table(summary: pd.DataFrame) -> str:
 def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
     """Build every strategy for every env, and every env once (reset included), so that a user's mistake
     (an unknown kwarg, a bad value, a missing data file, a strategy the env family lacks) fails before the
-    first episode, as a :class:`memenv.cli.CommandError` naming the env spec."""
+    first episode, as a :class:`memenv.cli_common.CommandError` naming the env spec."""
     strategies = list(strategies)
     for spec in specs:
         with user_input(f"env {spec.label!r}"):

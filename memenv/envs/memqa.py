@@ -21,7 +21,7 @@ from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreEr
                                  parse_tool_call, run_store_call)
 from memenv.protocol import parse_action
 from memenv.scoring.qa import score_objectives, split_answers
-from memenv.search.index import BM25Index, QuestionPool
+from memenv.search.index.search import BM25Index, QuestionPool
 from memenv.search.remote import RemoteRetriever, is_retriever_url, shared_retriever
 from memenv.search.bm25 import BACKENDS, SearchBackend, make_backend
 from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_int_tuple, check_number,

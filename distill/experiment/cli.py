@@ -1,0 +1,118 @@
+"""``memenv experiment memopd`` (entry point ``memenv.commands``): the options, the configuration they make
+(:mod:`distill.experiment.config`) and the run (:func:`distill.experiment.run.run_experiment`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from distill import experiment
+from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
+                                       WORLDS, check_settings, pretrained_config, quick_config, world_config)
+from distill.experiment.run import STAGES, run_experiment
+from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
+                               positive_float, positive_int, unit_float, user_input)
+
+
+def _run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)  # a file, or a folder that cannot be made: one line, before any work
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
+                                                               "workers", "student_start_f1", "student_max_steps",
+                                                               "lr", "distill_coef", "seen_eval_episodes",
+                                                               "curve_every", "curve_episodes")
+                                 if getattr(args, k) is not None}
+    overrides["progress"] = not args.quiet
+    if args.arms:
+        overrides["arms"] = tuple(dict.fromkeys(args.arms))
+    with user_input():
+        if args.model:
+            cfg = pretrained_config(args.out, args.model, **{**(PRETRAINED_QUICK if args.quick else {}), **overrides})
+        else:
+            cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
+        cfg = world_config(cfg, args.world, quick=args.quick)
+        if args.teacher_minutes is not None or args.teacher_clock is not None:
+            cfg.teacher = replace(cfg.teacher, **({"sft_minutes": args.teacher_minutes}
+                                                  if args.teacher_minutes is not None else {}),
+                                  **({"sft_clock": args.teacher_clock} if args.teacher_clock else {}))
+        if args.student_steps is not None:
+            cfg.student = replace(cfg.student, sft_steps=args.student_steps)
+        if args.sft_worlds is not None:
+            cfg.teacher = replace(cfg.teacher, sft_worlds=args.sft_worlds)
+            cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
+        cfg.__post_init__()
+        check_settings(cfg)
+    t0 = time.perf_counter()
+    try:
+        table = run_experiment(cfg, until=args.until)
+    except SettingsMismatchError as err:  # a cached arm of another configuration
+        raise CommandError(str(err)) from None
+    if args.until:
+        print(table.drop(columns=["path"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(f"stopped after the {args.until} stage, cached under {cfg.out} (a run without --until resumes "
+              f"from it; {(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
+        return 0
+    print((Path(cfg.out) / "results.md").read_text())
+    print(f"wrote {Path(cfg.out) / 'results.csv'}, comparisons.csv, results.md, learning_curves.png "
+          f"({(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
+    return 0 if len(table) else 1
+
+
+def register_cli(subparsers) -> None:
+    """Adds ``memenv experiment memopd`` (entry point ``memenv.commands``)."""
+    p = subparsers.add_parser("experiment", help="reproducible experiments (memopd)", description=experiment.__doc__,
+                              formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="experiment", metavar="{memopd}", required=True)
+    m = sub.add_parser("memopd", help="teacher, weak student, arms x training seeds, seed-level held-out statistics",
+                       description=experiment.__doc__, formatter_class=HelpFormatter)
+    m.add_argument("--out", required=True, help="output folder (stages cached there; a rerun resumes)")
+    m.add_argument("--quick", action="store_true",
+                   help="smoke run (~8 CPU-minutes): small models, few updates; checks the pipeline, not the claims")
+    m.add_argument("--model", default=None,
+                   help="a pretrained base (registered name, e.g. smollm2-135m-instruct, or a checkpoint folder): "
+                        "teacher = its SFT, student = its first layers (sizes: "
+                        "distill.experiment.config.pretrained_config; with --quick: 4- and 2-layer cuts, a few steps)")
+    m.add_argument("--seeds", type=positive_int, default=None, help="training seeds per arm (default 5; quick 2)")
+    m.add_argument("--updates", type=positive_int, default=None, help="GRPO updates per arm (default 120; quick 4)")
+    m.add_argument("--eval-episodes", dest="eval_episodes", type=positive_int, default=None,
+                   help="held-out episodes, the same at start and end (default 400; quick 100)")
+    m.add_argument("--seen-eval-episodes", dest="seen_eval_episodes", type=positive_int, default=None,
+                   help="train-pool (seen) question episodes at start and end (default 200; quick 50)")
+    m.add_argument("--curve-every", dest="curve_every", type=positive_int, default=None,
+                   help="held-out learning-curve point every this many updates (default 40; quick 2)")
+    m.add_argument("--curve-episodes", dest="curve_episodes", type=positive_int, default=None,
+                   help="held-out episodes per learning-curve point (default 200; quick 50)")
+    m.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
+                   help=f"default: {' '.join(DEFAULT_ARMS)} (quick: all)")
+    m.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default 1)")
+    m.add_argument("--workers", type=positive_int, default=None,
+                   help="arm runs in parallel processes (default: one per core)")
+    m.add_argument("--teacher-minutes", dest="teacher_minutes", type=positive_float, default=None,
+                   help="teacher SFT budget in minutes (default 70; quick 3)")
+    m.add_argument("--teacher-clock", dest="teacher_clock", choices=["cpu", "wall"], default=None,
+                   help="clock of that budget (default cpu: process CPU time, all threads)")
+    m.add_argument("--student-steps", dest="student_steps", type=positive_int, default=None,
+                   help="student SFT steps per weak-start round (default 150; quick 200)")
+    m.add_argument("--student-max-steps", dest="student_max_steps", type=positive_int, default=None,
+                   help="at most this many student SFT steps in all (default 3000; quick 400)")
+    m.add_argument("--student-start-f1", dest="student_start_f1", type=unit_float, default=None,
+                   help="probe F1 that ends the student's weak-start SFT rounds (default 0.15)")
+    m.add_argument("--sft-worlds", dest="sft_worlds", type=non_negative_int, default=None,
+                   help="teacher and student SFT demonstrations spread over this many other worlds of the "
+                        "generator, not world 0 (default 0: world 0's train-pool questions)")
+    m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
+    m.add_argument("--distill-coef", dest="distill_coef", type=non_negative_float, default=None,
+                   help="lambda of the distillation loss in the OPD arms (default 1.0)")
+    m.add_argument("--world", choices=list(WORLDS), default="fixed",
+                   help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
+                        "its facts afresh over one inventory of names and values, so only reading answers")
+    m.add_argument("--until", choices=list(STAGES), default=None,
+                   help="stop after this stage (cached; a later run without --until resumes): measure the "
+                        "teacher or the weak start before paying for the arms")
+    m.add_argument("--quiet", action="store_true", help="no progress bars")
+    m.set_defaults(func=_run)
+
+
+__all__ = ["register_cli"]

@@ -1,0 +1,267 @@
+"""The experiment's configuration: :class:`ExperimentConfig` (every knob), :class:`ModelSpec` (a model and its SFT),
+the arms (:data:`ARMS`), the presets (:func:`quick_config`, :func:`pretrained_config`), the question pools' env
+kwargs (:func:`pool_env_kwargs`) and the check that refuses a rerun on an output folder made with other
+settings (:func:`check_settings`). Torch-free."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from distill import check_attention_backend
+
+ENV_ID = "MemQA-v0"
+# One document per search (top_k=1; the oracle searches by exact title, so its evidence is always the top hit):
+# a turn's context stays ~3x shorter than with top_k=3, so a CPU trains ~1.6x more SFT steps per CPU-second and
+# the tiny teacher learns the task within its budget. Memory still matters: the first answer must be kept while
+# the second is looked up.
+ENV_KWARGS = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "top_k": 1}
+#: name -> (label, MemOPD fields; None: GRPO alone)
+ARMS = {
+    "rl": ("GRPO alone", None),
+    "memopd": ("MemOPD (GRPO + OPD, aligned)", {"reconstruction": "aligned", "teacher_reconstruction": "aligned",
+                                                "credit": "none"}),
+    "teacher_persistent": ("teacher-persistent control (MemOPD's update, teacher on the flattened history)",
+                           {"reconstruction": "aligned", "teacher_reconstruction": "persistent", "credit": "none"}),
+    "flattening": ("flattening trainer (actor and teacher on the flattened history)",
+                   {"reconstruction": "persistent", "teacher_reconstruction": "persistent", "credit": "none",
+                    "recompute_old_logprobs": True}),
+    "memopd_himpo": ("MemOPD + HiMPO", {"reconstruction": "aligned", "teacher_reconstruction": "aligned",
+                                        "credit": "himpo"}),
+}
+DEFAULT_ARMS = ("rl", "memopd", "teacher_persistent", "flattening")
+#: Settings a rerun on a cached ``--out`` may change: how the run is executed, and which arms and seeds it adds.
+RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arms", "seeds")
+
+
+class SettingsMismatchError(ValueError):
+    """A rerun on an output folder whose cached stages were made with other settings."""
+
+
+@dataclass
+class ModelSpec:
+    """A tiny Qwen2 model and the SFT that trains it (with ``ExperimentConfig.model``: how many of the pretrained
+    base's decoder layers it keeps, 0 = all, and its SFT; ``hidden`` and ``heads`` then do not apply)."""
+
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 8
+    sft_steps: int = 100000  # the budget (minutes) usually ends the teacher's SFT first
+    sft_minutes: float | None = 70.0
+    sft_clock: str = "cpu"  # budget clock: "cpu" (process CPU time, all threads) or "wall"
+    sft_episodes: int = 2000  # oracle demonstrations
+    lr: float = 3e-3
+    sft_worlds: int = 0  # 0: demonstrations in the experiment's world (world 0, train-pool questions); N > 0:
+    # spread over N other worlds of the same generator (SFTConfig.demo_worlds), so that SFT cannot teach world 0's
+    # facts and the model must read its search results to answer
+    curve_every: int = 0  # > 0: greedy F1 of the SFT model every this many steps on curve_episodes evaluation
+    # episodes (train-pool questions on evaluation seeds), off the budget clock: the SFT learning curve
+    curve_episodes: int = 50
+
+def _finite(name: str, value: Any, low: float | None = None, high: float | None = None,
+            strict_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if strict_low else value >= low)) and (high is None or value <= high)
+    if not ok:
+        rule = " and ".join(r for r in ((f"> {low}" if strict_low else f">= {low}") if low is not None else "",
+                                        f"<= {high}" if high is not None else "") if r)
+        raise ValueError(f"{name} must be a finite number{' ' + rule if rule else ''}, got {value!r}")
+
+
+@dataclass
+class ExperimentConfig:
+    """Every knob of the experiment; :func:`quick_config` is the smoke-run preset."""
+
+    out: str = "runs/memopd"
+    # A pretrained base (a registered name such as ``smollm2-135m-instruct``, or a checkpoint folder): the teacher
+    # is its SFT (its first ``teacher.layers`` decoder layers; all when that is 0 or >= its depth) and the student its
+    # first ``student.layers`` layers (:func:`agents.llm.pretrained.shrink`), both on its tokenizer and with the
+    # system prompt its folder carries. ``hidden``, ``heads``, ``vocab`` and ``tokenizer_episodes`` then do not
+    # apply. None: tiny Qwen2 models trained from scratch. See :func:`pretrained_config` for sizes that fit a CPU.
+    model: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(ENV_KWARGS))
+    heldout_fraction: float = 0.25  # share of the world's entities whose questions are held out
+    teacher: ModelSpec = field(default_factory=ModelSpec)
+    student: ModelSpec = field(default_factory=lambda: ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150,
+                                                                 sft_minutes=None))
+    # The weak start: the student's SFT runs in rounds of student.sft_steps until greedy F1 on probe seeds
+    # (train-pool questions; neither SFT nor evaluation seeds) reaches student_start_f1, or student_max_steps
+    # are spent. A start with no reward at all gives GRPO nothing to learn from.
+    student_start_f1: float = 0.15
+    student_max_steps: int = 3000
+    probe_episodes: int = 100
+    vocab: int = 8192
+    tokenizer_episodes: int = 200
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    seeds: int = 5
+    updates: int = 120
+    tasks_per_update: int = 4
+    group_size: int = 4
+    lr: float = 3e-4  # 1e-3 made the KL to the start policy explode in a 6-update probe
+    kl_coef: float = 0.02
+    temperature: float = 0.7
+    distill_coef: float = 1.0
+    # Attention of the packed (shared-prefix) forwards of the OPD arms: sdpa_blocks is exact (tested against the
+    # dense mask) and avoids the dense [L, L] mask, which cost more than the shared prefix saved on CPU.
+    attention_backend: str = "sdpa_blocks"
+    eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
+    seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
+    curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
+    curve_episodes: int = 200  # episodes of the curve's points (the first of the held-out episodes)
+    max_new_tokens: int = 64
+    num_envs: int = 16
+    threads: int = 1  # torch threads per process of the arms (see workers)
+    sft_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # teacher and student SFT run alone
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # arm runs in parallel processes
+    timing_rounds: int = 3
+    diagnose_episodes: int = 16
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.arms = tuple(self.arms)
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or not self.arms:
+            raise ValueError(f"arms must be a non-empty subset of {list(ARMS)}, got {list(self.arms)}")
+        for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads", "workers",
+                     "sft_threads", "probe_episodes", "student_max_steps", "seen_eval_episodes", "curve_every",
+                     "curve_episodes", "num_envs", "vocab", "tokenizer_episodes", "timing_rounds",
+                     "diagnose_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_attention_backend(self.attention_backend)
+        _finite("lr", self.lr, 0, strict_low=True)
+        _finite("distill_coef", self.distill_coef, 0)
+        _finite("kl_coef", self.kl_coef, 0)
+        _finite("temperature", self.temperature, 0, strict_low=True)
+        _finite("student_start_f1", self.student_start_f1, 0, 1)
+        _finite("heldout_fraction", self.heldout_fraction, 0.01, 0.99)
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
+        for role, spec in (("teacher", self.teacher), ("student", self.student)):
+            if spec.sft_clock not in ("cpu", "wall"):
+                raise ValueError(f"{role} sft clock must be 'cpu' or 'wall', got {spec.sft_clock!r}")
+            if spec.sft_minutes is not None:
+                _finite(f"{role} sft_minutes", spec.sft_minutes, 0, strict_low=True)
+            _finite(f"{role} lr", spec.lr, 0, strict_low=True)
+            if int(spec.sft_steps) < 1:
+                raise ValueError(f"{role} sft_steps must be >= 1, got {spec.sft_steps}")
+            if isinstance(spec.layers, bool) or not isinstance(spec.layers, int) or \
+                    spec.layers < (0 if self.model else 1):
+                raise ValueError(f"{role} layers must be an integer >= {0 if self.model else 1}"
+                                 f"{' (0: all of the base model)' if self.model else ''}, got {spec.layers!r}")
+            if isinstance(spec.sft_worlds, bool) or not isinstance(spec.sft_worlds, int) or spec.sft_worlds < 0:
+                raise ValueError(f"{role} sft_worlds must be an integer >= 0, got {spec.sft_worlds!r}")
+
+
+def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
+    """The ``--quick`` smoke run (~8 CPU-minutes alone on 2 cores; more CPU time when other jobs share them):
+    small models, 2 seeds, 4 updates, every arm, 100 held-out episodes. Its teacher learns little in 3 minutes
+    (F1 ~0): it checks the pipeline, not the claims."""
+    base = dict(out=out, teacher=ModelSpec(hidden=64, layers=2, heads=4, sft_steps=150, sft_minutes=3.0,
+                                           sft_episodes=300), student_max_steps=400, probe_episodes=16,
+                # 400 steps: the student's actions are mostly valid (memory writes that credit can score)
+                student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=200, sft_minutes=None, sft_episodes=300),
+                vocab=2048, tokenizer_episodes=60, arms=tuple(ARMS), seeds=2, updates=4, tasks_per_update=2,
+                eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
+                diagnose_episodes=8)
+    return ExperimentConfig(**{**base, **overrides})
+
+
+#: ``--world``: the task worlds of the experiment. ``fixed``: one world (world 0) for every episode, whose facts a
+#: tiny model can learn by heart (the memorising-teacher case of docs/results.md). ``fresh``: every episode draws the
+#: world's facts afresh over world 0's inventory of names and values (MemQA's ``fresh_facts``), so only reading
+#: answers; 400 documents (a smaller inventory: fewer names for a tiny model's tokenizer and embeddings to learn).
+WORLDS = {"fixed": {}, "fresh": {"fresh_facts": True, "corpus_size": 400}}
+#: The fresh world's teacher: the same d=128 x 4 Qwen2 and 70 CPU-min, on 6,000 demonstrations (each its own fact
+#: draw, so repeated epochs cannot teach facts) and a 4,096-token vocabulary (the 400-document inventory's names are
+#: whole tokens well within it, and the output layer costs half of 8,192's); greedy F1 every 500 steps on 50
+#: episodes, off the budget clock (the SFT learning curve).
+FRESH_TEACHER = dict(sft_episodes=6000, curve_every=500)
+FRESH_OVERRIDES = dict(vocab=4096)
+
+
+def world_config(cfg: ExperimentConfig, world: str, *, quick: bool = False) -> ExperimentConfig:
+    """``cfg`` on the task world ``world`` (:data:`WORLDS`); ``fresh`` also takes the fresh world's teacher data
+    and vocabulary (:data:`FRESH_TEACHER`, :data:`FRESH_OVERRIDES`), except on a ``quick`` preset or a pretrained
+    base (whose sizes stay theirs)."""
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {list(WORLDS)}, got {world!r}")
+    cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **WORLDS[world]})
+    if world == "fresh" and cfg.model is None and not quick:
+        cfg = replace(cfg, teacher=replace(cfg.teacher, **FRESH_TEACHER), **FRESH_OVERRIDES)
+    return cfg
+
+
+#: ``--quick --model``: the pretrained pipeline on cuts of the base (4-layer teacher, 2-layer student), a few steps.
+PRETRAINED_QUICK = dict(teacher=ModelSpec(layers=4, sft_steps=20, sft_minutes=None, sft_episodes=40, lr=1e-4),
+                        student=ModelSpec(layers=2, sft_steps=10, sft_minutes=None, sft_episodes=40, lr=1e-4),
+                        student_max_steps=10, probe_episodes=4, seeds=2, updates=2, eval_episodes=8,
+                        seen_eval_episodes=4, curve_every=1, curve_episodes=4, diagnose_episodes=2, num_envs=4)
+
+
+def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
+    """The experiment on a pretrained base (``--model``): the teacher is the whole model after SFT, the student
+    its first 6 decoder layers (SmolLM2-135M: 30 layers, 134.5M parameters -> ~50M, 28M of them the tied
+    embedding), learning rates for fine-tuning rather than training from scratch, 64-token actions (a protocol
+    action in SmolLM2's BPE is 25-60 tokens) and the three arms the claims need (GRPO alone, MemOPD, the matched
+    teacher-persistent control) x 5 seeds x 30 updates of 2 tasks x 4, 100 held-out episodes. Sized for a GPU,
+    not for a 2-core CPU: there ``--quick --model`` (a 2-layer student) took ~90 CPU-s per GRPO update (rollouts
+    ~50 s of it, every action at the 64-token cap). Measured at this preset (docs/results.md, ``--until
+    student``): the teacher's 60 CPU-min buy 63 SFT steps (held-out F1 0.335, seen 0.260), the student's 400
+    steps 73 CPU-min (start F1 0.000), and one arm update ~125 CPU-s, so the 450 updates would be ~16 CPU-hours
+    of training."""
+    base = dict(out=out, model=model,
+                teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=60.0, sft_episodes=600, lr=5e-5),
+                student=ModelSpec(layers=6, sft_steps=40, sft_minutes=None, sft_episodes=600, lr=2e-4),
+                student_max_steps=400, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
+                updates=30, tasks_per_update=2, lr=1e-5, kl_coef=0.02, eval_episodes=100,
+                seen_eval_episodes=50, curve_every=10, curve_episodes=50, num_envs=8, timing_rounds=1,
+                diagnose_episodes=4)
+    return ExperimentConfig(**{**base, **overrides})
+
+
+def pool_env_kwargs(cfg: ExperimentConfig, pool: str = "train") -> dict[str, Any]:
+    """The env kwargs of one question pool: ``train`` (demonstrations, probes, GRPO episodes, "seen"
+    evaluation) or ``heldout`` (the headline evaluation)."""
+    return {**cfg.env_kwargs, "question_split": pool, "heldout_fraction": cfg.heldout_fraction}
+
+
+def _config_record(cfg: ExperimentConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(cfg), default=list))
+
+
+def check_settings(cfg: ExperimentConfig) -> None:
+    """Refuse (:class:`SettingsMismatchError`, naming the settings) a rerun on an output folder whose
+    ``experiment.json`` records other settings than ``cfg``, except those of :data:`RERUN_MAY_CHANGE`: its
+    cached teacher, student and arms were made with them."""
+    path = Path(cfg.out) / "experiment.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SettingsMismatchError(f"{path}: cannot be read as the settings of an earlier run ({err})") from None
+    new = _config_record(cfg)
+    # A setting added after that run was made is read as its default (what that run did): fill it in, at the
+    # top level and inside the model specs, before comparing.
+    default = _config_record(replace(ExperimentConfig(), teacher=ModelSpec(), student=ModelSpec()))
+    old = {**{k: v for k, v in default.items() if k not in ("teacher", "student")}, **old}
+    for role in ("teacher", "student"):
+        if isinstance(old.get(role), dict):
+            old[role] = {**default[role], **old[role]}
+    changed = sorted(k for k in set(old) | set(new) if k not in RERUN_MAY_CHANGE and old.get(k) != new.get(k))
+    if changed:
+        detail = ", ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in changed[:6])
+        more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
+        raise SettingsMismatchError(f"{cfg.out} holds a run with other settings: {detail}{more}; use another "
+                                    "--out (or the earlier settings) to keep its cached stages")
+
+
+__all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "SettingsMismatchError", "ModelSpec",
+           "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
+           "check_settings"]

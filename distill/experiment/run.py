@@ -1,0 +1,131 @@
+"""The whole experiment: :func:`run_experiment` runs every stage in order (each cached, so a rerun resumes), the
+arm runs in worker processes (:func:`_run_arms`), and writes the report; ``until`` stops after the teacher's or
+the student's stage (:data:`STAGES`, :func:`stage_summary`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from agents.files import write_atomic, write_text_atomic
+from distill.experiment.config import ExperimentConfig, _config_record, check_settings
+from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
+from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
+                                       persistent_diagnostics, run_arm)
+
+
+def _exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
+    """Worker initializer: end this worker when the experiment's process is gone (killed rather than
+    interrupted), instead of training the queued arms on as an orphan."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict, teacher: dict) -> dict:
+    """Every (arm, seed) run; ``cfg.workers`` > 1 runs them in that many processes (one torch thread each by
+    default). Why processes, not threads: on a shared 2-core machine a 2-thread tiny-model step was several
+    times *slower* than a 1-thread one (every op waits for the thread that lost its core), while two 1-thread
+    processes each keep their own pace."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc="arms x seeds", unit="run", disable=not cfg.progress)
+    results = {}
+    todo = [j for j in jobs if _done(Path(cfg.out) / "arms" / j[0] / f"seed{j[1]}") is None]
+    for job in jobs:
+        if job not in todo:
+            results[job] = run_arm(cfg, *job, student, teacher)  # cached: reads result.json
+            bar.update(1)
+    if cfg.workers == 1 or len(todo) <= 1:
+        for job in todo:
+            results[job] = run_arm(cfg, *job, student, teacher)
+            bar.update(1)
+    else:
+        quiet = replace(cfg, progress=False)  # one bar (this one), not one per worker
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that already ran torch threads
+        with ProcessPoolExecutor(max_workers=min(cfg.workers, len(todo)), mp_context=ctx,
+                                 initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
+            futures = {pool.submit(run_arm, quiet, *job, student, teacher): job for job in todo}
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                bar.update(1)
+    bar.close()
+    return results
+
+
+#: Where ``run_experiment(until=...)`` / ``--until`` may stop: after the teacher's or the student's stage.
+STAGES = ("teacher", "student")
+
+
+def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFrame:
+    """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``.
+
+    ``until`` (``"teacher"`` or ``"student"``) stops after that stage, its result cached as a full run would
+    leave it (a later call without ``until`` resumes from it), and returns that stage's one-row summary instead
+    of the results table: the teacher's and the weak start's F1 can be measured before the arms are paid for."""
+    if until is not None and until not in STAGES:
+        raise ValueError(f"until must be one of {list(STAGES)} or None, got {until!r}")
+    import torch
+
+    from agents.llm.precision import host_line, resolve_autocast
+
+    check_settings(cfg)
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    host = host_line(resolve_autocast("auto")) + " (SFT: autocast as shown; RL and distillation: fp32)"
+    _log(cfg, host)
+    write_text_atomic(out / "experiment.json", json.dumps(_config_record(cfg), indent=2))
+    teacher = build_teacher(cfg)
+    _log(cfg, f"teacher: held-out F1 {teacher['f1']:.3f} (EM {teacher['em']:.3f}), seen {teacher['seen_f1']:.3f}")
+    if until == "teacher":
+        return stage_summary({"teacher": teacher})
+    student = build_student(cfg, teacher)
+    _log(cfg, f"student start: held-out F1 {student['f1']:.3f} (EM {student['em']:.3f}), seen "
+              f"{student['seen_f1']:.3f}")
+    if until == "student":
+        return stage_summary({"teacher": teacher, "student": student})
+    start = pd.read_csv(out / "student" / "start_eval.csv")
+    start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
+    timing = actor_timing(cfg, student)
+    jobs = [(arm, s) for arm in cfg.arms for s in range(cfg.seeds)]
+    results = _run_arms(cfg, jobs, student, teacher)
+    runs = {arm: [results[(arm, s)] for s in range(cfg.seeds)] for arm in cfg.arms}
+    read = lambda arm, name: [pd.read_csv(out / "arms" / arm / f"seed{s}" / name)  # noqa: E731
+                              for s in range(cfg.seeds)]
+    ends = {arm: read(arm, "end_eval.csv") for arm in cfg.arms}
+    ends_seen = {arm: read(arm, "end_eval_seen.csv") for arm in cfg.arms}
+    diagnostics = persistent_diagnostics(cfg) if "flattening" in cfg.arms else None
+    table = results_table(cfg, start, ends, runs, timing, start_seen, ends_seen)
+    comparisons = comparisons_table(ends, ends_seen)
+    goals = targets(table, comparisons, teacher, student)
+    write_atomic(out / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_atomic(out / "comparisons.csv", lambda tmp: comparisons.to_csv(tmp, index=False))
+    write_text_atomic(out / "results.md", format_markdown(cfg, table, comparisons, teacher, student, timing,
+                                                          diagnostics, host, goals))
+    plot_curves(cfg, out / "learning_curves.png", start)
+    return table
+
+
+def stage_summary(stages: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per built stage (teacher, student start): its F1 on held-out and seen questions with their SEs
+    over episodes, its SFT steps and CPU seconds, its parameter count."""
+    keys = ("f1", "f1_se", "em", "seen_f1", "seen_f1_se", "steps", "train_cpu_seconds", "parameters", "path")
+    return pd.DataFrame([{"stage": name, **{k: res.get(k) for k in keys}} for name, res in stages.items()])
+
+
+__all__ = ["STAGES", "run_experiment", "stage_summary"]

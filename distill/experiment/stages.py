@@ -1,0 +1,422 @@
+"""The experiment's stages, each cached under ``OUT`` (its ``result.json``; a rerun skips it): the teacher's SFT
+(:func:`build_teacher`), the student's weak start (:func:`build_student`), one arm from that start for one training
+seed (:func:`arm_config`, :func:`run_arm`), the actor timing of the packings (:func:`actor_timing`) and the
+flattened transcript's misalignment (:func:`persistent_diagnostics`), with the greedy evaluation they share
+(:func:`evaluate_per_seed`). See :mod:`distill.experiment` for what each stage writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from agents.files import write_atomic, write_text_atomic
+from distill.experiment.config import (ARMS, ENV_ID, ExperimentConfig, ModelSpec, SettingsMismatchError,
+                                       pool_env_kwargs)
+from distill.stats import standard_error
+
+
+def _log(cfg: ExperimentConfig, text: str) -> None:
+    if cfg.progress:
+        print(text, flush=True)
+
+
+def _done(path: Path) -> dict[str, Any] | None:
+    f = path / "result.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float))
+
+
+def make_env_fn(cfg: ExperimentConfig, pool: str = "train"):
+    import gymnasium as gym
+
+    import memenv  # noqa: F401 - registers the environments
+
+    kwargs = pool_env_kwargs(cfg, pool)
+    return lambda: gym.make(ENV_ID, **kwargs)
+
+
+#: Seeds of the student's weak-start probe: neither SFT seeds (0..episodes-1) nor evaluation seeds (10**7 + i).
+PROBE_SEED_BASE = 2 * 10**7
+
+
+def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
+                      pool: str = "heldout", episodes: int | None = None) -> pd.DataFrame:
+    """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
+    ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
+    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts)."""
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.rollouts import rollout
+    from agents.llm.training import eval_seeds
+
+    env_fn = make_env_fn(cfg, pool)
+    envs = [env_fn() for _ in range(cfg.num_envs)]
+    seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
+    eps = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
+                  progress=cfg.progress)
+    for env in envs:
+        env.close()
+    return pd.DataFrame({"seed": seeds, "f1": [ep.f1 for ep in eps],
+                         "em": [float(ep.info.get("em", 0.0)) for ep in eps],
+                         "peak_context_tokens": [ep.info.get("peak_context_tokens", 0) for ep in eps],
+                         "turns": [ep.turns for ep in eps],
+                         "questions": [" | ".join(ep.info.get("questions", []) or []) for ep in eps]})
+
+
+def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
+    from agents.llm.sft import SFTConfig
+
+    return SFTConfig(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
+                     episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
+                     lr=spec.lr, warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
+                     schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
+                     tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
+                     # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);
+                     # a pretrained base needs no such pretraining.
+                     prompt_loss_weight=0.0 if cfg.model else 1.0, prompt_loss_fraction=0.3, eval_every=spec.curve_every,
+                     eval_episodes=spec.curve_episodes,
+                     save_every=250,
+                     keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
+                     budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
+                     tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
+                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress,
+                     # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
+                     # layers: OOM at ~24 GB), so they are recomputed in the backward
+                     gradient_checkpointing=bool(cfg.model), **overrides)
+
+
+def _trained(out: Path):
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import latest_checkpoint
+
+    return load_pretrained(latest_checkpoint(out))
+
+
+def _sft_finished(out: Path, spec: ModelSpec) -> dict[str, Any] | None:
+    """The last metrics row of an SFT run whose latest checkpoint already spent its steps or time budget (a
+    resume would rebuild the demonstrations only to take one more step), else None."""
+    from agents.llm.training import latest_checkpoint, load_trainer_state
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return None
+    state = load_trainer_state(ckpt)
+    spent = state.get("elapsed", (0.0, 0.0))[0 if spec.sft_clock == "wall" else 1]
+    if int(state["step"]) < spec.sft_steps and not (spec.sft_minutes and spent >= spec.sft_minutes * 60):
+        return None
+    rows = pd.read_csv(out / "metrics.csv")
+    return rows[rows["step"] <= int(state["step"])].iloc[-1].to_dict()
+
+
+def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out and seen evaluations of ``lm``, written to ``out/{name}_eval.csv`` and ``{name}_eval_seen.csv``."""
+    held = evaluate_per_seed(lm, tok, cfg, pool="heldout")
+    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes)
+    write_atomic(out / f"{name}_eval.csv", lambda tmp: held.to_csv(tmp, index=False))
+    write_atomic(out / f"{name}_eval_seen.csv", lambda tmp: seen.to_csv(tmp, index=False))
+    return held, seen
+
+
+def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
+    """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
+    keeps every decoder layer, else its first ``layers`` layers saved (once) to ``folder``, tokenizer and prompt
+    settings included."""
+    from agents.llm.models import load_pretrained, save_pretrained
+    from agents.llm.pretrained import resolve, shrink
+
+    base = resolve(cfg.model)
+    depth = json.loads((base / "config.json").read_text()).get("num_hidden_layers")
+    if depth is None or layers == 0 or layers >= int(depth):
+        return str(base)
+    if not (folder / "config.json").exists():
+        lm, tok = load_pretrained(base)
+        save_pretrained(shrink(lm, int(layers)), tok, folder)
+    return str(folder)
+
+
+def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
+    """SFT the teacher (resumes a partial run), then evaluate it; cached in ``OUT/teacher/result.json``."""
+    from agents.llm.sft import train_sft
+    from agents.llm.training import Timer, latest_checkpoint
+
+    out = Path(cfg.out) / "teacher"
+    if (res := _done(out)) is not None:
+        if cfg.env_kwargs.get("fresh_facts") and "train_draw_f1" not in res:  # cached before this figure existed
+            lm, tok = _trained(out)
+            res.update(_train_draw_eval(lm, tok, cfg, out))
+            _write_json(out / "result.json", res)
+        return res
+    timer = Timer()
+    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init") if cfg.model else None
+    row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out, model=base))
+    lm, tok = _trained(out)
+    held, seen = _evaluate_both(lm, tok, cfg, out, "teacher")
+    res = {"path": str(latest_checkpoint(out).resolve()), "steps": int(row.get("step")),
+           "train_cpu_seconds": row.get("cpu_seconds"), "train_wall_seconds": row.get("seconds"),
+           "f1": float(held.f1.mean()), "em": float(held.em.mean()), "f1_se": standard_error(held.f1),
+           "seen_f1": float(seen.f1.mean()), "seen_f1_se": standard_error(seen.f1), "stage_cpu_seconds": timer.cpu(),
+           "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.teacher)}
+    if cfg.env_kwargs.get("fresh_facts"):
+        res.update(_train_draw_eval(lm, tok, cfg, out))
+    _write_json(out / "result.json", res)
+    return res
+
+
+def _train_draw_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, float]:
+    """Fresh world: the teacher's F1 on *training draws* (the first ``seen_eval_episodes`` SFT demonstration seeds:
+    facts, documents and questions it was trained on), written to ``teacher_eval_train_draws.csv``. A reader scores
+    about as well on held-out draws; a model that recalls its training episodes scores higher here."""
+    seeds = range(min(cfg.seen_eval_episodes, cfg.teacher.sft_episodes))
+    drawn = evaluate_per_seed(lm, tok, cfg, seeds=seeds, pool="train")
+    write_atomic(out / "teacher_eval_train_draws.csv", lambda tmp: drawn.to_csv(tmp, index=False))
+    return {"train_draw_f1": float(drawn.f1.mean()), "train_draw_f1_se": standard_error(drawn.f1)}
+
+
+def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
+    """A smaller model on the teacher's tokenizer, weakly SFT'd; its per-episode start evaluations are saved."""
+    from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
+    from agents.llm.sft import train_sft
+    from agents.llm.training import latest_checkpoint, load_trainer_state
+
+    out = Path(cfg.out) / "student"
+    if (res := _done(out)) is not None:
+        return res
+    tok = load_tokenizer(teacher["path"])
+    init = out / "init"
+    if cfg.model:
+        init = Path(_pretrained_init(cfg, cfg.student.layers, init))
+    elif not (init / "config.json").exists():
+        save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
+                                         heads=cfg.student.heads), tok, init)
+    probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
+    probes_path = out / "probes.json"
+    probes = json.loads(probes_path.read_text()) if probes_path.exists() else []
+    round_steps = cfg.student.sft_steps
+    done = latest_checkpoint(out / "sft")
+    done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
+    # A resumed run continues at the first round boundary at or after its last checkpoint.
+    steps = min(max(round_steps, -(-done_steps // round_steps) * round_steps), cfg.student_max_steps)
+    while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
+        spec = replace(cfg.student, sft_steps=steps)
+        # A constant learning rate after warm-up (min_lr_ratio 1): a cosine over each round's end would spend
+        # every later round near its floor.
+        row = _sft_finished(out / "sft", spec) or train_sft(_sft_config(cfg, spec, out / "sft", model=str(init),
+                                                                        min_lr_ratio=1.0))
+        lm, tok = _trained(out / "sft")
+        if not probes or probes[-1]["steps"] != steps:  # probes: train-pool questions (model selection)
+            probes.append({"steps": steps, "probe_f1": float(evaluate_per_seed(lm, tok, cfg, probe_seeds,
+                                                                               pool="train").f1.mean())})
+            write_text_atomic(probes_path, json.dumps(probes))
+        _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} (weak-start target "
+                  f"{cfg.student_start_f1})")
+        if probes[-1]["probe_f1"] >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
+            break
+        steps = min(steps + round_steps, cfg.student_max_steps)
+    held, seen = _evaluate_both(lm, tok, cfg, out, "start")
+    res = {"path": str(latest_checkpoint(out / "sft").resolve()), "steps": row.get("step"),
+           "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(held.f1.mean()), "em": float(held.em.mean()),
+           "f1_se": standard_error(held.f1), "seen_f1": float(seen.f1.mean()), "seen_f1_se": standard_error(seen.f1),
+           "parameters": sum(p.numel() for p in lm.parameters()), "probes": probes,
+           **asdict(replace(cfg.student, sft_steps=steps))}
+    _write_json(out / "result.json", res)
+    return res
+
+
+def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]):
+    """The GRPO (``rl``) or MemOPD config of one arm; every arm shares the RL hyper-parameters and trains on the
+    ``train`` question pool. Checkpoints every ``curve_every`` updates (the learning curve's points)."""
+    from agents.llm.ppo import PPOConfig
+    from distill.trainer import MemOPDConfig
+
+    curve_every = min(cfg.curve_every, cfg.updates)
+    common = dict(algo="grpo", env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), model=student["path"],
+                  out_dir=str(Path(cfg.out) / "arms" / arm / f"seed{seed}"), seed=seed, updates=cfg.updates,
+                  episodes_per_update=cfg.tasks_per_update * cfg.group_size, group_size=cfg.group_size,
+                  lr=cfg.lr, kl_coef=cfg.kl_coef, temperature=cfg.temperature, epochs=2, num_minibatches=2,
+                  eval_every=0, save_every=curve_every, keep_checkpoints=cfg.updates // curve_every + 1,
+                  max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, threads=cfg.threads,
+                  progress=cfg.progress, resume=False)
+    fields = ARMS[arm][1]
+    if fields is None:
+        return PPOConfig(**common)
+    return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
+                        attention_backend=cfg.attention_backend, **fields)
+
+
+def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
+    settings = {k: v for k, v in asdict(run_cfg).items() if k not in ("out_dir", "progress", "threads", "resume")}
+    settings["evaluation"] = {k: getattr(cfg, k) for k in ("eval_episodes", "seen_eval_episodes", "curve_every",
+                                                           "curve_episodes", "heldout_fraction")}
+    return json.loads(json.dumps(settings, default=list))
+
+
+def _checkpoints(out: Path) -> dict[int, Path]:
+    found = {}
+    for p in out.glob("checkpoint-*"):
+        tail = p.name.rsplit("-", 1)[-1]
+        if p.is_dir() and tail.isdigit():
+            found[int(tail)] = p
+    return found
+
+
+def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]) -> dict:
+    """Train one arm from the student start for ``cfg.updates`` updates, then evaluate it: held-out and seen
+    questions at the end, held-out curve points at each intermediate checkpoint (which are then removed)."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.ppo import train_rl
+    from agents.llm.training import Timer
+    from distill.trainer import train_memopd
+
+    out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
+    run_cfg = arm_config(cfg, arm, seed, student, teacher)
+    settings = _arm_settings(cfg, run_cfg)
+    if (res := _done(out)) is not None:
+        if res.get("settings", settings) != settings:  # a cached run of another configuration is not this arm
+            old = res["settings"]
+            changed = sorted(k for k in set(settings) | set(old) if old.get(k) != settings.get(k))
+            raise SettingsMismatchError(f"{out / 'result.json'} was trained with other settings "
+                                        f"({', '.join(changed)}): use another --out, or delete that folder to "
+                                        "retrain it")
+        return res
+    lm, tok = load_pretrained(student["path"])
+    timer = Timer()
+    if ARMS[arm][1] is None:
+        train_rl(run_cfg, model=lm, tokenizer=tok)
+    else:
+        train_memopd(run_cfg, model=lm, tokenizer=tok)
+    train_cpu = timer.cpu()
+    held, seen = _evaluate_both(lm, tok, cfg, out, "end")  # lm was trained in place
+    curve = [held.head(cfg.curve_episodes).assign(update=cfg.updates)]
+    for update, path in sorted(_checkpoints(out).items()):
+        if update < cfg.updates:
+            mid_lm, mid_tok = load_pretrained(path)
+            curve.append(evaluate_per_seed(mid_lm, mid_tok, cfg, pool="heldout", episodes=cfg.curve_episodes)
+                         .assign(update=update))
+            shutil.rmtree(path)  # an intermediate checkpoint of this run, kept only for its curve point
+    curve_frame = pd.concat(curve).sort_values(["update", "seed"], kind="stable")[["update", "seed", "f1", "em"]]
+    write_atomic(out / "curve.csv", lambda tmp: curve_frame.to_csv(tmp, index=False))
+    metrics = pd.read_csv(out / "metrics.csv")
+    res = {"arm": arm, "seed": seed, "train_cpu_seconds": train_cpu, "f1": float(held.f1.mean()),
+           "em": float(held.em.mean()), "seen_f1": float(seen.f1.mean()),
+           "update_s": float(metrics["update_s"].mean()), "rollout_s": float(metrics["rollout_s"].mean()),
+           "approx_kl_first": float(metrics["approx_kl"].iloc[0]) if "approx_kl" in metrics else math.nan,
+           "clipfrac_first": float(metrics["clipfrac"].iloc[0]) if "clipfrac" in metrics else math.nan,
+           **{k: float(metrics[k].mean()) for k in ("credit_share", "credit_mean", "flat_credited_tokens",
+                                                    "zero_variance_groups", "distill_loss") if k in metrics},
+           "settings": settings}
+    _write_json(out / "result.json", res)
+    return res
+
+
+def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 123):
+    """One GRPO-shaped batch of training-temperature episodes (records for timing and diagnostics)."""
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.rollouts import records_of, rollout
+
+    env_fn = make_env_fn(cfg)
+    group = cfg.group_size
+    tasks = max(1, episodes // group)
+    seeds = [9 * 10**6 + t for t in range(tasks) for _ in range(group)]
+    policy = LLMPolicy(lm, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=seed)
+    eps = rollout(policy, [env_fn() for _ in range(cfg.num_envs)], seeds,
+                  groups=[t for t in range(tasks) for _ in range(group)])
+    return records_of(eps)
+
+
+def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame:
+    """Actor forward+backward CPU seconds on one update's records of the start student, per reconstruction and
+    layout: the naive padded baseline (record order, dense-mask sdpa: ``("padded", "auto")``), padded with
+    ``sdpa_blocks``, length-sorted padded buckets under the same token budget with both attentions (the best
+    padded baseline is the fastest of these four), shared-prefix packing (dense mask and the arms'
+    ``attention_backend``) and the prefix tree. Every layout first runs once untimed (warm-up); then
+    ``timing_rounds`` rounds run every layout, in an order rotated by one each round, at the arms' thread count
+    (``threads``), and each figure is the median over the rounds. Also the longest scored sequence (peak tokens
+    the actor and the teacher see per sequence), and each layout's ratio to both baselines."""
+    import torch
+
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import ActorCritic
+    from distill.reconstruct import reconstruct
+    from distill.teacher import ScoringLayout
+    from distill.trainer import PackedActorForward
+
+    path = Path(cfg.out) / "timing.csv"
+    if path.exists():
+        return pd.read_csv(path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # the arms' threads (the SFT stages before may have set more)
+    try:
+        lm, tok = load_pretrained(student["path"])
+        records = _sample_records(lm, tok, cfg, cfg.tasks_per_update * cfg.group_size)
+        module = ActorCritic(lm)
+        padded = [("padded", "auto"), ("padded", "sdpa_blocks"), ("sorted_padded", "auto"),
+                  ("sorted_padded", "sdpa_blocks")]
+        layouts = list(dict.fromkeys(padded + [("shared_prefix", "auto"), ("shared_prefix", cfg.attention_backend),
+                                               ("prefix_tree", "sdpa_blocks")]))
+        rows = []
+        for reconstruction in ("aligned", "persistent"):
+            peak = max(len(s) for s in reconstruct(records, reconstruction, tok))
+            forwards = {key: PackedActorForward(ScoringLayout(reconstruction, key[0], 4096, key[1]), tok)
+                        for key in layouts}
+            times: dict[tuple[str, str], list[float]] = {key: [] for key in layouts}
+            tokens = {}
+            for round_ in range(cfg.timing_rounds + 1):  # round 0: warm-up, not timed
+                shift = round_ % len(layouts)
+                for key in layouts[shift:] + layouts[:shift]:
+                    t0 = time.process_time()
+                    out = forwards[key](module, records, temperature=cfg.temperature, entropy=True)
+                    (out.logp.sum() + out.entropy.sum()).backward()
+                    if round_:
+                        times[key].append(time.process_time() - t0)
+                    module.zero_grad(set_to_none=True)
+                    tokens[key] = int(out.logp.numel())
+            median = {key: float(np.median(v)) for key, v in times.items()}
+            best = min(padded, key=median.__getitem__)
+            for packing, backend in layouts:
+                t = median[packing, backend]
+                rows.append({"reconstruction": reconstruction, "packing": packing, "backend": backend,
+                             "records": len(records), "action_tokens": tokens[packing, backend],
+                             "peak_scored_tokens": peak, "actor_cpu_s": t,
+                             "x_vs_naive_padded": median["padded", "auto"] / t,
+                             "x_vs_best_padded": median[best] / t, "best_padded": f"{best[0]} {best[1]}",
+                             "rounds": cfg.timing_rounds, "threads": torch.get_num_threads()})
+    finally:
+        torch.set_num_threads(threads)
+    table = pd.DataFrame(rows)
+    write_atomic(path, lambda tmp: table.to_csv(tmp, index=False))
+    return table
+
+
+def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
+    """:func:`distill.diagnose.diagnose` (aligned vs persistent) on records sampled by the flattening arm's
+    final student of the first seed (the model that sampled them, as diagnose requires): how far the flattened
+    transcript moves the log-probs from the sampled ones (why that arm recomputes its old log-probs)."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import latest_checkpoint
+    from distill.diagnose import diagnose
+
+    path = Path(cfg.out) / "diagnostics.csv"
+    if path.exists():
+        return pd.read_csv(path)
+    ckpt = latest_checkpoint(Path(cfg.out) / "arms" / "flattening" / "seed0")
+    if ckpt is None:
+        return None
+    lm, tok = load_pretrained(ckpt)
+    records = _sample_records(lm, tok, cfg, cfg.diagnose_episodes)
+    table = diagnose(records, lm, tok, clip=0.2, methods=("aligned", "persistent"))
+    write_atomic(path, lambda tmp: table.to_csv(tmp, index=False))
+    return table
+
+
+__all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluate_per_seed", "build_teacher", "build_student", "arm_config",
+           "run_arm", "actor_timing", "persistent_diagnostics"]
