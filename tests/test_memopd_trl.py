@@ -107,3 +107,48 @@ def test_accelerate_two_processes_two_steps(tmp_path):
     assert all(row["distill_loss"] > 0 for row in steps)
     # step 1 logs the mean over the ranks of each rank's term: the by-hand reverse KL
     assert steps[0]["distill_loss"] == pytest.approx((ranks[0]["reference"] + ranks[1]["reference"]) / 2, rel=1e-3)
+
+
+# ---------------------------------------------------------------------- TRL's gradient is the native one
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import memopd_trl_vs_native as bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def native_reference(tmp_path_factory):
+    """``train_memopd`` for 3 updates on shaped episodes (3 + 2 + 3 + 1 invocations of 3 rows, responses of
+    different lengths), once with a spread of returns in every group and once with every return 0."""
+    tok = bench.tokenizer()
+    out = {}
+    for returns in ("spread", "zero"):
+        setup = bench.Setup(returns=returns)
+        run, episodes = bench.native_run(setup, tok, str(tmp_path_factory.mktemp(f"native_{returns}")))
+        out[returns] = (setup, run, episodes)
+    return tok, out
+
+
+def test_the_shaped_episodes_have_every_hazard(native_reference):
+    _, runs = native_reference
+    _, run, episodes = runs["spread"]
+    first = episodes[0]
+    assert [len(ep.records) for ep in first] == [3, 2, 3, 1]  # 3 padding rows of 12 on TRL
+    assert len({len(r.response_ids) for ep in first for r in ep.records}) > 2  # completions of different lengths
+    for g in range(0, len(first), bench.GROUP):  # a spread of returns inside every group: the GRPO term acts
+        assert len({ep.reward for ep in first[g:g + bench.GROUP]}) == bench.GROUP
+    assert len(run.grads) == len(run.distill) == 3
+
+
+@pytest.mark.parametrize("returns,accumulation", [("spread", 1), ("spread", 4), ("spread", 12), ("zero", 4),
+                                                  ("zero", 12)])
+def test_trl_gradient_is_the_native_one_however_trl_cuts_the_batch(native_reference, tmp_path, returns,
+                                                                    accumulation):
+    """12 rows per update (3 of them padding rows) in 1, 4 or 12 micro-batches: the first update's gradient
+    (GRPO + lambda x distillation, or the distillation alone) and the 3-update distillation loss are the native
+    ones."""
+    tok, runs = native_reference
+    setup, native, episodes = runs[returns]
+    trl_side = bench.trl_run(setup, tok, episodes, accumulation, str(tmp_path))
+    row = bench.compare(native, trl_side)
+    assert row["cosine"] >= 0.99999, row
+    assert abs(row["norm_ratio"] - 1) <= 1e-4, row
+    assert row["updates"] == 3 and row["trajectory_gap"] <= 0.01, row
