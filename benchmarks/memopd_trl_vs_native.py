@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     print(f"native: distill_loss per update {' '.join(f'{v:.5f}' for v in native.distill)}; invocations per "
           f"episode {rows[:TASKS * GROUP]} (update 1); returns "
           f"{[round(ep.reward, 3) for ep in episodes[0]]}")
-    print(f"{'ranks x accum':>14} {'rows/micro':>10} {'cosine':>10} {'norm ratio':>11} {'distill_loss per update':>30}"
+    print(f"{'ranks x accum':>14} {'rows/micro':>10} {"cosine":>12} {"norm ratio":>11} {'distill_loss per update':>30}"
           f" {'max gap':>8}  ok")
     ok = True
     for case in args.cases:
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
         good = meets_targets(row, setup.updates)
         ok &= good
         micro = TASKS * GROUP * ROWS // processes // accumulation
-        print(f"{case:>14} {micro:>10} {row['cosine']:10.7f} {row['norm_ratio']:11.7f} "
+        print(f"{case:>14} {micro:>10} {row["cosine"]:12.9f} {row["norm_ratio"]:11.8f} "
               f"{' '.join(f'{v:.5f}' for v in other.distill):>30} {row['trajectory_gap']:8.2e}  "
               f"{'yes' if good else 'NO'}")
     print(json.dumps({"targets": TARGETS}))
