@@ -140,9 +140,11 @@ def native_run(setup: Setup, tok, out_dir: str) -> tuple[Run, list[list]]:
     return run, episodes
 
 
-def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir: str) -> Run:
+def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir: str,
+            loss_type: str = "dapo") -> Run:
     """``MemOPDTrainer`` on ``episodes`` (replayed) with ``accumulation`` micro-batches per optimizer step, in
-    this process (one rank) or, under ``accelerate launch``, as one of its ranks."""
+    this process (one rank) or, under ``accelerate launch``, as one of its ranks. With every return 0 only the
+    distillation term acts, whatever ``loss_type``."""
     import torch
     import trl
     from datasets import Dataset
@@ -174,7 +176,7 @@ def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir:
                           learning_rate=setup.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                           max_grad_norm=1e9, optim="adamw_torch", logging_steps=1, report_to=[], bf16=False,
                           max_completion_length=MAX_NEW_TOKENS, save_strategy="no", beta=0.0, seed=setup.seed,
-                          disable_tqdm=True, use_cpu=True, shuffle_dataset=False, loss_type="dapo")
+                          disable_tqdm=True, use_cpu=True, shuffle_dataset=False, loss_type=loss_type)
     model = student(tok)
     run = Run()
 
@@ -290,7 +292,7 @@ def main(argv=None) -> int:
     print(f"native: distill_loss per update {' '.join(f'{v:.5f}' for v in native.distill)}; invocations per "
           f"episode {rows[:TASKS * GROUP]} (update 1); returns "
           f"{[round(ep.reward, 3) for ep in episodes[0]]}")
-    print(f"{'ranks x accum':>14} {'rows/micro':>10} {"cosine":>12} {"norm ratio":>11} {'distill_loss per update':>30}"
+    print(f"{'ranks x accum':>14} {'rows/micro':>10} {'cosine':>12} {'norm ratio':>11} {'distill_loss per update':>30}"
           f" {'max gap':>8}  ok")
     ok = True
     for case in args.cases:
@@ -303,7 +305,7 @@ def main(argv=None) -> int:
         good = meets_targets(row, setup.updates)
         ok &= good
         micro = TASKS * GROUP * ROWS // processes // accumulation
-        print(f"{case:>14} {micro:>10} {row["cosine"]:12.9f} {row["norm_ratio"]:11.8f} "
+        print(f"{case:>14} {micro:>10} {row['cosine']:12.9f} {row['norm_ratio']:11.8f} "
               f"{' '.join(f'{v:.5f}' for v in other.distill):>30} {row['trajectory_gap']:8.2e}  "
               f"{'yes' if good else 'NO'}")
     print(json.dumps({"targets": TARGETS}))
