@@ -64,8 +64,8 @@ def vocabulary_probe(tokenizer, lines_per_chunk: int = 512) -> tuple[list[str], 
     A server whose tokenizer differs from the student's at a covered id (another text for it, or its text under
     another id) tokenizes that line differently, so the check fails; a difference at an uncovered id goes
     unseen. So a one-id difference at a uniformly random id is caught with probability ``coverage`` (0.9926 of
-    SmolLM2's 49,152 ids: 96 chunks of at most 1,025 tokens; the 365 ids left are 313 byte fragments, whose text alone is not valid UTF-8, and 52 runs of spaces
-    and line breaks that merge with the line ends)."""
+    SmolLM2's 49,152 ids: 96 chunks of at most 1,025 tokens; the 365 ids left are 313 byte fragments, whose text
+    alone is not valid UTF-8, and 52 runs of spaces and line breaks that merge with the line ends)."""
     size = len(tokenizer)
     lines = [tokenizer.decode([i]) for i in range(size)]
     chunks = ["\n".join(lines[i:i + lines_per_chunk]) for i in range(0, size, lines_per_chunk)]
@@ -320,4 +320,5 @@ class ServedTeacherHook:
 
 
 __all__ = ["PROBE", "ServedScores", "ServedTeacher", "ServedTeacherError", "ServedTokenizerMismatch",
-           "ServedTeacherHook", "vocabulary_probe", "check_served_options", "sampled_reverse_kl_term", "top_k_served_loss", "is_served"]
+           "ServedTeacherHook", "vocabulary_probe", "check_served_options", "sampled_reverse_kl_term",
+           "top_k_served_loss", "is_served"]

@@ -1,8 +1,8 @@
 """The served teacher (``--teacher openai:NAME@URL``) against a stand-in server on 127.0.0.1: a standard-library
 HTTP server that answers ``/v1/completions`` with ``prompt_logprobs`` computed by a tiny in-process model, as vLLM
 does (it is a stand-in, not vLLM: the real server is tested in tests/test_vllm.py). It checks the scores, the
-error cases (another tokenizer, one swapped vocabulary entry, fewer positions), the two losses, and short MemOPD runs through the trainer and
-the CLI."""
+error cases (another tokenizer, one swapped vocabulary entry, fewer positions), the two losses, and short MemOPD
+runs through the trainer and the CLI."""
 
 from __future__ import annotations
 
