@@ -1,21 +1,36 @@
-"""MemOPD on TRL: :class:`MemOPDTrainer`, trl's ``GRPOTrainer`` plus the teacher's distillation term.
+"""MemOPD on TRL: :class:`MemOPDTrainer`, trl's ``GRPOTrainer`` plus the teacher's distillation term, with the
+native trainer's gradient however TRL cuts the batch (micro-batches, accumulation, padding rows, ranks).
 
 The rows come from :class:`agents.llm.trl.MemenvRollout` in memory mode: one row per invocation, its prompt the
 exact observation ids of that turn and its completion the sampled ids, so every row already *is* the student's
-state when it sampled (MemOPD's aligned reconstruction, with no packing). On each training micro-batch the
-trainer adds
+state when it sampled (MemOPD's aligned reconstruction, with no packing). The loss is
 
-    distill_coef * mean over the loss tokens of D(student || teacher)
+    TRL's GRPO loss + distill_coef * sum over trained tokens of D(student || teacher) / N
 
-to TRL's GRPO loss, ``D`` the full-vocabulary divergence of :mod:`distill.losses` (``reverse_kl`` by default;
-``forward_kl``, ``jsd`` and the teacher top-k approximations as in :class:`distill.trainer.MemOPDConfig`), at the
-completion tokens TRL trains (``completion_mask x tool_mask``: ``MemenvRollout``'s padding rows get none), with
-lambda as in ``MemOPDConfig`` (``distill_coef``: total = GRPO loss + lambda x distillation loss, divided by the
-gradient-accumulation steps as TRL's own terms are). The student's hidden states are the ones of TRL's own
-training forward (a forward hook on the backbone: no second student forward); its LM head is applied in
-checkpointed position chunks (``O(chunk x vocab)``). The teacher (:class:`distill.teacher.Teacher`: same
-tokenizer, checked) runs under ``no_grad`` in eval mode on the same ``input_ids`` / ``attention_mask``. The
-per-token mean is logged as ``distill_loss``.
+``D`` the full-vocabulary divergence of :mod:`distill.losses` (``reverse_kl`` by default; ``forward_kl``,
+``jsd`` and the teacher top-k approximations as in :class:`distill.trainer.MemOPDConfig`), at the completion
+tokens TRL trains (``completion_mask x tool_mask``: ``MemenvRollout``'s padding rows get none), ``N`` the count of
+those tokens in the whole generation batch, every micro-batch and rank: each micro-batch divides its sum by
+TRL's own ``loss_type="dapo"`` normaliser (``num_items_in_batch / processes x accumulation steps / steps per
+generation``), so the term is the token mean of the native :class:`distill.trainer.MemOPDHook` whatever the
+batching, and with ``loss_type="dapo"`` the whole gradient is ``train_memopd``'s
+(``benchmarks/memopd_trl_vs_native.py``: cosine 1.000000000 with accumulation 1, 4, 12 and 2 ranks).
+
+- GRPO advantages are per episode, as the native trainer's: TRL's (unbiased std over a group's *rows*, which
+  padding rows fill with repeated returns) are replaced by :func:`episode_advantages` (population std over the
+  group's episodes) of TRL's weighted reward sum, each run of ``rollout_func.rows_per_episode`` rows one episode.
+- ``loss_type``: :data:`SUPPORTED_LOSS_TYPES` (the others are refused by name). TRL's policy term keeps its own
+  normalisation; for the row-count-free ones (:data:`ROW_COUNT_FREE`) rows without a trained token skip the
+  training forward (every rank keeps as many rows as the rank with the most weighted ones: TRL gathers per-row
+  tensors), for the row-mean ones they run, since they count in TRL's mean over rows.
+- ``scale_rewards`` must be ``"group"`` (or ``"none"``: no std, as ``grpo_std_norm=False``) and
+  ``multi_objective_aggregation`` ``"sum_then_normalize"``: the others have no native counterpart.
+
+The student's hidden states are the ones of TRL's own training forward (a forward hook on the backbone: no second
+student forward); its LM head is applied in checkpointed position chunks (``O(chunk x vocab)``). The teacher
+(:class:`distill.teacher.Teacher`: same tokenizer, checked) runs under ``no_grad`` in eval mode on the same
+``input_ids`` / ``attention_mask``, on the rows that have trained tokens. ``distill_loss`` is logged as the token
+mean over the step's rows (every rank's).
 
 Under ``accelerate launch`` (DDP) each process loads the teacher and scores its own rows; DeepSpeed ZeRO-3 and
 FSDP wrap the teacher as TRL wraps its reference model (``prepare_deepspeed`` / ``prepare_fsdp``; not run here: no
