@@ -60,6 +60,8 @@ class Setup:
 class Run:
     grads: list = field(default_factory=list)  # flat gradient per optimizer step (before the step)
     distill: list[float] = field(default_factory=list)  # logged distillation loss per update
+    forward_rows: list[int] = field(default_factory=list)  # TRL: rows of each student forward (this rank)
+    teacher_rows: list[int] = field(default_factory=list)  # TRL: rows of each teacher forward (this rank)
 
 
 def tokenizer():
@@ -185,10 +187,14 @@ def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir:
             run.grads.append(flat_grad(model))
 
     rollout = adapter.MemenvRollout("MemQA-v0", ENV, rows_per_episode=ROWS, max_new_tokens=MAX_NEW_TOKENS)
-    trainer = MemOPDTrainer(model=model, teacher=Teacher(teacher_model(tok), tok, student_tokenizer=tok),
+    teacher = Teacher(teacher_model(tok), tok, student_tokenizer=tok)
+    trainer = MemOPDTrainer(model=model, teacher=teacher,
                             distill_coef=setup.distill_coef, reward_funcs=adapter.episode_return_reward, args=args,
                             train_dataset=dataset, processing_class=tok, rollout_func=rollout)
     trainer.add_callback(Measure())
+    counts = [body.register_forward_pre_hook(lambda module, args, kwargs, rows=rows: rows.append(
+        int(kwargs["input_ids"].shape[0])), with_kwargs=True)
+        for body, rows in ((model.base_model, run.forward_rows), (teacher.model.base_model, run.teacher_rows))]
     sample = adapter.rollout
     adapter.rollout = replay
     try:
@@ -196,6 +202,8 @@ def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir:
         trainer.train()
     finally:
         adapter.rollout = sample
+        for count in counts:
+            count.remove()
     run.distill = [row["distill_loss"] for row in trainer.state.log_history if "distill_loss" in row]
     return run
 

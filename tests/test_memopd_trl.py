@@ -206,3 +206,14 @@ def test_unsupported_settings_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="multi_objective_aggregation must be 'sum_then_normalize'"):
         check_grpo_config(trl.GRPOConfig(multi_objective_aggregation="normalize_then_sum", **base))
     check_grpo_config(trl.GRPOConfig(scale_rewards=False, loss_type="bnpo", **base))  # "none" is the native no-std
+
+
+@pytest.mark.parametrize("loss_type,rows", [("dapo", 9), ("grpo", 12)])
+def test_padding_rows_skip_the_training_forward_where_the_loss_allows(native_reference, tmp_path, loss_type, rows):
+    """9 of each update's 12 rows have trained tokens: under dapo (a token sum over a global count) the 3 padding
+    rows are not run; under grpo (a mean over rows) they count, so they are. The teacher runs on the 9 alone."""
+    tok, runs = native_reference
+    setup, _, episodes = runs["zero"]
+    assert all(sum(len(ep.records) for ep in batch) == 9 for batch in episodes)
+    run = bench.trl_run(setup, tok, episodes, 1, str(tmp_path), loss_type=loss_type)
+    assert run.forward_rows == [rows] * 3 and run.teacher_rows == [9] * 3
