@@ -68,7 +68,8 @@ SUPPORTED_LOSS_TYPES = ROW_COUNT_FREE + ROW_MEAN
 
 
 class MemOPDTrainer(trl.GRPOTrainer):
-    """``trl.GRPOTrainer`` + ``distill_coef`` x the teacher's distillation loss at the trained completion tokens.
+    """``trl.GRPOTrainer`` + ``distill_coef`` x the teacher's distillation loss at the trained completion tokens
+    (the token mean over the generation batch), with GRPO advantages per episode (see the module doc).
 
     Args (besides ``GRPOTrainer``'s):
         teacher: a local checkpoint path, a transformers causal LM, or a :class:`distill.teacher.Teacher`.
