@@ -73,7 +73,8 @@ class MemOPDTrainer(trl.GRPOTrainer):
 
     Args (besides ``GRPOTrainer``'s):
         teacher: a local checkpoint path, a transformers causal LM, or a :class:`distill.teacher.Teacher`.
-        distill_coef: lambda (``MemOPDConfig.distill_coef``); 0 makes it plain GRPO (the term is still logged).
+        distill_coef: lambda (``MemOPDConfig.distill_coef``); 0: GRPO alone (per-episode advantages; the term is
+            still logged).
         distill_loss: the divergence (:class:`distill.losses.DistillLossConfig`; default: reverse KL, exact).
         memopd_config: a :class:`distill.trainer.MemOPDConfig` to take ``distill_coef`` and the loss from instead.
         teacher_tokenizer: the teacher model's tokenizer (default: ``processing_class``).
