@@ -18,10 +18,15 @@ Top-k approximation (``top_k=k``): only the teacher's ``k`` most likely tokens a
 is what a cached or remote teacher can afford to send. Two ways to close the distribution (``top_k_mode``):
 
 - ``"tail"`` (default): ``k + 1`` outcomes, the teacher's top-k tokens plus one *tail bucket* holding the rest of
-  the mass (``1 - sum_topk p``) for each distribution. Both distributions stay normalised and exact on the
-  support, and nothing is thrown away; with ``k = V`` the tail is empty and the loss equals the exact one.
+  the mass (``1 - sum_topk p``) for each distribution. Both distributions stay normalised and exact on the top-k
+  tokens, but the tail is one outcome: the divergence is that of a coarsening of both distributions, hence a
+  **lower bound** of the exact one (every divergence here is an f-divergence, which merging outcomes can only
+  lower; equal iff the student's tail is the teacher's tail scaled). The tail's *mass* is trained; its *shape*
+  (how the student spreads that mass over the ``V - k`` other tokens) gets no signal at all. With ``k = V`` the
+  tail is empty and the loss equals the exact one.
 - ``"renorm"``: both distributions are restricted to the teacher's top-k tokens and renormalised there. Tokens
-  outside the support get no signal (the student may keep mass there unpenalised); with ``k = V`` it is exact.
+  outside the support get no signal (the student may keep mass there unpenalised), and the value is neither a
+  lower nor an upper bound of the exact one; with ``k = V`` it is exact.
 
 :func:`chunked_distill_loss` applies the language-model head to hidden states in position chunks and checkpoints
 each chunk, so neither the forward nor the backward ever holds more than ``chunk x V`` logits of the student (and

@@ -11,7 +11,8 @@ response positions with ``action_mask == 1`` are kept, in record order then toke
 :class:`agents.llm.ppo.ActorOutput`). Requests run on a thread pool (``concurrency``); vLLM batches them.
 
 Checks, each a one-line error naming the server: before any work a probe text (chat markers, the memory and
-search tags, digits) is sent as text and its ids compared with the student tokenizer's
+search tags, digits) and the text of every vocabulary id, one per line (:func:`vocabulary_probe`: 96 requests of
+about 1,000 tokens for a 49,152-id vocabulary), are sent as text and their ids compared with the student tokenizer's
 (:class:`ServedTokenizerMismatch`, a :class:`distill.teacher.VocabularyMismatchError`, when they differ); every
 reply must echo the ids it was sent (``prompt_token_ids``) and give one entry per prompt position with the
 actual token in it (:class:`ServedTeacherError` otherwise: "returned N positions for a prompt of M tokens").
@@ -54,6 +55,25 @@ from memenv.search.http import excerpt
 #: The tokenizer probe: chat-template markers, the protocol's tags, digits, accents and spacing.
 PROBE = ("<|im_start|>user\nQuestion 1: In which country is Wigei?<|im_end|>\n<|im_start|>assistant\n"
          "<memory>Wigei 1957: Solurtia, Staitou</memory><search>capital of Solurtia</search>  café 3.14")
+
+
+def vocabulary_probe(tokenizer, lines_per_chunk: int = 512) -> tuple[list[str], float]:
+    """The whole-vocabulary part of the tokenizer check: the text of every id (``decode([id])``), one per line, in
+    chunks of ``lines_per_chunk`` lines (one request each), and the share of the vocabulary whose ids the
+    student's tokenizer produces on those chunks.
+
+    A server whose tokenizer differs from the student's at a covered id (another text for it, or its text under
+    another id) tokenizes that line differently, so the check fails; a difference at an uncovered id goes
+    unseen. So a one-id difference at a uniformly random id is caught with probability ``coverage`` (0.9926 of
+    SmolLM2's 49,152 ids: 96 chunks of at most 1,025 tokens; the 365 ids left are 313 byte fragments, whose text
+    alone is not valid UTF-8, and 52 runs of spaces and line breaks that merge with the line ends)."""
+    size = len(tokenizer)
+    lines = [tokenizer.decode([i]) for i in range(size)]
+    chunks = ["\n".join(lines[i:i + lines_per_chunk]) for i in range(0, size, lines_per_chunk)]
+    seen = set()
+    for chunk in chunks:
+        seen.update(tokenizer.encode(chunk, add_special_tokens=False))
+    return chunks, len(seen & set(range(size))) / max(1, size)
 
 
 class ServedTeacherError(ServerError):
@@ -114,22 +134,30 @@ class ServedTeacher:
         return choices[0]
 
     def check(self) -> None:
-        """The server is up, serves the model, and tokenizes :data:`PROBE` into the student tokenizer's ids."""
+        """The server is up, serves the model, and tokenizes :data:`PROBE` and the text of every vocabulary entry
+        (:func:`vocabulary_probe`) into the student tokenizer's ids; ``vocabulary_coverage`` is then the share of
+        the vocabulary whose ids that comparison saw."""
         self.client.check()
-        local = list(self.tokenizer.encode(PROBE, add_special_tokens=False))
-        choice = self._post(PROBE, 0, add_special_tokens=False)
-        served = choice.get("prompt_token_ids")
-        if not isinstance(served, list):
-            raise ServedTeacherError(f"{self.url} sent no prompt_token_ids for the tokenizer probe (a served teacher "
-                                     f"needs vLLM's return_token_ids): {excerpt(choice)}")
-        if served != local:
-            first = next((i for i, (a, b) in enumerate(zip(served, local)) if a != b), min(len(served), len(local)))
-            raise ServedTokenizerMismatch(
-                f"the teacher server {self.spec.url} (model {self.spec.model}) tokenizes a probe into {len(served)} "
-                f"ids, the student's tokenizer ({getattr(self.tokenizer, 'name_or_path', '?')}) into {len(local)}; "
-                f"first difference at position {first}: server {served[first:first + 4]} vs student "
-                f"{local[first:first + 4]}. Distillation compares distributions over one vocabulary: serve a "
-                "teacher with the student's tokenizer")
+        chunks, self.vocabulary_coverage = vocabulary_probe(self.tokenizer)
+        texts = [PROBE] + chunks
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(texts))) as pool:
+            replies = list(pool.map(lambda text: self._post(text, 0, add_special_tokens=False, prompt_logprobs=None),
+                                    texts))
+        for n, (text, choice) in enumerate(zip(texts, replies)):
+            local = list(self.tokenizer.encode(text, add_special_tokens=False))
+            served = choice.get("prompt_token_ids")
+            if not isinstance(served, list):
+                raise ServedTeacherError(f"{self.url} sent no prompt_token_ids for the tokenizer probe (a served "
+                                         f"teacher needs vLLM's return_token_ids): {excerpt(choice)}")
+            if served != local:
+                what = "a probe" if n == 0 else f"part {n} of {len(chunks)} of its vocabulary's texts"
+                first = next((i for i, (a, b) in enumerate(zip(served, local)) if a != b), min(len(served), len(local)))
+                raise ServedTokenizerMismatch(
+                    f"the teacher server {self.spec.url} (model {self.spec.model}) tokenizes {what} into "
+                    f"{len(served)} ids, the student's tokenizer ({getattr(self.tokenizer, 'name_or_path', '?')}) "
+                    f"into {len(local)}; first difference at position {first}: server {served[first:first + 4]} vs "
+                    f"student {local[first:first + 4]}. Distillation compares distributions over one vocabulary: "
+                    "serve a teacher with the student's tokenizer")
 
     # ------------------------------------------------------------------ scoring
     def _score_one(self, record: InvocationRecord) -> tuple[list[float], list[list[float]], list[list[int]], int]:
@@ -291,4 +319,5 @@ class ServedTeacherHook:
 
 
 __all__ = ["PROBE", "ServedScores", "ServedTeacher", "ServedTeacherError", "ServedTokenizerMismatch",
-           "ServedTeacherHook", "check_served_options", "sampled_reverse_kl_term", "top_k_served_loss", "is_served"]
+           "ServedTeacherHook", "vocabulary_probe", "check_served_options", "sampled_reverse_kl_term",
+           "top_k_served_loss", "is_served"]

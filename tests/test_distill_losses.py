@@ -10,6 +10,7 @@ pytest.importorskip("transformers")
 from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
 from distill.losses import (  # noqa: E402
+    LOSS_KINDS,
     DistillLossConfig,
     chunked_action_logprobs,
     chunked_distill_loss,
@@ -206,3 +207,25 @@ def test_teacher_from_pretrained_checks_before_loading_weights(tmp_path):
     (tmp_path / "teacher" / "model.safetensors").write_bytes(b"not weights")  # loading it would fail differently
     with pytest.raises(VocabularyMismatchError, match="teacher's tokenizer"):
         Teacher.from_pretrained(tmp_path / "teacher", student_tokenizer=memqa_tokenizer())
+
+
+@pytest.mark.parametrize("kind", LOSS_KINDS)
+def test_top_k_with_a_tail_is_a_lower_bound_blind_to_the_tails_shape(kind):
+    """The tail bucket merges V - k outcomes: the divergence can only drop (never above the exact one), and
+    reshaping the student's tail without changing its mass changes neither the loss nor its gradient's effect."""
+    gen = torch.Generator().manual_seed(5)
+    student = torch.log_softmax(torch.randn(64, 50, generator=gen) * 2, -1)
+    teacher = torch.log_softmax(torch.randn(64, 50, generator=gen) * 2, -1)
+    cfg = DistillLossConfig(kind=kind, top_k=5)
+    exact = distill_loss(student, teacher, DistillLossConfig(kind=kind))
+    approx = distill_loss(student, teacher, cfg)
+    assert (approx <= exact + 1e-6).all() and (approx < exact - 1e-3).float().mean() > 0.9
+    # the student's tail reshaped (mass kept): same loss
+    top = teacher.topk(5, dim=-1).indices
+    outside = torch.ones_like(student, dtype=torch.bool).scatter(-1, top, False)
+    p = student.exp()
+    tail_mass = (p * outside).sum(-1, keepdim=True)
+    flat = torch.where(outside, tail_mass / outside.sum(-1, keepdim=True), p)  # the tail spread evenly
+    reshaped = distill_loss(flat.log(), teacher, cfg)
+    assert torch.allclose(reshaped, approx, atol=1e-5)
+    assert not torch.allclose(distill_loss(flat.log(), teacher, DistillLossConfig(kind=kind)), exact, atol=1e-3)

@@ -1,8 +1,8 @@
 """The served teacher (``--teacher openai:NAME@URL``) against a stand-in server on 127.0.0.1: a standard-library
 HTTP server that answers ``/v1/completions`` with ``prompt_logprobs`` computed by a tiny in-process model, as vLLM
 does (it is a stand-in, not vLLM: the real server is tested in tests/test_vllm.py). It checks the scores, the
-error cases (another tokenizer, fewer positions), the two losses, and short MemOPD runs through the trainer and
-the CLI."""
+error cases (another tokenizer, one swapped vocabulary entry, fewer positions), the two losses, and short MemOPD
+runs through the trainer and the CLI."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from agents.llm.rollouts import records_of, rollout  # noqa: E402
 from distill.losses import DistillLossConfig, distill_loss, reverse_kl  # noqa: E402
 from distill.served_teacher import (PROBE, ServedTeacher, ServedTeacherError, ServedTeacherHook,  # noqa: E402
                                     ServedTokenizerMismatch, check_served_options, sampled_reverse_kl_term,
-                                    top_k_served_loss)
+                                    top_k_served_loss, vocabulary_probe)
 from distill.teacher import VocabularyMismatchError  # noqa: E402
 
 ENV = {**ENV_KW, "max_turns": 2}
@@ -34,10 +34,10 @@ class StandInTeacher:
 
     ``mode``: ``"ok"``; ``"other_tokenizer"`` (text prompts are tokenized with every id shifted by one, as a
     server with another vocabulary would); ``"fewer"`` (the last prompt position is missing); ``"no_ids"`` (no
-    ``prompt_token_ids`` in the reply)."""
+    ``prompt_token_ids`` in the reply). ``swap=(k, m)``: text prompts are tokenized with ids k and m exchanged."""
 
-    def __init__(self, model, tokenizer, mode: str = "ok") -> None:
-        self.model, self.tokenizer, self.mode = model.eval(), tokenizer, mode
+    def __init__(self, model, tokenizer, mode: str = "ok", swap: tuple[int, int] | None = None) -> None:
+        self.model, self.tokenizer, self.mode, self.swap = model.eval(), tokenizer, mode, swap
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
         owner = self
@@ -74,7 +74,10 @@ class StandInTeacher:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             if self.mode == "other_tokenizer":
-                ids = [i + 1 for i in ids]
+                ids = [(i + 1) % len(self.tokenizer) for i in ids]
+            if self.swap is not None:  # a tokenizer with two vocabulary entries exchanged
+                a, b = self.swap
+                ids = [b if i == a else a if i == b else i for i in ids]
         else:
             ids = list(prompt)
         k = int(body.get("prompt_logprobs") or 0)
@@ -131,10 +134,13 @@ def test_scores_are_the_teachers_log_probs_at_the_action_tokens(setup):
         served = ServedTeacher(f"openai:standin@{server.url}", tok, top_k=4, concurrency=3)
         scores = served.score(records)
         bodies = server.bodies
-    assert bodies[0]["prompt"] == PROBE and bodies[0]["add_special_tokens"] is False  # the tokenizer probe
-    sent = [b["prompt"] for b in bodies[1:]]
+    checks = [b for b in bodies if isinstance(b["prompt"], str)]  # the tokenizer check: text prompts, sent first
+    assert bodies[:len(checks)] == checks
+    assert sorted(b["prompt"] for b in checks) == sorted([PROBE] + vocabulary_probe(tok)[0])
+    assert all(b["add_special_tokens"] is False and b["prompt_logprobs"] is None for b in checks)
+    sent = [b["prompt"] for b in bodies[len(checks):]]
     assert sorted(map(tuple, sent)) == sorted(tuple(r.input_ids) for r in records[1:])  # the records' ids as sampled
-    assert all(b["max_tokens"] == 1 and b["prompt_logprobs"] == 4 for b in bodies[1:])
+    assert all(b["max_tokens"] == 1 and b["prompt_logprobs"] == 4 for b in bodies[len(checks):])
     expected = torch.cat([sequence_logprobs(teacher, r.prompt_ids, r.response_ids)[torch.tensor(r.action_mask) == 1]
                           for r in records])
     assert scores.sampled.shape == expected.shape and expected.numel() > 10
@@ -159,8 +165,31 @@ def test_a_server_with_another_tokenizer_fails_before_any_work(setup):
         with pytest.raises(ServedTokenizerMismatch, match=f"teacher server {server.url} .*first difference at "
                                                           "position 0") as err:
             ServedTeacher(f"openai:standin@{server.url}", tok)
-        assert len(server.bodies) == 1  # only the probe
+        assert all(isinstance(b["prompt"], str) for b in server.bodies)  # only the check's texts, nothing scored
     assert isinstance(err.value, VocabularyMismatchError)  # memenv distill prints it as one line, exit 2
+
+
+def test_a_server_whose_tokenizer_differs_in_one_token_is_caught(setup):
+    """Two vocabulary entries swapped (ids k and m, neither in the probe text): the probe alone would pass, the
+    whole-vocabulary texts do not."""
+    tok, _, teacher = setup
+    in_probe = set(tok.encode(PROBE, add_special_tokens=False))
+    k, m = [i for i in range(len(tok)) if i not in in_probe and tok.encode(tok.decode([i]), add_special_tokens=False)
+            == [i]][-2:]
+    with StandInTeacher(teacher, tok, mode="ok", swap=(k, m)) as server:
+        with pytest.raises(ServedTokenizerMismatch, match=r"tokenizes part \d of \d of its vocabulary's texts into"):
+            ServedTeacher(f"openai:standin@{server.url}", tok)
+        probe_reply = server.answer({"prompt": PROBE, "add_special_tokens": False})["choices"][0]
+    assert probe_reply["prompt_token_ids"] == tok.encode(PROBE, add_special_tokens=False)  # the old check passed
+
+
+def test_the_vocabulary_probe_covers_every_id_whose_text_round_trips():
+    tok = memqa_tokenizer()
+    chunks, coverage = vocabulary_probe(tok, lines_per_chunk=100)
+    assert len(chunks) == -(-len(tok) // 100)
+    seen = {i for c in chunks for i in tok.encode(c, add_special_tokens=False)}
+    round_trips = {i for i in range(len(tok)) if tok.encode(tok.decode([i]), add_special_tokens=False) == [i]}
+    assert round_trips <= seen and coverage == len(seen) / len(tok) >= len(round_trips) / len(tok) > 0.7
 
 
 def test_fewer_positions_or_no_ids_are_clear_errors(setup):

@@ -13,8 +13,11 @@ memenv maps episodes onto those rows so that the trainer optimises exactly the t
   ``rows_per_episode`` consecutive slots; an episode with fewer invocations is padded with rows whose
   ``env_mask`` is 0 (no loss). ``num_generations = episodes_per_group * rows_per_episode``: the slots of one
   dataset prompt hold ``episodes_per_group`` episodes of the same task seed. Every row (padding rows included)
-  carries its episode's return, so the group mean and spread are those of the episodes and every row of an
-  episode gets the same advantage. The env's turn limit is set to ``rows_per_episode`` so no episode overflows.
+  carries its episode's return, so the group mean is the episodes' and every row of an episode gets the same
+  advantage; TRL's spread is the unbiased std over the group's E x R rows, which scales every advantage by
+  ``sqrt((E R - 1) / (E R))`` against the native trainer's (population std over the E episodes; returns
+  [1, 0], R = 3: 0.913, not 1; :class:`distill.trl.MemOPDTrainer` computes them over episodes). The env's turn
+  limit is set to ``rows_per_episode`` so no episode overflows.
 - **history mode** (``context="history"``): the transcript grows, so one episode is one row: the first prompt,
   then the sampled actions interleaved with the env's new text, ``env_mask`` 0 on the env's tokens. The model
   samples each action after exactly these ids (the ids are concatenated, never re-tokenised).
