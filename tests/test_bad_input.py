@@ -529,6 +529,67 @@ def test_type_errors_are_also_value_errors() -> None:
     assert issubclass(ArgumentTypeError, TypeError) and issubclass(ArgumentTypeError, ValueError)
 
 
+# ------------------------------------------------------------------------------ a refused reset poisons nothing
+
+BAD_SEEDS = [(-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError), ([1], TypeError)]
+
+
+def _play(env, seed: int, actions: list[str]) -> list:
+    obs, info = env.reset(seed=seed)
+    steps = [obs]
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        steps.append((obs, reward, terminated, truncated, info["invocation"].get("valid")))
+    return steps
+
+
+@pytest.mark.parametrize("env", ["MemQA", "MemQA-tools", "MemRead", "MemDialog", "BEAM", "LongMemEval"])
+def test_a_bad_seed_is_refused_and_never_poisons_the_env(env: str, files) -> None:
+    # Gymnasium's checker marked its first reset as checked before calling it: a first reset that raised left
+    # every later step failing ("cannot unpack non-iterable NoneType object"). Every bad seed, first or not.
+    actions = ["<memory>notes</memory><search>founder</search>" if env in ("MemQA", "MemDialog") else "<next/>",
+               "<mem_add>a note</mem_add>"]
+    reference = _play(make(env, files), 0, actions)
+    played = make(env, files)
+    for seed, error in BAD_SEEDS:
+        with pytest.raises(error, match=r"^seed must be an int >= 0 or None, got "):
+            played.reset(seed=seed)
+    assert _play(played, 0, actions) == reference
+    # mid-episode: the refused reset leaves the episode in progress as it was
+    played.reset(seed=0)
+    played.step(actions[0])
+    with pytest.raises(ValueError, match="seed"):
+        played.reset(seed=-1)
+    obs, *_ = played.step(actions[1])
+    assert obs == reference[2][0]
+
+
+def test_a_bad_seed_is_refused_with_gymnasiums_own_checker_and_without_any() -> None:
+    for kwargs in ({"disable_env_checker": False}, {"disable_env_checker": True}):
+        env = gym.make("MemQA-v0", **kwargs)
+        with pytest.raises(ValueError, match="seed must be an int >= 0"):
+            env.reset(seed=-1)
+        env.reset(seed=np.int64(3))  # numpy integers are seeds too
+        assert env.step("<answer>x</answer>")[4]["invocation"]["turn"] == 1
+    raw = MemDialogEnv()  # no gym.make: the env itself refuses
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        raw.reset(seed=-7)
+    raw.reset(seed=0)
+    with pytest.raises(TypeError, match="options must be a dict or None, got list"):
+        gym.make("MemDialog-v0").reset(options=[1])
+
+
+def test_the_env_checker_is_memenvs_and_survives_a_spec_round_trip() -> None:
+    env = gym.make("MemQA-v0", objectives=2)
+    assert [w.name for w in env.spec.additional_wrappers] == ["EnvChecker"]
+    again = gym.make(env.spec)
+    assert str(again) == str(env) and again.unwrapped.objectives == 2
+    with pytest.raises(ValueError, match="seed"):
+        again.reset(seed=-1)
+    again.reset(seed=0)
+    again.step("<answer>x</answer>")
+
+
 # ------------------------------------------------------------------------------ capacities are truthful
 
 @pytest.mark.parametrize("corpus_size, hops, rate", [(200, 2, 0.25), (50, 1, 0.0), (120, (1, 3), 1.0), (50, 6, 1.0)])
