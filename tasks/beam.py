@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import re
 import secrets
@@ -50,7 +49,7 @@ import numpy as np
 
 from tasks.conversations import Conversation
 from tasks.corpus import _TOO_DEEP, _read_text, _type_name
-from tasks.types import DataFormatError, Question
+from tasks.types import DataFormatError, Question, answer_text
 
 __all__ = [
     "ABILITIES",
@@ -437,12 +436,13 @@ def _reference(raw: dict, at: str) -> tuple[str, str]:
     for key in REFERENCE_KEYS:
         if key in raw:
             value = raw[key]
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                value = "\n".join(value)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                value = str(value)
-            if not isinstance(value, str) or not value.strip():
-                raise DataFormatError(f"{at}: {key} must be a non-empty string (or list of strings)")
+            try:  # a list is one item per line (event ordering's events); numbers as answer_text writes them
+                items = value if isinstance(value, list) else [value]
+                value = "\n".join(answer_text(item) for item in items)
+            except (TypeError, ValueError) as err:
+                raise DataFormatError(f"{at}: {key}: {err}") from None
+            if not value.strip():
+                raise DataFormatError(f"{at}: {key}: empty answer (no reply can score on it)")
             return key, value
     raise DataFormatError(f"{at}: no reference: expected one of {', '.join(REFERENCE_KEYS)}")
 

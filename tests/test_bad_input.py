@@ -850,7 +850,7 @@ LOADERS = {
 
 HOTPOT_FILES = [
     (_hotpot(_del(1, "answer")), ["record 1", "'answer'"]),
-    (_hotpot(_set(1, "answer", 42)), ["record 1", "answer", "expected a string"]),
+    (_hotpot(_set(1, "answer", {"text": "42"})), ["record 1", "answer", "got dict"]),  # a number is its text
     (_hotpot(_set(1, "answer", "  ")), ["record 1", "answer", "empty"]),
     (_hotpot(_set(1, "question", "")), ["record 1", "question", "empty"]),
     (_hotpot(_set(1, "question", ["Who?"])), ["record 1", "question", "expected a string"]),
@@ -893,7 +893,7 @@ QUESTION_FILES = [
     (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?"}'), ["line 3", "'answers'"]),
     (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": []}'), ["line 3", "no non-empty gold answer"]),
     (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": [" "]}'), ["line 3", "no non-empty gold answer"]),
-    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": [1]}'), ["line 3", "answers[0]"]),
+    (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": [{"a": 1}]}'), ["line 3", "answers[0]", "got dict"]),
     (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_ids": []}'),
      ["line 3", "supporting_ids", "empty list"]),
     (_jsonl(QUESTIONS, '{"id": "q9", "question": "Q?", "answers": ["a"], "supporting_titles": []}'),
@@ -1041,9 +1041,9 @@ BEAM_QUESTION_FILES = [
     (_beam_questions(_sample("question", "  ")), ["information_extraction[0]", "empty question"]),
     (_beam_questions(_sample("question", 5)), ["information_extraction[0]", "question must be a string"]),
     (_beam_questions(_sample("answer", _DELETE)), ["information_extraction[0]", "no reference", "answer"]),
-    (_beam_questions(_sample("answer", "")), ["information_extraction[0]", "answer must be a non-empty"]),
-    (_beam_questions(_sample("answer", None)), ["information_extraction[0]", "answer must be a non-empty"]),
-    (_beam_questions(_sample("answer", [1, 2])), ["information_extraction[0]", "answer"]),
+    (_beam_questions(_sample("answer", "")), ["information_extraction[0]", "answer: empty answer"]),
+    (_beam_questions(_sample("answer", None)), ["information_extraction[0]", "answer: empty answer"]),
+    (_beam_questions(_sample("answer", [1, {}])), ["information_extraction[0]", "answer", "got dict"]),
     (_beam_questions(_sample("answer", math.nan)), ["information_extraction[0]", "answer"]),
     (_beam_questions(_sample("rubric", 5)), ["information_extraction[0]", "rubric must be a list of strings"]),
     (_beam_questions(_sample("rubric", ["ok", 1])), ["information_extraction[0]", "rubric"]),
