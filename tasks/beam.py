@@ -61,6 +61,7 @@ __all__ = [
     "ConversationSource",
     "MAX_MESSAGE_CHARS",
     "SyntheticBeamChat",
+    "conversation_files",
     "cut_marker",
     "find_conversations",
     "iter_chat_batches",
@@ -560,7 +561,7 @@ class BeamConversation:
         ``n_tokens`` counts the whitespace tokens of the messages as loaded: a message longer than
         ``max_message_chars`` counts its first ``max_message_chars`` characters (see :func:`iter_chat_batches`)."""
         path = Path(path)
-        chat, questions_file = path / CHAT_FILE, path / QUESTIONS_FILE
+        chat, questions_file = conversation_files(path)
         for required in (chat, questions_file):
             if not required.is_file():
                 raise FileNotFoundError(f"BEAM conversation {path}: missing {required.relative_to(path)}")
@@ -580,6 +581,12 @@ class BeamConversation:
         """The batches from position ``start`` on (earlier ones are parsed and dropped: the file is streamed)."""
         return (b for b in iter_chat_batches(self.path / CHAT_FILE, max_message_chars=self.max_message_chars)
                 if b.position >= start)
+
+
+def conversation_files(path: str | os.PathLike) -> tuple[Path, Path]:
+    """The files of a conversation directory that :class:`BeamConversation` reads: its chat and its probing
+    questions (a cache of conversations keys on both)."""
+    return Path(path) / CHAT_FILE, Path(path) / QUESTIONS_FILE
 
 
 @dataclass

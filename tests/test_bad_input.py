@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import warnings
 from pathlib import Path
@@ -588,6 +589,45 @@ def test_the_env_checker_is_memenvs_and_survives_a_spec_round_trip() -> None:
         again.reset(seed=-1)
     again.reset(seed=0)
     again.step("<answer>x</answer>")
+
+
+# ------------------------------------------------------------------------------ caches key on every file read
+
+def test_an_edited_probing_questions_file_is_seen_by_the_next_make(tmp_path) -> None:
+    # The conversation cache keyed on chat.json only: an edited probing_questions.json was ignored.
+    folder = Path(_write_beam_folder(tmp_path / "beam")) / "1"
+    first = gym.make("MemDialog-BEAM-v0", data_path=str(folder), abilities=("information_extraction",))
+    assert first.reset(seed=0)[1]["questions"] == ["What is my sister's name?"]
+    questions_file = folder / "probing_questions" / "probing_questions.json"
+    edited = copy.deepcopy(BEAM_QUESTIONS)
+    edited["information_extraction"][0]["question"] = "What is my brother's name?"
+    questions_file.write_text(json.dumps(edited), encoding="utf-8")
+    again = gym.make("MemDialog-BEAM-v0", data_path=str(folder), abilities=("information_extraction",))
+    assert again.reset(seed=0)[1]["questions"] == ["What is my brother's name?"]
+
+
+def test_a_file_replaced_with_its_size_and_mtime_kept_is_loaded_again(files, tmp_path) -> None:
+    # mtime alone (or mtime and size) misses a same-size file copied over with its mtime kept (cp -p, rsync -t).
+    env = make("Pair", files)
+    assert env.reset(seed=0)[1]["questions"][0] in {q["question"] for q in QUESTIONS}
+    path = Path(files["questions"])
+    before = path.stat()
+    changed = [dict(q, question=q["question"].replace("Velmora", "Velmoxa")) for q in QUESTIONS]
+    replacement = tmp_path / "replacement.jsonl"
+    _write_jsonl(replacement, changed)
+    assert replacement.stat().st_size == before.st_size
+    replacement.replace(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    texts = {make("Pair", files).reset(seed=seed)[1]["questions"][0] for seed in range(6)}
+    assert texts <= {q["question"] for q in changed} and any("Velmoxa" in t for t in texts)
+
+
+def test_a_missing_questions_path_names_the_file() -> None:
+    # Was a 13-line traceback ending in getmtime's bare "[Errno 2] No such file or directory".
+    with pytest.raises(FileNotFoundError, match="questions file not found: 'missing.jsonl'"):
+        gym.make("MemQA-v0", questions_path="missing.jsonl", search_backend="http://127.0.0.1:9/retrieve")
+    with pytest.raises(ValueError, match="needs both corpus_path= and questions_path="):
+        gym.make("MemQA-v0", questions_path="missing.jsonl")
 
 
 # ------------------------------------------------------------------------------ capacities are truthful
