@@ -317,8 +317,17 @@ def _log(cfg: ExperimentConfig, text: str) -> None:
 
 
 def _done(path: Path) -> dict[str, Any] | None:
+    """A stage's cached result, or None. One without the scores every stage records was made by another version
+    of the experiment: refused (:class:`SettingsMismatchError`) rather than failing later on a missing key."""
     f = path / "result.json"
-    return json.loads(f.read_text()) if f.exists() else None
+    if not f.exists():
+        return None
+    res = json.loads(f.read_text())
+    missing = [key for key in ("f1", "em", "seen_f1") if not isinstance(res, dict) or key not in res]
+    if missing:
+        raise SettingsMismatchError(f"{f} was made by another version of the experiment (no {', '.join(missing)}); "
+                                    f"use another --out, or delete {path} to make that stage again")
+    return res
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -1023,8 +1032,8 @@ def check_settings(cfg: ExperimentConfig) -> None:
     ``experiment.json`` records other settings than ``cfg``, except those of :data:`RERUN_MAY_CHANGE`: its
     cached teacher, student and arms were made with them."""
     path = Path(cfg.out) / "experiment.json"
-    if not path.exists():
-        return
+    if not path.exists() or not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
+        return  # no stage made with those settings (a run that failed first): nothing to protect
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -1134,6 +1143,10 @@ def _run(args: argparse.Namespace) -> int:
             cfg.teacher = replace(cfg.teacher, sft_worlds=args.sft_worlds)
             cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
         cfg.__post_init__()
+        if cfg.model:  # a missing or damaged folder, or a registered model not installed: one line, before any work
+            from agents.llm.cli import check_checkpoint
+
+            check_checkpoint(cfg.model, "--model")
         check_settings(cfg)
     t0 = time.perf_counter()
     try:

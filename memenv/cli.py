@@ -49,6 +49,12 @@ class CommandError(Exception):
         self.status = status
 
 
+class NotInstalledError(RuntimeError):
+    """Something a command was asked to use is not installed (a registered model's weights package, its
+    reader): wherever it is raised, :func:`main` prints ``memenv CMD: error: MESSAGE`` (the message says what to
+    install) and returns 2, as for a user's mistake, never a traceback."""
+
+
 class CommandInterrupted(KeyboardInterrupt):
     """Ctrl-C, with what the command kept (e.g. ``"2 of 6 cells kept in bench_out"``): :func:`main` prints
     ``memenv CMD: interrupted: NOTE`` and returns 130. A plain ``KeyboardInterrupt`` prints ``interrupted``."""
@@ -365,6 +371,9 @@ def _run_command(args: argparse.Namespace, command: str) -> int:
     except CommandError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return exc.status
+    except NotInstalledError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
     except ServiceError as exc:
         # A retrieval server, served model or judge that failed mid-run: not the user's typing (exit 1, as the
         # bench's --max-failures stop), but one line naming the URL and what came back, not a traceback.
