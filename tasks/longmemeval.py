@@ -18,8 +18,9 @@ about one session of memory whatever its size (``benchmarks/longmemeval_rss.py``
 Mapping onto the BEAM env's task source (:class:`tasks.beam.BeamBatch`): a session is a batch (its date the
 ``haystack_dates`` entry), each turn one message with id ``"S:T"`` (1-based session and turn numbers); the item's
 one question is a :class:`~tasks.types.Question` with ``kind`` = ``question_type``, ``answers[0]`` = the answer
-(numbers as :func:`tasks.types.answer_text` writes them: ``3.0`` -> ``"3"``) and ``meta``: ``ability`` (the type), ``abstention`` (``_abs`` in the id), ``question_date``,
-``evidence`` (the ids of the ``has_answer`` turns), ``answer_session_ids``, ``rubric`` (``[answer]``).
+(numbers as :func:`tasks.types.answer_text` writes them: ``3.0`` -> ``"3"``) and ``meta``: ``ability`` (the
+type), ``abstention`` (``_abs`` in the id), ``question_date``, ``evidence`` (the ids of the ``has_answer`` turns),
+``answer_session_ids``, ``rubric`` (``[answer]``).
 
 Malformed input raises :class:`~tasks.types.DataFormatError` naming the file, the item (0-based position and
 ``question_id``) and the field: not UTF-8, not a JSON array, invalid or truncated JSON, a missing field, a wrong

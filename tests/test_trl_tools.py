@@ -148,9 +148,9 @@ def test_answer_takes_a_list_of_answers_one_per_objective():
     assert env.snapshots[-1]["tool_input"] == f"{golds[0]}; 3" and env.get_reward() == 0.5
 
 
-@pytest.mark.parametrize("tool, arguments", [("mem_add", {"text": None}), ("mem_update", {"entry_id": 1, "text": None}),
-                                             ("mem_search", {"query": None}), ("answer", {"answers": None}),
-                                             ("mem_add", {"text": {"note": "x"}}), ("answer", {"answers": ["a", None]})])
+@pytest.mark.parametrize("tool, arguments", [
+    ("mem_add", {"text": None}), ("mem_update", {"entry_id": 1, "text": None}), ("mem_search", {"query": None}),
+    ("answer", {"answers": None}), ("mem_add", {"text": {"note": "x"}}), ("answer", {"answers": ["a", None]})])
 def test_a_tool_call_without_text_is_refused_and_nothing_is_stored(tool, arguments):
     env = MemQAToolEnv(**MEMQA_KW)
     env.reset(seed=0)
