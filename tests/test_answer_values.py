@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 import memenv  # noqa: F401 - registers the envs
+from memenv.envs.memdialog import score_answer
 from memenv.scoring.beam import event_order_score, nugget_scores, score_beam_answer
 from memenv.scoring.locomo import locomo_score
 from memenv.scoring.longmemeval import score_longmemeval_answer
 from memenv.scoring.qa import best_em_f1, exact_match, f1_score, score_objectives, split_answers
 from tasks import DataFormatError, Question, answer_text
 from tasks.beam import load_probing_questions
+from tasks.conversations import is_abstention_answer
 from tasks.corpus import load_questions_jsonl
 from tasks.hotpot import load_hotpotqa
 from tasks.locomo import load_locomo
@@ -161,5 +163,8 @@ def test_every_scorer_takes_a_number_reply_as_its_text():
                     meta={"ability": "information_extraction", "rubric": ["2"]})
     assert score_beam_answer(2.0, beam)["score"] == 1.0
     assert nugget_scores(7, ["7"]) == [1.0]
+    zero = Question("z", "How many cats?", ("0",), kind="counting", meta={})
+    assert score_answer(0, zero) == (1.0, 1.0)  # `prediction or ""` made the reply 0 no answer
+    assert is_abstention_answer(3) is False
     assert event_order_score(["woke up", "ate lunch"], ["woke up", "ate lunch"]) == 1.0
     assert event_order_score(["ate lunch", "woke up"], ["woke up", "ate lunch"]) == 0.0

@@ -53,7 +53,7 @@ from tasks.conversations import (
     sample_questions,
 )
 from tasks.locomo import CATEGORY_TYPES, load_locomo
-from tasks.types import Question
+from tasks.types import Question, answer_text
 
 __all__ = ["MemDialogEnv", "score_answer"]
 
@@ -81,7 +81,7 @@ INSTRUCTIONS = {
 
 def score_answer(prediction: str | None, question: Question) -> tuple[float, float]:
     """``(em, f1)`` of one prediction (see the module docstring for abstention questions)."""
-    prediction = prediction or ""
+    prediction = answer_text(prediction)  # a number is its text (0 is "0", not no answer)
     if question.meta.get("abstention"):
         if is_abstention_answer(prediction):
             return 1.0, 1.0
