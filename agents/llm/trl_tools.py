@@ -109,9 +109,9 @@ class MemenvToolEnv:
     def _served_mismatch(self) -> str | None:
         """What the connected server's env lacks of this class's (``env_id`` and ``defaults``): ``None`` when it
         is the env this class plays, else the settings it needs (``" with memory_mode='tools'"``, or ``""`` for
-        another env id). A setting
-        the server was not given is the env's own default (its registration's, else its constructor's), so a
-        MemQA server without ``memory_mode=`` is a rewrite-mode one, which no tool call of this class could play."""
+        another env id). A setting the server was not given is the env's own default (its registration's, else
+        its constructor's), so a MemQA server without ``memory_mode=`` is a rewrite-mode one, which no tool call
+        of this class could play."""
         if self.env.env_id.split(":")[-1] != self.env_id:
             return ""
         served = env_settings(self.env_id, self.env.env_kwargs)
@@ -166,7 +166,7 @@ def tool_text(name: str, value: Any, separator: str = "\n") -> str:
         except (TypeError, ValueError):
             what = "null" if item is None else type(item).__name__
             raise ValueError(f"{name}: its text must be a string (or a list of strings), got {what}"
-                             + (f" in a list" if item is not value else "")) from None
+                             + (" in a list" if item is not value else "")) from None
     return separator.join(texts)
 
 
