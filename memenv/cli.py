@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from memenv.cli_common import (INTERRUPTED_STATUS, CommandError, CommandInterrupted, HelpFormatter, non_negative_int,
-                               parse_kwargs, user_input)
+from memenv.cli_common import (INTERRUPTED_STATUS, CommandError, CommandInterrupted, HelpFormatter, NotInstalledError,
+                               non_negative_int, parse_kwargs, user_input)
 from memenv.search.http import ServiceError
 from memenv.search.index.cli import build_command as index_build_command
 from memenv.search.index.cli import register_cli as register_index
@@ -194,6 +194,9 @@ def _run_command(args: argparse.Namespace, command: str) -> int:
     except CommandError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return exc.status
+    except NotInstalledError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
     except ServiceError as exc:
         # A retrieval server, served model or judge that failed mid-run: not the user's typing (exit 1, as the
         # bench's --max-failures stop), but one line naming the URL and what came back, not a traceback.

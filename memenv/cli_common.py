@@ -34,6 +34,12 @@ class CommandError(Exception):
         self.status = status
 
 
+class NotInstalledError(RuntimeError):
+    """Something a command was asked to use is not installed (a registered model's weights package, its
+    reader): wherever it is raised, :func:`memenv.cli.main` prints ``memenv CMD: error: MESSAGE`` (the message says
+    what to install) and returns 2, as for a user's mistake, never a traceback."""
+
+
 class CommandInterrupted(KeyboardInterrupt):
     """Ctrl-C, with what the command kept (e.g. ``"2 of 6 cells kept in bench_out"``): :func:`main` prints
     ``memenv CMD: interrupted: NOTE`` and returns 130. A plain ``KeyboardInterrupt`` prints ``interrupted``."""

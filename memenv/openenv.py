@@ -46,7 +46,7 @@ from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
 import memenv  # noqa: F401 - registers the environments
-from memenv.envs.base import text_space
+from memenv.envs.base import check_reset_args, text_space
 
 __all__ = ["BackgroundServer", "MemenvAction", "MemenvClient", "MemenvEnvironment", "MemenvObservation",
            "MemenvState", "ServedEnv", "connect", "create_app", "jsonable", "run_app", "serve"]
@@ -351,8 +351,9 @@ class ServedEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         kwargs: dict[str, Any] = {}
+        seed = check_reset_args(seed, options)  # the env's own check, before anything is sent (int(1.5) was 1)
         if seed is not None:
-            kwargs["seed"] = int(seed)
+            kwargs["seed"] = seed
         if options is not None:
             kwargs["options"] = options
         result = self.client.reset(**kwargs)

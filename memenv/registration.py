@@ -7,7 +7,11 @@ turn limit, because the remaining turns are part of what the policy sees.
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import register, registry
+from gymnasium.envs.registration import WrapperSpec, register, registry
+
+#: memenv's env checker (:class:`memenv.envs.base.EnvChecker`) in place of Gymnasium's, whose first reset, when it
+#: raises (a refused seed), leaves every later step failing.
+ENV_CHECKER = WrapperSpec("EnvChecker", "memenv.envs.base:EnvChecker", {})
 
 # id -> (entry point, default kwargs)
 ENVIRONMENTS: dict[str, tuple[str, dict]] = {
@@ -36,4 +40,5 @@ def register_envs() -> None:
     """Register every environment of :data:`ENVIRONMENTS` (idempotent)."""
     for env_id, (entry_point, kwargs) in ENVIRONMENTS.items():
         if env_id not in registry:
-            register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs), disable_env_checker=False)
+            register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs), disable_env_checker=True,
+                     additional_wrappers=(ENV_CHECKER,))

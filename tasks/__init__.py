@@ -3,6 +3,8 @@
 This layer imports nothing else of the project.
 """
 
-from tasks.types import DataFormatError, DataFormatWarning, Document, QADataset, Question
+from tasks.types import (DataFormatError, DataFormatWarning, Document, QADataset, Question, answer_text,
+                         gold_answer_text)
 
-__all__ = ["DataFormatError", "DataFormatWarning", "Document", "QADataset", "Question"]
+__all__ = ["DataFormatError", "DataFormatWarning", "Document", "QADataset", "Question", "answer_text",
+           "gold_answer_text"]

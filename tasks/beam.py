@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import re
 import secrets
@@ -50,7 +49,7 @@ import numpy as np
 
 from tasks.conversations import Conversation
 from tasks.corpus import _TOO_DEEP, _read_text, _type_name
-from tasks.types import DataFormatError, Question
+from tasks.types import DataFormatError, Question, answer_text
 
 __all__ = [
     "ABILITIES",
@@ -62,6 +61,7 @@ __all__ = [
     "ConversationSource",
     "MAX_MESSAGE_CHARS",
     "SyntheticBeamChat",
+    "conversation_files",
     "cut_marker",
     "find_conversations",
     "iter_chat_batches",
@@ -437,12 +437,13 @@ def _reference(raw: dict, at: str) -> tuple[str, str]:
     for key in REFERENCE_KEYS:
         if key in raw:
             value = raw[key]
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                value = "\n".join(value)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                value = str(value)
-            if not isinstance(value, str) or not value.strip():
-                raise DataFormatError(f"{at}: {key} must be a non-empty string (or list of strings)")
+            try:  # a list is one item per line (event ordering's events); numbers as answer_text writes them
+                items = value if isinstance(value, list) else [value]
+                value = "\n".join(answer_text(item) for item in items)
+            except (TypeError, ValueError) as err:
+                raise DataFormatError(f"{at}: {key}: {err}") from None
+            if not value.strip():
+                raise DataFormatError(f"{at}: {key}: empty answer (no reply can score on it)")
             return key, value
     raise DataFormatError(f"{at}: no reference: expected one of {', '.join(REFERENCE_KEYS)}")
 
@@ -560,7 +561,7 @@ class BeamConversation:
         ``n_tokens`` counts the whitespace tokens of the messages as loaded: a message longer than
         ``max_message_chars`` counts its first ``max_message_chars`` characters (see :func:`iter_chat_batches`)."""
         path = Path(path)
-        chat, questions_file = path / CHAT_FILE, path / QUESTIONS_FILE
+        chat, questions_file = conversation_files(path)
         for required in (chat, questions_file):
             if not required.is_file():
                 raise FileNotFoundError(f"BEAM conversation {path}: missing {required.relative_to(path)}")
@@ -580,6 +581,12 @@ class BeamConversation:
         """The batches from position ``start`` on (earlier ones are parsed and dropped: the file is streamed)."""
         return (b for b in iter_chat_batches(self.path / CHAT_FILE, max_message_chars=self.max_message_chars)
                 if b.position >= start)
+
+
+def conversation_files(path: str | os.PathLike) -> tuple[Path, Path]:
+    """The files of a conversation directory that :class:`BeamConversation` reads: its chat and its probing
+    questions (a cache of conversations keys on both)."""
+    return Path(path) / CHAT_FILE, Path(path) / QUESTIONS_FILE
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.types import Question
+from tasks.types import Question, answer_text
 
 __all__ = [
     "ABSTENTION_ANSWER",
@@ -71,7 +71,7 @@ def _normalise(text: str) -> str:
     import re
     import string
 
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = "".join(ch for ch in answer_text(text).lower() if ch not in set(string.punctuation))
     return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tasks.types import DataFormatError, Document, QADataset, Question
+from tasks.types import DataFormatError, Document, QADataset, Question, gold_answer_text
 
 __all__ = [
     "RecordLocation",
@@ -253,6 +253,15 @@ def as_text(value: Any, field: str, loc: RecordLocation) -> str:
     return text
 
 
+def as_answer(value: Any, field: str, loc: RecordLocation) -> str:
+    """A gold answer of any type an official file writes it in (:func:`tasks.types.gold_answer_text`: numbers,
+    lists), stripped and non-empty, else a located error."""
+    try:
+        return gold_answer_text(value)
+    except (TypeError, ValueError) as err:
+        loc.fail(f"{field}: {err}")
+
+
 def as_nonempty_str_list(value: Any, field: str, loc: RecordLocation) -> list[str]:
     """``value`` as a non-empty list of strings (an explicitly empty list is an error: omit the key instead)."""
     items = as_str_list(value, field, loc)
@@ -353,8 +362,14 @@ class _TitleIndex:
 def _answers(rec: Mapping[str, Any], loc: RecordLocation) -> tuple[str, ...]:
     key = "answers" if "answers" in rec else "golden_answers"
     value = get_field(rec, ("answers", "golden_answers"), loc)
-    answers = [value] if isinstance(value, str) else as_str_list(value, key, loc)
-    answers = [a for a in answers if a.strip()]
+    answers = []
+    for i, alias in enumerate(value if isinstance(value, list) else [value]):
+        try:
+            answers.append(gold_answer_text(alias))
+        except ValueError:  # an empty alias is dropped; the record needs one that is not
+            continue
+        except TypeError as err:
+            loc.fail(f"{key}[{i}]: {err}" if isinstance(value, list) else f"{key}: {err}")
     if not answers:
         loc.fail(f"{key}: no non-empty gold answer")
     return _unique(answers)

@@ -26,6 +26,7 @@ from typing import Any
 from tasks.corpus import (
     PathLike,
     RecordLocation,
+    as_answer,
     as_str,
     as_text,
     as_str_list,
@@ -126,7 +127,7 @@ def _parse_item(loc: RecordLocation, rec: dict[str, Any]) -> _Item:
         loc=loc,
         id=as_str(get_field(rec, ("_id", "id"), loc), "_id" if "_id" in rec else "id", loc, allow_int=True),
         question=as_text(get_field(rec, "question", loc), "question", loc),
-        answer=as_text(get_field(rec, "answer", loc), "answer", loc),
+        answer=as_answer(get_field(rec, "answer", loc), "answer", loc),
         type=as_str(get_field(rec, "type", loc), "type", loc),
         level=None if level is None else as_str(level, "level", loc),
         # HotpotQA sentences usually carry their own leading space: join, then normalise.

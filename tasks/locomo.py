@@ -34,14 +34,13 @@ three of them: evidence that names no turn of its conversation is kept, and one
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from tasks.conversations import ABSTENTION_ANSWER, Conversation, Session, Turn
-from tasks.corpus import PathLike, RecordLocation, as_str, as_text, get_field, iter_json_records
+from tasks.corpus import PathLike, RecordLocation, as_answer, as_str, as_text, get_field, iter_json_records
 from tasks.types import DataFormatError, DataFormatWarning, Question
 
 __all__ = ["CATEGORY_TYPES", "load_locomo"]
@@ -93,17 +92,6 @@ def _sessions(conv: Any, loc: RecordLocation) -> tuple[tuple[str, ...], tuple[Se
     return speakers, tuple(sessions)
 
 
-def _answer_text(value: Any, field: str, loc: RecordLocation) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        loc.fail(f"{field}: expected a string or a number, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        loc.fail(f"{field}: expected a string or a finite number, got {value!r}")
-    text = str(value).strip()
-    if not text:
-        loc.fail(f"{field}: empty answer")
-    return text
-
-
 def _evidence(value: Any, field: str, loc: RecordLocation) -> list[str]:
     """Evidence dia_ids, split and normalised: the release joins some ("D8:6; D9:17"), misspells others
     ("D:11:26", "D30:05"); a string without any ``D<session>:<turn>`` is kept verbatim."""
@@ -143,11 +131,11 @@ def _questions(qa: Any, sample_id: str, loc: RecordLocation) -> tuple[Question, 
         if category == 5:
             answers = [ABSTENTION_ANSWER]
             if "adversarial_answer" in raw:
-                meta["adversarial_answer"] = _answer_text(raw["adversarial_answer"], f"{where}.adversarial_answer", loc)
+                meta["adversarial_answer"] = as_answer(raw["adversarial_answer"], f"{where}.adversarial_answer", loc)
             if raw.get("answer") is not None:
-                answers.append(_answer_text(raw["answer"], f"{where}.answer", loc))
+                answers.append(as_answer(raw["answer"], f"{where}.answer", loc))
         else:
-            answers = [_answer_text(get_field(raw, "answer", loc, within=where), f"{where}.answer", loc)]
+            answers = [as_answer(get_field(raw, "answer", loc, within=where), f"{where}.answer", loc)]
         questions.append(Question(
             id=f"{sample_id}/q{i}", question=text, answers=tuple(dict.fromkeys(answers)),
             supporting_ids=tuple(evidence), hops=max(1, len(evidence)), kind=CATEGORY_TYPES[category], meta=meta,

@@ -4,7 +4,7 @@ Official layout, one JSON array of items (``longmemeval_oracle.json``, ``longmem
 ``longmemeval_m*.json`` share it)::
 
     {"question_id": str ("..._abs": abstention), "question_type": str (QUESTION_TYPES), "question": str,
-     "answer": str | int (a rubric for single-session-preference; an explanation for abstention items),
+     "answer": str | number (a rubric for single-session-preference; an explanation for abstention items),
      "question_date": "2023/05/28 (Sun) 19:47", "haystack_dates": [str], "haystack_session_ids": [str],
      "haystack_sessions": [[{"role": "user"|"assistant", "content": str, "has_answer"?: bool}, ...], ...],
      "answer_session_ids": [str]}
@@ -18,19 +18,20 @@ about one session of memory whatever its size (``benchmarks/longmemeval_rss.py``
 Mapping onto the BEAM env's task source (:class:`tasks.beam.BeamBatch`): a session is a batch (its date the
 ``haystack_dates`` entry), each turn one message with id ``"S:T"`` (1-based session and turn numbers); the item's
 one question is a :class:`~tasks.types.Question` with ``kind`` = ``question_type``, ``answers[0]`` = the answer
-(ints as strings) and ``meta``: ``ability`` (the type), ``abstention`` (``_abs`` in the id), ``question_date``,
-``evidence`` (the ids of the ``has_answer`` turns), ``answer_session_ids``, ``rubric`` (``[answer]``).
+(numbers as :func:`tasks.types.answer_text` writes them: ``3.0`` -> ``"3"``) and ``meta``: ``ability`` (the
+type), ``abstention`` (``_abs`` in the id), ``question_date``, ``evidence`` (the ids of the ``has_answer`` turns),
+``answer_session_ids``, ``rubric`` (``[answer]``).
 
 Malformed input raises :class:`~tasks.types.DataFormatError` naming the file, the item (0-based position and
 ``question_id``) and the field: not UTF-8, not a JSON array, invalid or truncated JSON, a missing field, a wrong
-type, an unknown ``question_type``, dates or ids that do not match the sessions, a repeated ``question_id``.
+type, an empty answer, an item without sessions, an unknown ``question_type``, dates or ids that do not match the
+sessions, a repeated ``question_id``.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
-import math
 import os
 import re
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.beam import MAX_MESSAGE_CHARS, BeamBatch, BeamMessage
-from tasks.types import DataFormatError, Question
+from tasks.types import DataFormatError, Question, gold_answer_text
 
 __all__ = ["QUESTION_TYPES", "LongMemEvalItem", "LongMemEvalSource", "index_longmemeval", "iter_item_sessions",
            "write_synthetic_longmemeval"]
@@ -155,9 +156,7 @@ class _Stream:
             return value
 
 
-def _check_str(value: Any, name: str, stream: _Stream, allow_int: bool = False) -> str:
-    if allow_int and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return str(value)
+def _check_str(value: Any, name: str, stream: _Stream) -> str:
     if not isinstance(value, str):
         stream.fail(f"{name} must be a string, got {type(value).__name__}")
     return value
@@ -232,8 +231,13 @@ def _item_from(fields: dict[str, Any], position: int, offset: int, counts: tuple
     question = _check_str(fields["question"], "question", stream)
     if not question.strip():
         stream.fail("empty question")
-    answer = _check_str(fields["answer"], "answer", stream, allow_int=True)
+    try:
+        answer = gold_answer_text(fields["answer"])
+    except (TypeError, ValueError) as err:
+        stream.fail(f"answer: {err}")
     n_sessions, n_messages, n_tokens, evidence = counts
+    if n_sessions == 0:
+        stream.fail("haystack_sessions is empty: an item needs at least one session to read before its question")
     dates = _str_list(fields["haystack_dates"], "haystack_dates", stream)
     ids = _str_list(fields["haystack_session_ids"], "haystack_session_ids", stream)
     for name, values in (("haystack_dates", dates), ("haystack_session_ids", ids)):

@@ -7,7 +7,10 @@ more questions into an episode ("objectives", MEM1 style).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class DataFormatError(ValueError):
@@ -22,6 +25,41 @@ class DataFormatWarning(UserWarning):
 
     Like :class:`DataFormatError`, the message names the file and the records.
     """
+
+
+def answer_text(value: Any) -> str:
+    """An answer as text, whatever JSON type an official file (or a caller) gives it.
+
+    A string as it is; an integral number without a fraction (``3`` and ``3.0`` -> ``"3"``: a reply "3" must
+    match a gold answer written ``3.0``); another finite number as Python writes it (``2.5`` -> ``"2.5"``); a
+    list or tuple as its items' texts joined by ``", "``; ``None`` as ``""`` (no answer). Any other type (a
+    bool, an object) raises ``TypeError`` and NaN or infinity ``ValueError``, each naming what it got.
+    Every loader and scorer of the project converts through this one function, so a gold answer and a reply
+    of the same value always have the same text.
+    """
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, list, tuple)):
+        raise TypeError(f"an answer must be a string, a number or a list of them, got {type(value).__name__}")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(answer_text(item) for item in value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"an answer must be a finite number, got {number!r}")
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
+def gold_answer_text(value: Any) -> str:
+    """:func:`answer_text` of a gold answer, stripped, refusing one that is empty (no reply could score on it):
+    ``ValueError("empty answer")``; loaders add the file and the record."""
+    text = answer_text(value).strip()
+    if not text:
+        raise ValueError("empty answer (no reply can score on it)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -58,6 +96,10 @@ class Question:
     def __post_init__(self) -> None:
         if not self.answers:
             raise ValueError(f"question {self.id!r} has no gold answer")
+        for i, answer in enumerate(self.answers):  # every loader checks (naming its file); this is the backstop
+            if not isinstance(answer, str) or not answer.strip():
+                raise ValueError(f"question {self.id!r}: gold answer {i} is {answer!r}: it must be a non-empty "
+                                 f"string (tasks.types.gold_answer_text converts a file's value)")
 
 
 class QADataset:

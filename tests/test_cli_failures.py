@@ -392,6 +392,26 @@ def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
         assert list(table.failed) == [0, 0] and list(table.episodes) == [20, 20]
 
 
+def test_a_cell_whose_every_episode_failed_exits_1_with_one_line(tmp_path, capsys):
+    # -n below --max-failures: the run went to its end and exited 0 with nothing on stderr.
+    out = tmp_path / "out"
+    with FlakyServer(failing=10**6) as server:
+        served = f"openai:m@{server.url}?endpoint=completions"
+        argv = ["bench", "--envs", ENV, "--strategies", "relevance", served, "-n", "3", "--quiet", "--out", str(out),
+                "--max-failures", "10"]
+        assert run(argv) == 1
+        captured = capsys.readouterr()
+        message = captured.err.strip()
+        assert "\n" not in message and re.fullmatch(
+            rf"memenv bench: error: every episode failed in 1 of 2 cells \({re.escape(ENV)} x {re.escape(served)}\); "
+            rf"last: .*{re.escape(server.url)}.*400.*; rerun the same command to run them again", message), message
+        table = pd.read_csv(out / "results.csv").set_index("strategy")  # the tables are written first
+        assert table.loc[served, "failed"] == 3 and table.loc[served, "episodes"] == 0
+        assert table.loc["relevance", "episodes"] == 3
+        server.failing = 0
+        assert run(argv) == 0  # the failed cell runs again; the other is kept
+
+
 def test_max_failures_zero_stops_at_the_first_failure(tmp_path, capsys):
     with FlakyServer(failing=1) as server:
         argv = ["bench", "--envs", ENV, "--strategies", f"openai:m@{server.url}?endpoint=completions", "-n", "3", "--quiet",

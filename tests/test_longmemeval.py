@@ -116,7 +116,7 @@ def _bad(mutate):
      ["item 0 (q1)", "haystack_sessions[1][3]", "role"]),
     (_bad(lambda items: items[0]["haystack_sessions"][0][0].update(content=5)), ["haystack_sessions[0][0]", "content"]),
     (_bad(lambda items: items[1].update(question_id="q1")), ["item 1 (q1)", "duplicate question_id"]),
-    (_bad(lambda items: items[0].update(answer=None)), ["item 0 (q1)", "answer must be a string"]),
+    (_bad(lambda items: items[0].update(answer=None)), ["item 0 (q1)", "answer: empty answer"]),
     (lambda: json.dumps([_item()]) + "[]", ["unexpected data after the JSON array"]),
 ])
 def test_malformed_file_names_file_item_and_field(tmp_path: Path, content, fragments) -> None:

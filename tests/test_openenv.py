@@ -219,6 +219,31 @@ def test_misuse_comes_back_as_an_error_and_the_session_goes_on(servers):
         env.close()
 
 
+def test_a_bad_seed_is_refused_and_the_session_plays_on(servers):
+    # The refusal is the env's own (memenv.envs.base.check_reset_args), before anything changes: the served
+    # episode in progress goes on, and a later reset plays the same episode as in-process.
+    local = gym.make("MemQA-v0")
+    local_obs, _ = local.reset(seed=0)
+    local_next = local.step("<memory>m</memory><search>q</search>")[0]
+    env = connect(servers("memqa-rewrite").url)
+    try:
+        for seed in (-1, 1.5):  # the client checks as the env does, before sending
+            with pytest.raises(ValueError, match="seed must be an int >= 0"):
+                env.reset(seed=seed)
+        with pytest.raises(RuntimeError, match="seed must be an int >= 0"):  # sent as is: the server refuses
+            env.client.reset(seed=-1)
+        assert env.reset(seed=0)[0] == local_obs
+        with pytest.raises(RuntimeError, match="seed must be an int >= 0"):
+            env.client.reset(seed=-1)
+        assert env.step("<memory>m</memory><search>q</search>")[0] == local_next
+    finally:
+        env.close()
+    in_process = MemenvEnvironment("MemQA-v0")
+    with pytest.raises(ValueError, match="seed"):
+        in_process.reset(seed=-1)
+    assert in_process.reset(seed=0).text == local_obs
+
+
 def test_the_generic_openenv_client_plays_too(servers):
     from openenv.core import GenericEnvClient
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
+import struct
 
 import pytest
 
@@ -39,3 +43,101 @@ def test_unknown_names_and_the_cache_root(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert pretrained.cache_root() == tmp_path / "x" / "memenv"
     assert pretrained.resolve("some/folder").as_posix() == "some/folder"  # not a registered name: a path
+
+
+# ---------------------------------------------------------------------- the cache verifies its weights by content
+WEIGHTS = bytes(range(256)) * 4096 * 4  # 4 MiB standing in for a conversion's model.safetensors
+
+
+@pytest.fixture
+def fake_conversion(monkeypatch, tmp_path):
+    """``prepare`` with a stand-in GGUF and converter (the real one takes ~40 CPU-s): the cache logic is what is
+    tested. The converter writes the weights and the fingerprint as the real one does
+    (:func:`pretrained.write_fingerprint`); ``calls`` counts conversions."""
+    from agents.files import write_directory_atomic
+
+    monkeypatch.setenv("MEMENV_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "pkg" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + bytes(1000))
+    monkeypatch.setattr(pretrained, "gguf_file", lambda src: gguf)
+    calls = []
+
+    def convert(gguf_path, out, fingerprint, progress=True):
+        calls.append(out)
+
+        def fill(tmp):
+            (tmp / "config.json").write_text('{"model_type": "llama"}')
+            (tmp / "model.safetensors").write_bytes(WEIGHTS)
+            pretrained.write_fingerprint(tmp, fingerprint, parameters=1)
+
+        write_directory_atomic(out, fill)
+
+    monkeypatch.setattr(pretrained, "convert_gguf", convert)
+    return calls
+
+
+def _damage(path, offset: int, data: bytes) -> None:
+    """Overwrite bytes in place, size kept and mtime put back (as a copy with ``cp -p`` would)."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_damaged_weights_of_the_right_size_are_converted_again(fake_conversion, monkeypatch):
+    folder = pretrained.prepare("smollm2-135m-instruct")
+    assert len(fake_conversion) == 1
+    record = pretrained.read_fingerprint(folder)
+    assert record["weights_sha256"] == hashlib.sha256(WEIGHTS).hexdigest() and record["weights_bytes"] == len(WEIGHTS)
+    assert pretrained.prepare("smollm2-135m-instruct") == folder and len(fake_conversion) == 1  # intact: reused
+    nan = struct.pack("<f", float("nan")) * (1 << 18)  # 1 MiB of float32 NaNs, as in the report (64 MiB there)
+    _damage(folder / "model.safetensors", 1 << 20, nan)
+    assert pretrained.prepare("smollm2-135m-instruct") == folder and len(fake_conversion) == 2
+    assert (folder / "model.safetensors").read_bytes() == WEIGHTS
+
+
+def test_an_unchanged_weights_file_is_not_hashed_again(fake_conversion, monkeypatch):
+    folder = pretrained.prepare("smollm2-135m-instruct")
+    pretrained.prepare("smollm2-135m-instruct")  # the first check hashes the file and records its stat stamp
+    assert (folder / pretrained.VERIFIED_FILE).is_file()
+    hashed = []
+    real_sha256 = pretrained._sha256
+    monkeypatch.setattr(pretrained, "_sha256", lambda path: hashed.append(path.name) or real_sha256(path))
+    pretrained.prepare("smollm2-135m-instruct")
+    assert "model.safetensors" not in hashed  # a stat, not a read of the weights
+    _damage(folder / "model.safetensors", 0, b"\xff")  # any write changes the file's ctime: hashed again
+    pretrained.prepare("smollm2-135m-instruct")
+    assert "model.safetensors" in hashed and len(fake_conversion) == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage fingerprint", "fingerprint gone", "a file instead of the folder"])
+def test_memenvs_own_cache_is_repaired_whatever_its_damage(fake_conversion, damage, capsys):
+    from memenv.cli import main
+
+    folder = pretrained.prepare("smollm2-135m-instruct")
+    if damage == "garbage fingerprint":
+        (folder / pretrained.FINGERPRINT_FILE).write_text("{cut")
+    elif damage == "fingerprint gone":
+        (folder / pretrained.FINGERPRINT_FILE).unlink()
+    else:
+        shutil.rmtree(folder)
+        folder.write_text("stray")
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--force", "--quiet"]) == 0
+    assert pretrained.read_fingerprint(folder)["weights_sha256"] == hashlib.sha256(WEIGHTS).hexdigest()
+    assert len(fake_conversion) == 2
+    assert "smollm2-135m-instruct:" in capsys.readouterr().out
+
+
+def test_a_folder_of_the_users_is_never_overwritten_even_with_force(fake_conversion, tmp_path, capsys):
+    from memenv.cli import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for extra in ([], ["--force"]):
+        assert main(["models", "prepare", "smollm2-135m-instruct", "--out", str(mine), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "not a prepared model folder" in err
+    assert (mine / "notes.txt").read_text() == "keep" and not fake_conversion

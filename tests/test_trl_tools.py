@@ -116,6 +116,61 @@ def test_the_tool_env_plays_on_an_openenv_server():
             BeamToolEnv(url=server.url)
 
 
+def test_a_server_of_the_same_env_in_another_memory_mode_is_refused():
+    # A rewrite-mode MemQA server took every tool call as an invalid step: F1 0, silently.
+    pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed")
+    from memenv.openenv import BackgroundServer
+
+    with BackgroundServer("MemQA-v0", MEMQA_KW) as server:
+        with pytest.raises(ValueError, match=r"^MemQAToolEnv needs a MemQA-v0 server with memory_mode='tools'; "
+                                             r"http://\S+ serves MemQA-v0 with max_turns=6, objectives=1$"):
+            MemQAToolEnv(url=server.url)
+    with BackgroundServer("MemDialog-BEAM-v0", {"chat_tokens": 4000, "memory_mode": "rewrite"}) as server:
+        with pytest.raises(ValueError, match="BeamToolEnv needs a MemDialog-BEAM-v0 server with memory_mode='tools'"):
+            BeamToolEnv(url=server.url)
+    with BackgroundServer("MemDialog-BEAM-v0", {"chat_tokens": 4000}) as server:  # tools is BEAM's default mode
+        served = BeamToolEnv(url=server.url)
+        served.reset(seed=0)
+        served.mem_add("a note")
+        assert served.snapshots[-1]["valid"] and served.snapshots[-1]["tool"] == "mem_add"
+        served.env.close()
+
+
+def test_answer_takes_a_list_of_answers_one_per_objective():
+    env = MemQAToolEnv(objectives=2, max_turns=6)
+    env.reset(seed=1)
+    golds = [q.answers[0] for q in env.env.unwrapped.questions]
+    result = env.answer(golds)  # the list's repr scored F1 0.40
+    assert "Episode over (answered)" in result and env.get_reward() == 1.0
+    assert env.snapshots[-1]["tool_input"] == "; ".join(golds)
+    env.reset(seed=1)
+    env.answer([golds[0], 3])
+    assert env.snapshots[-1]["tool_input"] == f"{golds[0]}; 3" and env.get_reward() == 0.5
+
+
+@pytest.mark.parametrize("tool, arguments", [
+    ("mem_add", {"text": None}), ("mem_update", {"entry_id": 1, "text": None}), ("mem_search", {"query": None}),
+    ("answer", {"answers": None}), ("mem_add", {"text": {"note": "x"}}), ("answer", {"answers": ["a", None]})])
+def test_a_tool_call_without_text_is_refused_and_nothing_is_stored(tool, arguments):
+    env = MemQAToolEnv(**MEMQA_KW)
+    env.reset(seed=0)
+    env.mem_add("kept")
+    with pytest.raises(ValueError, match=f"^{tool}: its text must be a string"):
+        getattr(env, tool)(**arguments)
+    assert len(env.snapshots) == 1 and not env.done  # no step taken: the store holds "kept" only
+    assert list(env.env.unwrapped.store.entries.values()) == ["kept"]
+
+
+def test_a_tool_before_reset_says_reset_is_needed():
+    env = MemQAToolEnv(**MEMQA_KW)
+    with pytest.raises(RuntimeError, match=r"no episode yet: call reset\(\) before any tool call"):
+        env.search("capital")
+    env.reset(seed=0)
+    env.answer("x")
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.search("capital")
+
+
 def test_tool_dataset_rows_seed_the_reset():
     data = tool_dataset(3, seed=10)
     assert data["seed"] == [10, 11, 12] and data[0]["prompt"] == [{"role": "user", "content": ""}]

@@ -23,7 +23,10 @@ memory block (the store's size, or its entries with ``show_store``) and the newe
 result, the turns left, a notice after an invalid call). A call that the env refuses (an unknown id, an empty
 text) is an invalid step there and its message comes back as the result, as in-process. Once the episode is over
 (an answer, the turn limit) a further call raises, which TRL shows the model as ``{"error": ...}`` and counts in
-``tools/failure_frequency``. A rollout that never answers gets reward 0.
+``tools/failure_frequency``; so does a call before ``reset()``, and a text argument that is no text (``null``, an
+object: :func:`tool_text`; a list is joined, answers ``"; "``-separated, one per objective), with no step taken.
+A rollout that never answers gets reward 0. ``url=`` refuses a server whose env is not the class's (another id,
+or the same id in another memory mode, whose every tool call would be an invalid step).
 
 Rows: a dataset column ``seed`` (:func:`tool_dataset`) makes ``reset`` deterministic per task; without it each
 reset draws the next episode from the env's generator.
@@ -31,12 +34,15 @@ reset draws the next episode from the env's generator.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 import memenv  # noqa: F401 - registers the environments
 from memenv.memory_tools import format_tool_call
+from tasks.types import answer_text
 
 __all__ = ["BeamToolEnv", "LongMemEvalToolEnv", "MemQAToolEnv", "MemenvToolEnv", "tool_dataset", "DEFAULT_PREAMBLE"]
 
@@ -72,12 +78,14 @@ class MemenvToolEnv:
             from memenv.openenv import connect
 
             self.env = connect(url)
-            if self.env.env_id.split(":")[-1] != self.env_id:
-                served = self.env.env_id
+            mismatch = self._served_mismatch()
+            if mismatch is not None:
+                served = self.env.env_id + (f" with {_kwargs_text(self.env.env_kwargs)}" if self.env.env_kwargs else "")
                 self.env.close()
-                raise ValueError(f"{type(self).__name__} needs a {self.env_id} server, {url} serves {served}")
+                raise ValueError(f"{type(self).__name__} needs a {self.env_id} server{mismatch}; {url} serves {served}")
         else:
             self.env = gym.make(self.env_id, **{**self.defaults, **env_kwargs})
+        self.started = False  # no reset yet: a tool call says so (not "the episode is over")
         self.done = True
         self.info: dict[str, Any] = {}
         self.snapshots: list[dict[str, Any]] = []
@@ -87,8 +95,8 @@ class MemenvToolEnv:
     # ------------------------------------------------------------------ TRL's protocol
     def reset(self, seed: int | None = None, **row: Any) -> str:
         """Start an episode (``seed`` from the dataset row, if it has one) and return its first observation."""
-        obs, info = self.env.reset(seed=None if seed is None else int(seed))
-        self.done, self.info, self.snapshots, self.reward = False, info, [], 0.0
+        obs, info = self.env.reset(seed=seed)
+        self.started, self.done, self.info, self.snapshots, self.reward = True, False, info, [], 0.0
         self._task = _task_block(obs)
         return self.preamble + obs
 
@@ -98,7 +106,21 @@ class MemenvToolEnv:
         return float(summary[self.reward_key]) if summary else 0.0
 
     # ------------------------------------------------------------------ helpers (private: not tools)
+    def _served_mismatch(self) -> str | None:
+        """What the connected server's env lacks of this class's (``env_id`` and ``defaults``): ``None`` when it
+        is the env this class plays, else the settings it needs (``" with memory_mode='tools'"``, or ``""`` for
+        another env id). A setting the server was not given is the env's own default (its registration's, else
+        its constructor's), so a MemQA server without ``memory_mode=`` is a rewrite-mode one, which no tool call
+        of this class could play."""
+        if self.env.env_id.split(":")[-1] != self.env_id:
+            return ""
+        served = env_settings(self.env_id, self.env.env_kwargs)
+        needed = {key: value for key, value in self.defaults.items() if served.get(key) != value}
+        return f" with {_kwargs_text(needed)}" if needed else None
+
     def _act(self, action: str) -> str:
+        if not self.started:
+            raise RuntimeError(f"no episode yet: call reset() before any tool call of {type(self).__name__}")
         if self.done:
             raise RuntimeError("the episode is over: no more tool calls")
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -116,8 +138,50 @@ class MemenvToolEnv:
             return f"Invalid call: {invocation.get('error')}"
         return str(invocation.get("tool_output") or "")
 
-    def _store_call(self, name: str, text: str = "", entry_id: Any = None) -> str:
-        return self._act(format_tool_call(name, str(text), entry_id))
+    def _store_call(self, name: str, text: Any = "", entry_id: Any = None) -> str:
+        return self._act(format_tool_call(name, tool_text(name, text, self._list_separator(name)), entry_id))
+
+    def _list_separator(self, name: str) -> str:
+        """How a list given to tool ``name`` is joined into its text (one line per item; an answer per
+        objective is ``"; "``-separated, see :class:`MemQAToolEnv`)."""
+        return "\n"
+
+
+def tool_text(name: str, value: Any, separator: str = "\n") -> str:
+    """The text argument of a tool call as the action text carries it (the model's tool-call arguments are JSON,
+    whatever type the schema names): a string as is, a number as an answer is written (``3.0`` -> ``"3"``,
+    :func:`tasks.types.answer_text`), a list as its items' texts joined by ``separator``. ``None`` and any
+    other type are refused (a ``ValueError`` naming the tool, which TRL shows the model as the call's error),
+    never stored or sent as their repr (``"None"``, ``"['a', 'b']"``)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    texts = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        try:
+            if item is None:  # answer_text's "no answer" ("") is no text to send either
+                raise TypeError
+            texts.append(answer_text(item))
+        except (TypeError, ValueError):
+            what = "null" if item is None else type(item).__name__
+            raise ValueError(f"{name}: its text must be a string (or a list of strings), got {what}"
+                             + (" in a list" if item is not value else "")) from None
+    return separator.join(texts)
+
+
+def env_settings(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The setting of every keyword argument of ``gym.make(env_id, **kwargs)``: ``kwargs``, else the id's
+    registered kwargs, else the env constructor's defaults."""
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    defaults = {name: p.default for name, p in inspect.signature(creator).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {**defaults, **spec.kwargs, **kwargs}
+
+
+def _kwargs_text(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in sorted(kwargs.items()))
 
 
 def _task_block(obs: str) -> str:
@@ -171,6 +235,9 @@ class MemQAToolEnv(_MemoryStoreTools):
     defaults = {"memory_mode": "tools"}
     reward_key = "f1"
 
+    def _list_separator(self, name: str) -> str:
+        return "; " if name == "answer" else "\n"  # a list of answers: one per objective, in order
+
     def search(self, query: str) -> str:
         """Search the document collection.
 
@@ -197,7 +264,7 @@ class MemQAToolEnv(_MemoryStoreTools):
         """Answer the questions and end the episode.
 
         Args:
-            answers: one answer per question, in order, separated by "; ".
+            answers: one answer per question, in order, separated by "; " (a list of answers is joined so).
 
         Returns:
             The end of the episode.

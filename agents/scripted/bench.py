@@ -24,7 +24,9 @@ settings, or result files this command did not write, is refused before any epis
 Failures: an episode that fails on a served model, a retrieval server or a judge (unreachable, error status,
 unusable reply) is counted in the ``failed`` column and left out of the means; a cell with failed episodes runs
 again on the next resume. Past ``--max-failures`` failed episodes the run stops (exit status 1), keeping the
-finished cells. Ctrl-C ends the run with one line (exit status 130), keeping the finished cells.
+finished cells. A cell none of whose episodes finished (each failed, even fewer than ``--max-failures``) ends
+the run with one line and exit status 1, after the tables are written. Ctrl-C ends the run with one line (exit
+status 130), keeping the finished cells.
 """
 
 from __future__ import annotations
@@ -754,7 +756,23 @@ def _run_sweep(args: argparse.Namespace) -> int:
     plot_sweep(table, sweep.key, out / "sweep.png")
     print(format_sweep(table, sweep.key))
     print(f"\nwrote {out / 'sweep.csv'}, {out / 'sweep_episodes.csv'}, {out / 'sweep.png'}")
+    check_cells_measured(table, episodes)
     return 0
+
+
+def check_cells_measured(summary: pd.DataFrame, episodes: pd.DataFrame) -> None:
+    """Refuse to end as a success when a cell has no finished episode: each of them failed on a service (an
+    unreachable judge or served model), even with fewer of them than ``--max-failures``. The tables are written
+    first (the failed column shows it); this is the one line on stderr and exit status 1 that say so."""
+    empty = summary[(summary["episodes"] == 0) & (summary["failed"] > 0)]
+    if empty.empty:
+        return
+    cells = ", ".join(f"{row.env} x {row.strategy}" for row in empty.head(3).itertuples())
+    more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
+    errors = episodes["error"].dropna() if "error" in episodes else pd.Series([], dtype=object)
+    last = f"; last: {errors.iloc[-1]}" if len(errors) else ""
+    raise CommandError(f"every episode failed in {len(empty)} of {len(summary)} cells ({cells}{more}){last}; "
+                       "rerun the same command to run them again", status=1)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -773,6 +791,7 @@ def _run(args: argparse.Namespace) -> int:
     plot_tradeoff(summary, out / "f1_vs_peak_context.png")
     print(format_benchmark_tables(summary, format_table))
     print(f"\nwrote {out / 'results.csv'}, {out / 'episodes.csv'}, {out / 'f1_vs_peak_context.png'}")
+    check_cells_measured(summary, episodes)
     return 0
 
 

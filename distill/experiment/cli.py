@@ -43,6 +43,10 @@ def _run(args: argparse.Namespace) -> int:
             cfg.teacher = replace(cfg.teacher, sft_worlds=args.sft_worlds)
             cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
         cfg.__post_init__()
+        if cfg.model:  # a missing or damaged folder, or a registered model not installed: one line, before any work
+            from agents.llm.cli import check_checkpoint
+
+            check_checkpoint(cfg.model, "--model")
         check_settings(cfg)
     t0 = time.perf_counter()
     try:

@@ -240,8 +240,8 @@ def check_settings(cfg: ExperimentConfig) -> None:
     ``experiment.json`` records other settings than ``cfg``, except those of :data:`RERUN_MAY_CHANGE`: its
     cached teacher, student and arms were made with them."""
     path = Path(cfg.out) / "experiment.json"
-    if not path.exists():
-        return
+    if not path.exists() or not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
+        return  # no stage made with those settings (a run that failed first): nothing to protect
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as err:

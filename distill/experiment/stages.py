@@ -29,8 +29,17 @@ def _log(cfg: ExperimentConfig, text: str) -> None:
 
 
 def _done(path: Path) -> dict[str, Any] | None:
+    """A stage's cached result, or None. One without the scores every stage records was made by another version
+    of the experiment: refused (:class:`SettingsMismatchError`) rather than failing later on a missing key."""
     f = path / "result.json"
-    return json.loads(f.read_text()) if f.exists() else None
+    if not f.exists():
+        return None
+    res = json.loads(f.read_text())
+    missing = [key for key in ("f1", "em", "seen_f1") if not isinstance(res, dict) or key not in res]
+    if missing:
+        raise SettingsMismatchError(f"{f} was made by another version of the experiment (no {', '.join(missing)}); "
+                                    f"use another --out, or delete {path} to make that stage again")
+    return res
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -14,10 +14,13 @@ from typing import Any, Callable
 
 import gymnasium as gym
 from gymnasium import spaces
+from gymnasium.utils import RecordConstructorArgs
+from gymnasium.utils.passive_env_checker import env_reset_passive_checker
 from gymnasium.vector.utils import create_shared_memory
+from gymnasium.wrappers import PassiveEnvChecker
 
 from memenv.context import CHARSET, ContextMode, TokenCounter, count_words, fit_context, sanitize, truncate_right
-from memenv.validation import check_callable, check_choice, check_int, check_number, check_path
+from memenv.validation import ArgumentTypeError, check_callable, check_choice, check_int, check_number, check_path
 
 #: Tokens of body (memory and newest information) an observation always keeps next to the task block.
 MIN_BODY_TOKENS = 16
@@ -32,6 +35,70 @@ def required_data_file(data_path: Any, env_id: str, what: str, example: str, lab
         what_is = "is a directory, not a file" if os.path.isdir(path) else "not found"
         raise FileNotFoundError(f"{label} data file {what_is}: data_path={path!r}")
     return path
+
+
+def check_reset_args(seed: Any, options: Any) -> int | None:
+    """The ``seed`` of a ``reset(seed=..., options=...)`` as an int >= 0 (or None); a clear error otherwise.
+
+    Called before anything of the env changes, so a refused reset leaves the env (and the episode it was
+    playing) exactly as it was. Gymnasium's own refusal (``seeding.np_random``) is an ``error.Error`` naming no
+    parameter and rejects numpy integers that the checks here accept."""
+    seed = check_int("seed", seed, minimum=0, allow_none=True)
+    if options is not None and not isinstance(options, dict):
+        raise ArgumentTypeError(f"options must be a dict or None, got {type(options).__name__}")
+    return seed
+
+
+class EnvChecker(PassiveEnvChecker, RecordConstructorArgs):
+    """Gymnasium's passive env checker, except that a reset counts as checked only once one has returned.
+
+    ``gymnasium.wrappers.PassiveEnvChecker`` marks its first reset as checked before calling it: when that reset
+    raises (a refused seed, a data file gone), the checker keeps no reset result and every later ``step`` fails
+    with ``cannot unpack non-iterable NoneType object``, for the life of the env. memenv registers its envs with
+    this checker in place of Gymnasium's (``disable_env_checker=True`` plus this wrapper), so a refused reset
+    never poisons the env. The seed is checked here as well (:func:`check_reset_args`), before any wrapper below
+    sees it: an env made with ``disable_env_checker=False`` still gets Gymnasium's checker underneath.
+    """
+
+    # Gymnasium's checker reports itself in the spec as disable_env_checker=False; this one is a wrapper of the
+    # spec's additional_wrappers, so gym.make(env.spec) rebuilds it (and not Gymnasium's too).
+    spec = gym.Wrapper.spec
+
+    def __init__(self, env: gym.Env) -> None:
+        RecordConstructorArgs.__init__(self)
+        PassiveEnvChecker.__init__(self, env)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        seed = check_reset_args(seed, options)
+        if self.checked_reset:
+            return self.env.reset(seed=seed, options=options)
+        result = env_reset_passive_checker(self.env, seed=seed, options=options)
+        self.checked_reset, self._previous_data = True, result
+        return result
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        if not self.checked_reset:  # no reset has returned yet: the env refuses the step (OrderEnforcing below)
+            return self.env.step(action)
+        return super().step(action)
+
+
+def file_stamps(*paths: str | os.PathLike) -> tuple:
+    """The identity of every file a cached loader reads, to key its cache on: ``(path, size, mtime_ns, ctime_ns,
+    inode)`` per file, ``(path, None)`` for one that is missing (the loader, called then, names it).
+
+    Size and mtime notice an edit; ctime and inode a file copied or renamed over it with its mtime kept. A
+    cache keyed on fewer files than its loader reads (BEAM's ``chat.json`` but not ``probing_questions.json``)
+    serves stale data after an edit of the others, so every cache of the envs keys on this, with all of them."""
+    stamps = []
+    for path in paths:
+        path = os.fspath(path)
+        try:
+            info = os.stat(path)
+        except OSError:
+            stamps.append((path, None))
+            continue
+        stamps.append((path, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
+    return tuple(stamps)
 
 
 class MemText(spaces.Text):
@@ -114,6 +181,11 @@ class MemEnvBase(gym.Env):
         self._obs_tokens = 0
         self._obs_truncated = 0
         self._done = True
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        """Seed the env's generator (subclasses call this first): a bad ``seed`` is refused here, before any
+        state of the env changes, so the episode in progress stays playable."""
+        return super().reset(seed=check_reset_args(seed, options), options=options)
 
     # ------------------------------------------------------------------ to implement
     def _task_block(self) -> str:

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from memenv.envs.base import MemEnvBase, required_data_file, sanitize
+from memenv.envs.base import MemEnvBase, file_stamps, required_data_file, sanitize
 from memenv.scoring.beam import make_judge, score_beam_answer
 from memenv.context import TokenCounter
 from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
@@ -59,7 +59,7 @@ from memenv.envs.memdialog import MAX_SESSIONS, _load_locomo
 from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_path,
                                check_str_tuple)
 from tasks.beam import (ABILITIES, QUESTIONS_FILE, BatchStream, BeamBatch, BeamConversation, ConversationSource,
-                        SyntheticBeamChat, find_conversations, load_probing_questions)
+                        SyntheticBeamChat, conversation_files, find_conversations, load_probing_questions)
 from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation, min_questions_by_type
 from tasks.locomo import CATEGORY_TYPES
 from tasks.longmemeval import QUESTION_TYPES as LONGMEMEVAL_TYPES
@@ -113,12 +113,12 @@ INSTRUCTIONS = {
 
 
 @functools.lru_cache(maxsize=16)
-def _open_conversation(path: str, mtime: float) -> BeamConversation:
+def _open_conversation(path: str, stamps: tuple) -> BeamConversation:
     return BeamConversation.open(path)
 
 
 @functools.lru_cache(maxsize=4)
-def _longmemeval_index(path: str, mtime: float, size: int) -> tuple[LongMemEvalItem, ...]:
+def _longmemeval_index(path: str, stamps: tuple) -> tuple[LongMemEvalItem, ...]:
     return tuple(index_longmemeval(path))
 
 
@@ -252,7 +252,7 @@ class MemDialogBeamEnv(MemEnvBase):
         if self.dataset == "locomo":
             path = required_data_file(data_path, "MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
                                       "../shared/data/locomo/locomo10.json", "LoCoMo")
-            self.conversations = _load_locomo(path, os.path.getmtime(path))
+            self.conversations = _load_locomo(path, file_stamps(path))
             _check_index(conversation, len(self.conversations), path)
             pools = [[q.kind for q in c.questions] for c in self.conversations]
             where = path
@@ -260,7 +260,7 @@ class MemDialogBeamEnv(MemEnvBase):
             path = required_data_file(data_path, "MemDialog-LongMemEval-v0",
                                       "a LongMemEval JSON file: the oracle, S or M variant",
                                       "../shared/data/longmemeval/longmemeval_dev.json", "LongMemEval")
-            items = _longmemeval_index(path, os.path.getmtime(path), os.path.getsize(path))
+            items = _longmemeval_index(path, file_stamps(path))
             # One question per item: abilities= (question types) picks the items.
             self.lme_items = tuple(it for it in items if self.abilities is None or it.question_type in self.abilities)
             if not self.lme_items:
@@ -441,7 +441,7 @@ class MemDialogBeamEnv(MemEnvBase):
             if index is None:
                 index = int(self.np_random.integers(len(self.paths)))
             path = self.paths[index]
-            self.source = _open_conversation(path, os.path.getmtime(os.path.join(path, "chat.json")))
+            self.source = _open_conversation(path, file_stamps(*conversation_files(path)))
         else:
             self.source = SyntheticBeamChat(int(self.np_random.integers(2**31)), self.chat_tokens, self.questions_per_ability)
         self._n_sessions = self.source.n_batches

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from memenv.envs.base import MemEnvBase, required_data_file, sanitize
+from memenv.envs.base import MemEnvBase, file_stamps, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
@@ -53,7 +53,7 @@ from tasks.conversations import (
     sample_questions,
 )
 from tasks.locomo import CATEGORY_TYPES, load_locomo
-from tasks.types import Question
+from tasks.types import Question, answer_text
 
 __all__ = ["MemDialogEnv", "score_answer"]
 
@@ -81,7 +81,7 @@ INSTRUCTIONS = {
 
 def score_answer(prediction: str | None, question: Question) -> tuple[float, float]:
     """``(em, f1)`` of one prediction (see the module docstring for abstention questions)."""
-    prediction = prediction or ""
+    prediction = answer_text(prediction)  # a number is its text (0 is "0", not no answer)
     if question.meta.get("abstention"):
         if is_abstention_answer(prediction):
             return 1.0, 1.0
@@ -91,7 +91,7 @@ def score_answer(prediction: str | None, question: Question) -> tuple[float, flo
 
 
 @functools.lru_cache(maxsize=4)
-def _load_locomo(path: str, mtime: float) -> tuple[Conversation, ...]:
+def _load_locomo(path: str, stamps: tuple) -> tuple[Conversation, ...]:
     return tuple(load_locomo(path))
 
 
@@ -152,7 +152,7 @@ class MemDialogEnv(MemEnvBase):
                                                   tuple(CATEGORY_TYPES.values()))
             path = required_data_file(data_path, "MemDialog-LoCoMo-v0", "the LoCoMo JSON file",
                                       "../shared/data/locomo/locomo10.json", "LoCoMo")
-            self.conversations = _load_locomo(path, os.path.getmtime(path))
+            self.conversations = _load_locomo(path, file_stamps(path))
             if conversation is not None and conversation >= len(self.conversations):
                 raise ValueError(f"conversation must be an index in 0..{len(self.conversations) - 1} "
                                  f"({path} holds {len(self.conversations)}), got {conversation!r}")

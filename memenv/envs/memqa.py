@@ -15,7 +15,7 @@ import functools
 import os
 from typing import Any
 
-from memenv.envs.base import MemEnvBase, required_data_file, sanitize
+from memenv.envs.base import MemEnvBase, file_stamps, required_data_file, sanitize
 from memenv.context import TokenCounter
 from memenv.memory_tools import (MEMORY_MODES, STORE_TOOLS, MemoryStore, StoreError, check_tools_context,
                                  parse_tool_call, run_store_call)
@@ -76,7 +76,7 @@ def _search_index(source: World | QADataset, backend: str) -> SearchBackend:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_dataset(kind: str, paths: tuple[str, ...], mtimes: tuple[float, ...], limit: int | None) -> QADataset:
+def _load_dataset(kind: str, paths: tuple[str, ...], stamps: tuple, limit: int | None) -> QADataset:
     if kind == "hotpotqa":
         from tasks.hotpot import load_hotpotqa
 
@@ -105,24 +105,15 @@ def check_qa_task(objectives: Any, hops: Any, comparison_rate: Any) -> tuple[int
 
 
 @functools.lru_cache(maxsize=8)
-def _open_index(index_path: str, corpus_path: str | None, corpus_stat: tuple | None,
-                manifest_stat: tuple | None) -> BM25Index:
+def _open_index(index_path: str, corpus_path: str | None, stamps: tuple) -> BM25Index:
     """One memory-mapped index per (directory, corpus) per process; the corpus is checked by fingerprint
-    (``corpus_stat`` keys the cache, so a corpus changed since is checked again) and the index's manifest by
-    size and mtime (a rebuilt or replaced index is opened, and verified, again)."""
+    (its stamp keys the cache, so a corpus changed since is checked again) and the index's manifest by its
+    stamp (a rebuilt or replaced index is opened, and verified, again)."""
     return BM25Index(index_path, corpus_path=corpus_path)
 
 
-def _stat_or_none(path: str) -> tuple | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # opening the index then names what is missing
-    return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino  # ctime: a copy keeps mtime, not ctime
-
-
 @functools.lru_cache(maxsize=8)
-def _question_pool(documents: Any, questions_path: str, mtime: float) -> QuestionPool:
+def _question_pool(documents: Any, questions_path: str, stamps: tuple) -> QuestionPool:
     return QuestionPool(documents, load_questions_jsonl(questions_path), name=os.path.basename(questions_path))
 
 
@@ -134,8 +125,8 @@ def resolve_scaled_search(index_path, search_backend: str, corpus_path, question
         if is_retriever_url(search_backend):
             raise ValueError("give index_path= or a retrieval server url as search_backend=, not both")
         corpus = None if corpus_path is None else os.fspath(corpus_path)
-        stat = None if corpus is None else (os.stat(corpus).st_size, os.stat(corpus).st_mtime_ns)
-        index = _open_index(os.fspath(index_path), corpus, stat, _stat_or_none(os.path.join(index_path, "manifest.json")))
+        manifest = os.path.join(index_path, "manifest.json")
+        index = _open_index(os.fspath(index_path), corpus, file_stamps(manifest, *([corpus] if corpus else [])))
         documents: Any = index.documents
     else:
         index, documents = shared_retriever(search_backend), ()
@@ -143,7 +134,7 @@ def resolve_scaled_search(index_path, search_backend: str, corpus_path, question
         if questions_path is None:
             raise ValueError("index_path= or a retrieval server needs questions_path= (a questions JSONL file)")
         path = os.fspath(questions_path)
-        source = _question_pool(documents, path, os.path.getmtime(path))
+        source = _question_pool(documents, path, file_stamps(path))
     return source, documents, index
 
 
@@ -186,13 +177,13 @@ def resolve_qa_source(*, objectives: int = 1, hops: tuple[int, ...] = (2,), comp
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{name} file not found: {path!r}")
         paths = (corpus_path, questions_path)
-        loaded = _load_dataset("pair", paths, tuple(os.path.getmtime(p) for p in paths), None)
+        loaded = _load_dataset("pair", paths, file_stamps(*paths), None)
         _check_question_count(objectives, loaded, f"questions_path={questions_path!r}")
         return loaded
     if data_path is not None or dataset == "hotpotqa":
         path = required_data_file(data_path, env_id, "a HotpotQA JSON or JSONL file",
                                   "../shared/data/hotpotqa/hotpot_dev_distractor_1100.json", "HotpotQA")
-        loaded = _load_dataset("hotpotqa", (path,), (os.path.getmtime(path),), data_limit)
+        loaded = _load_dataset("hotpotqa", (path,), file_stamps(path), data_limit)
         _check_question_count(objectives, loaded, f"data_path={path!r}" + (
             f" with data_limit={data_limit}" if data_limit is not None else ""))
         return loaded

@@ -26,7 +26,7 @@ from scipy.stats import kendalltau
 from memenv.scoring.judges import JudgeError, OpenAIJudge, make_judge
 from memenv.scoring.qa import f1_score, normalize_answer
 from tasks.conversations import is_abstention_answer
-from tasks.types import Question
+from tasks.types import Question, answer_text
 
 __all__ = ["JudgeError", "OpenAIJudge", "event_order_score", "make_judge", "nugget_recall", "nugget_scores",
            "rubric_nugget", "score_beam_answer"]
@@ -56,11 +56,12 @@ def nugget_scores(answer: str | None, rubric: Sequence[str]) -> list[float]:
     """Per rubric item: the best token F1 between the item's nugget and a part of ``answer``: a sentence, a
     line, the whole answer, or any run of as many tokens as the nugget has (so a nugget stated inside a longer
     sentence is matched, as a judge would, rather than diluted by the sentence's other words)."""
-    segments = _segments(answer or "")
+    answer = answer_text(answer)
+    segments = _segments(answer)
     scores = []
     for item in rubric:
         nugget = rubric_nugget(item)
-        parts = segments + _windows(answer or "", max(1, len(normalize_answer(nugget).split())))
+        parts = segments + _windows(answer, max(1, len(normalize_answer(nugget).split())))
         scores.append(max(f1_score(part, nugget) for part in parts))
     return scores
 
@@ -97,7 +98,7 @@ def event_order_score(answer: str | None, order: Sequence[str]) -> float:
     Items the answer does not mention share the last rank (ties, which tau-b accounts for); an answer that
     mentions none of them (or a one-item reference) scores 0.0 unless it gets the single item, then 1.0.
     """
-    answer = answer or ""
+    answer = answer_text(answer)
     answer_norm = normalize_answer(answer)
     segments = _segments(answer)[:-1] or [answer]
     positions = [_position(answer_norm, segments, item) for item in order]
@@ -121,7 +122,7 @@ def score_beam_answer(answer: str | None, question: Question, judge: OpenAIJudge
     ``method`` says how the score was computed: ``abstention``, ``kendall_tau`` , ``nugget_f1`` (the
     approximation) or ``judge``. ``items`` holds the per-rubric-item scores (empty for abstention and tau).
     """
-    answer = answer or ""
+    answer = answer_text(answer)
     ability = question.meta.get("ability", question.kind)
     rubric = list(question.meta.get("rubric") or []) or [question.answers[0]]
     if ability == "event_ordering" and question.meta.get("order"):

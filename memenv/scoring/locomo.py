@@ -25,6 +25,8 @@ import re
 import string
 from collections import Counter
 
+from tasks.types import answer_text
+
 __all__ = ["ABSTENTION_PHRASES", "locomo_f1", "locomo_normalize", "locomo_score", "locomo_tokens"]
 
 #: What an answer must contain (lower-cased) for an adversarial question to score 1.
@@ -47,7 +49,7 @@ def _stem(word: str) -> str:
 
 def locomo_normalize(text: str) -> str:
     """LoCoMo's answer normalisation (see the module docstring), before stemming."""
-    text = str(text).replace(",", "").lower()
+    text = answer_text(text).replace(",", "").lower()
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _DROPPED_WORDS.sub(" ", text)
     return " ".join(text.split())
@@ -78,11 +80,11 @@ def locomo_score(prediction: str | None, gold: str | None, category: int) -> flo
     """The official score of one answer to a LoCoMo question of ``category`` (1..5)."""
     if isinstance(category, bool) or category not in (1, 2, 3, 4, 5):
         raise ValueError(f"category must be a LoCoMo category 1..5, got {category!r}")
-    prediction = "" if prediction is None else str(prediction)
+    prediction = answer_text(prediction)
     if category == 5:
         lowered = prediction.lower()
         return float(any(phrase in lowered for phrase in ABSTENTION_PHRASES))
-    gold = "" if gold is None else str(gold)
+    gold = answer_text(gold)
     if category == 1:
         return _multi_hop(prediction, gold)
     if category == 3:

@@ -35,7 +35,7 @@ from memenv.scoring.judges import OpenAIJudge
 from memenv.scoring.qa import normalize_answer
 from memenv.search.bm25 import tokenize
 from tasks.conversations import is_abstention_answer
-from tasks.types import Question
+from tasks.types import Question, answer_text
 
 __all__ = ["JUDGE_PROMPTS", "judge_prompt", "is_abstention_reply", "judge_free_correct", "score_longmemeval_answer"]
 
@@ -100,7 +100,8 @@ def judge_prompt(question: Question, response: str) -> str:
 
 def is_abstention_reply(response: str) -> bool:
     """Whether a response says it cannot answer (the env's abstention answer, or a common wording of it)."""
-    return is_abstention_answer(response) or bool(_ABSTAIN.search(response or ""))
+    response = answer_text(response)
+    return is_abstention_answer(response) or bool(_ABSTAIN.search(response))
 
 
 def _with_number_words(tokens: list[str]) -> list[set[str]]:
@@ -117,7 +118,7 @@ def _with_number_words(tokens: list[str]) -> list[set[str]]:
 
 def judge_free_correct(response: str | None, question: Question) -> bool:
     """The judge-free verdict (see the module docstring)."""
-    response = response or ""
+    response = answer_text(response)
     if question.meta.get("abstention"):
         return is_abstention_reply(response)
     if question.kind == "single-session-preference":
@@ -133,7 +134,7 @@ def judge_free_correct(response: str | None, question: Question) -> bool:
 def score_longmemeval_answer(answer: str | None, question: Question, judge: OpenAIJudge | None = None) -> dict[str, Any]:
     """``{"score", "method", "items"}`` for one answer (the BEAM env's per-question shape): ``score`` 1.0 or 0.0,
     ``method`` ``judge`` or ``judge_free``."""
-    answer = answer or ""
+    answer = answer_text(answer)
     if judge is not None:
         return {"score": float(judge.verdict(judge_prompt(question, answer))), "method": "judge", "items": []}
     return {"score": float(judge_free_correct(answer, question)), "method": "judge_free", "items": []}

@@ -8,6 +8,9 @@ published ones (MEM1 reports EM/F1 summed over objectives; we report per objecti
 * :func:`f1_score`: bag-of-tokens F1, with HotpotQA's rule that a yes/no/noanswer answer only scores
   when it matches exactly.
 
+Answers and gold answers of any type an official file writes them in (numbers, lists) are first made text by
+:func:`tasks.types.answer_text`, the loaders' own conversion (``3.0`` -> ``"3"``), so ``f1_score(3, "3")`` is 1.0.
+
 One deliberate deviation: when both normalised sides are empty, F1 is 1.0 (as in the SQuAD v2 script),
 where the v1.1 script gives 0.0 while EM gives 1.0. Only gold answers that normalise to nothing (e.g.
 "The.") are affected.
@@ -20,6 +23,8 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from tasks.types import answer_text
 
 __all__ = [
     "best_em_f1",
@@ -42,7 +47,7 @@ def normalize_answer(text: str) -> str:
     >>> normalize_answer("  The Eiffel-Tower, Paris! ")
     'eiffeltower paris'
     """
-    text = text.lower()
+    text = answer_text(text).lower()
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _ARTICLES_RE.sub(" ", text)
     return " ".join(text.split())
@@ -71,8 +76,8 @@ def f1_score(pred: str, gold: str) -> float:
 
 
 def _aliases(golds: str | Sequence[str]) -> list[str]:
-    # A bare string is one alias, not a sequence of one-character aliases.
-    return [golds] if isinstance(golds, str) else list(golds)
+    # A bare string (or number) is one alias, not a sequence of one-character aliases.
+    return [golds] if isinstance(golds, str) or not isinstance(golds, Sequence) else list(golds)
 
 
 def best_em_f1(pred: str | None, golds: str | Sequence[str]) -> tuple[float, float]:
@@ -80,7 +85,7 @@ def best_em_f1(pred: str | None, golds: str | Sequence[str]) -> tuple[float, flo
 
     A missing prediction (``None``) counts as ``""``; no aliases at all gives ``(0.0, 0.0)``.
     """
-    pred = "" if pred is None else pred
+    pred = answer_text(pred)
     aliases = _aliases(golds)
     if not aliases:
         return 0.0, 0.0
@@ -131,5 +136,5 @@ def split_answers(text: str, n: int) -> list[str]:
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    parts = [part.strip() for part in text.split(";")]
+    parts = [part.strip() for part in answer_text(text).split(";")]
     return (parts + [""] * n)[:n]
