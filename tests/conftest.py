@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,11 +69,63 @@ TINY_HOTPOT = [
 ]
 
 
+# ---------------------------------------------------------------------- nothing in the cwd or the user's home
+# Caches the code under test writes, each sent into this session's own temporary folder unless the person running
+# the suite names one (CI names MEMENV_CACHE, so that the converted real model and the vLLM environment persist).
+_CACHE_VARIABLES = {
+    "MEMENV_CACHE": "memenv",        # converted models, the vLLM environment, logs (agents.llm.pretrained)
+    "HF_HOME": "huggingface",        # transformers' module and token caches
+    "MPLCONFIGDIR": "matplotlib",    # matplotlib's config and font cache (~/.config, ~/.cache otherwise)
+    "SB3_LOGDIR": "sb3_logs",        # Stable-Baselines3's default logger folders (SB3-<date>)
+}
+_SESSION_HOME: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Set before any test module imports the code (matplotlib reads MPLCONFIGDIR once, on import)."""
+    global _SESSION_HOME
+    _SESSION_HOME = Path(tempfile.mkdtemp(prefix="memenv-tests-"))
+    for variable, folder in _CACHE_VARIABLES.items():
+        if not os.environ.get(variable):
+            os.environ[variable] = str(_SESSION_HOME / folder)
+    # hypothesis keeps its example database in ./.hypothesis by default: the working directory
+    from hypothesis import settings
+
+    settings.register_profile("memenv", database=None)
+    settings.load_profile("memenv")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_HOME is not None:
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _sb3_logs_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Stable-Baselines3's default logger makes a folder ``SB3-<date>`` in the system temp dir on every
-    ``learn()`` without a logger; ``$SB3_LOGDIR`` sends those into pytest's own temp dir instead."""
-    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3_logs")))
+def _session_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
+    """Module and session fixtures run in a folder of their own, not where pytest was started (a user's checkout
+    holds a bench_out/ and runs/ of other settings: `memenv bench` writes bench_out/ by default)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session_cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_in_its_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in its own ``tmp_path``: a relative path it or the code under test writes lands there."""
+    monkeypatch.chdir(tmp_path)
+
+
+# ---------------------------------------------------------------------- slow tests: `-m "not slow"` leaves them out
+# A file whose every test is slow (real servers, several processes, end-to-end runs) says `pytestmark =
+# pytest.mark.slow`; another slow test carries @pytest.mark.slow. Tests of the real model or of vLLM are slow
+# wherever they are (their markers imply it).
+SLOW_MARKERS = ("real_model", "vllm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -58,26 +58,52 @@ def test_sft_with_bf16_autocast_and_budget_schedule_learns(tmp_path):
     assert losses[-1] < 0.8 * losses[0]  # the bf16 forward still trains the fp32 weights
 
 
-def _burn(seconds: float) -> None:
-    import time
+class _Clocks:
+    """A wall and a CPU clock that move only when told: the timer's arithmetic, free of the machine's load."""
 
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
+    def __init__(self) -> None:
+        self.now_wall, self.now_cpu = 100.0, 7.0
+
+    def wall(self) -> float:
+        return self.now_wall
+
+    def cpu(self) -> float:
+        return self.now_cpu
+
+    def spend(self, wall: float, cpu: float) -> None:
+        self.now_wall += wall
+        self.now_cpu += cpu
 
 
 def test_timer_leaves_excluded_blocks_off_both_clocks():
     from agents.llm.training import Timer
 
-    timer = Timer()
-    _burn(0.05)
+    clocks = _Clocks()
+    timer = Timer(wall_clock=clocks.wall, cpu_clock=clocks.cpu)
+    clocks.spend(wall=0.5, cpu=0.25)
     with timer.excluded():
-        _burn(0.3)
+        clocks.spend(wall=3.0, cpu=2.0)
+        assert timer() == 0.5 + 3.0  # inside the block it still runs; it is taken off when the block ends
     with timer.excluded(enabled=False):  # counted as usual
-        _burn(0.05)
-    assert 0.1 <= timer.cpu() < 0.25 and timer() < 0.3 + 0.15  # the 0.3 s block is on neither clock
-    assert timer.excluded_cpu >= 0.3 and timer.excluded_wall >= 0.3
-    assert timer.budget("cpu") == pytest.approx(timer.cpu(), abs=0.02)
+        clocks.spend(wall=0.75, cpu=0.5)
+    assert timer() == 0.5 + 0.75 and timer.cpu() == 0.25 + 0.5  # the excluded block is on neither clock
+    assert (timer.excluded_wall, timer.excluded_cpu) == (3.0, 2.0)
+    assert timer.budget("wall") == timer() and timer.budget("cpu") == timer.cpu()
+    with pytest.raises(ValueError, match="budget clock must be 'wall' or 'cpu', got 'gpu'"):
+        timer.budget("gpu")
+    with pytest.raises(RuntimeError), timer.excluded():  # an evaluation that fails is excluded too
+        clocks.spend(wall=1.0, cpu=1.0)
+        raise RuntimeError
+    assert timer() == 1.25 and timer.excluded_wall == 4.0
+
+
+def test_timer_resumes_from_the_elapsed_seconds_of_a_saved_run():
+    from agents.llm.training import Timer
+
+    clocks = _Clocks()
+    timer = Timer((60.0, 45.0), wall_clock=clocks.wall, cpu_clock=clocks.cpu)
+    clocks.spend(wall=2.0, cpu=1.0)
+    assert (timer(), timer.cpu()) == (62.0, 46.0)
 
 
 def test_sft_evaluations_do_not_count_on_the_budget(tmp_path):

@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -457,19 +457,23 @@ class Timer:
     """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start,
     less the time spent inside :meth:`excluded` blocks (held-out evaluations: measuring a run should not eat
     its training budget, and evaluating more often should not make a run look slower). The excluded time is
-    kept in ``excluded_wall`` / ``excluded_cpu``."""
+    kept in ``excluded_wall`` / ``excluded_cpu``. ``wall_clock`` and ``cpu_clock`` are the clocks read (tests
+    give their own, so that what they check does not depend on the machine's load)."""
 
-    def __init__(self, elapsed: tuple[float, float] = (0.0, 0.0)) -> None:
-        self.start = time.perf_counter() - elapsed[0]  # a resumed run continues its clocks
-        self.start_cpu = time.process_time() - elapsed[1]
+    def __init__(self, elapsed: tuple[float, float] = (0.0, 0.0), *,
+                 wall_clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        self.wall_clock, self.cpu_clock = wall_clock, cpu_clock
+        self.start = wall_clock() - elapsed[0]  # a resumed run continues its clocks
+        self.start_cpu = cpu_clock() - elapsed[1]
         self.excluded_wall = 0.0
         self.excluded_cpu = 0.0
 
     def __call__(self) -> float:
-        return time.perf_counter() - self.start
+        return self.wall_clock() - self.start
 
     def cpu(self) -> float:
-        return time.process_time() - self.start_cpu
+        return self.cpu_clock() - self.start_cpu
 
     @contextmanager
     def excluded(self, enabled: bool = True):
@@ -477,11 +481,11 @@ class Timer:
         if not enabled:
             yield
             return
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = self.wall_clock(), self.cpu_clock()
         try:
             yield
         finally:
-            dw, dc = time.perf_counter() - wall, time.process_time() - cpu
+            dw, dc = self.wall_clock() - wall, self.cpu_clock() - cpu
             self.start += dw
             self.start_cpu += dc
             self.excluded_wall += dw
