@@ -7,7 +7,6 @@ import json
 import os
 import random
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -96,24 +95,20 @@ def huge_chat(tmp_path_factory) -> Path:
     return path
 
 
-def _episode_peak(path: Path) -> tuple[float, float, float, str]:
+def _episode_peak(path: Path) -> tuple[float, str]:
     """Peak traced allocation of reset plus reading every session of the conversation at ``path`` (the env
-    made first, outside the trace), the reset's and the slowest step's time, and the first observation."""
+    made first, outside the trace), and the first observation. (Their times: benchmarks/huge_inputs.py; a
+    test that asserted seconds would fail on a loaded machine.)"""
     env = MemDialogBeamEnv(data_path=str(path), keep_snapshots=False)
     tracemalloc.start()
     try:
-        start = time.perf_counter()
         obs, _ = env.reset(seed=0)
-        reset = time.perf_counter() - start
-        steps = [0.0]
         while env.unwrapped._phase == "read":
-            t = time.perf_counter()
             env.step("<next/>")
-            steps.append(time.perf_counter() - t)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    return peak, reset, max(steps), obs
+    return peak, obs
 
 
 def test_a_huge_message_is_read_in_bounded_memory(huge_chat: Path, tmp_path: Path) -> None:
@@ -128,10 +123,9 @@ def test_a_huge_message_is_read_in_bounded_memory(huge_chat: Path, tmp_path: Pat
     plain = tmp_path / "plain"
     write_chat(str(plain), 0, 0)
     MemDialogBeamEnv(chat_tokens=4_000)  # builds the shared Text space outside the trace
-    base, _, _, _ = _episode_peak(plain)
-    peak, reset, slowest, obs = _episode_peak(huge_chat)
+    base, _ = _episode_peak(plain)
+    peak, obs = _episode_peak(huge_chat)
     assert peak - base < 24 * MB, f"peak {peak / MB:.1f} MiB, {base / MB:.1f} MiB without the huge message"
-    assert reset < 10 and slowest < 2  # generous for a loaded 2-core machine; ~0.3 s and ~1 ms alone
     first = next(BeamConversation.open(huge_chat).iter_batches()).messages[0]
     assert len(first.content) == MAX_MESSAGE_CHARS + len(cut_marker(first.cut_chars))
     assert first.cut_chars == MESSAGE_MB * MB - MAX_MESSAGE_CHARS
@@ -153,16 +147,14 @@ def test_a_huge_action_is_refused_in_constant_memory(wrap: str) -> None:
     action = wrap.format(_HUGE_ACTION)
     tracemalloc.start()
     try:
-        t = time.perf_counter()
         _, reward, _, _, info = env.step(action)
-        elapsed = time.perf_counter() - t
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     step = info["invocation"]
     assert not step["valid"] and f"{len(action):,} characters" in step["error"] and f"{MAX_ACTION_CHARS:,}" in step["error"]
     assert step["action"] is action  # recorded as given, not copied
-    assert peak < 2 * MB and elapsed < 2, f"peak {peak / MB:.2f} MiB, {elapsed:.2f} s"
+    assert peak < 2 * MB, f"peak {peak / MB:.2f} MiB"
 
 
 def test_parse_action_refuses_text_over_the_limit_and_accepts_it_at_the_limit() -> None:

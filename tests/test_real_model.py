@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -69,9 +68,15 @@ def test_prepared_folder_is_a_plain_cached_checkpoint(smollm2_path):
     assert all(tag in prompt for tag in ("<memory>", "<search>", "<answer>"))  # the protocol, as a system prompt
     weights = smollm2_path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    started = time.perf_counter()
-    assert prepare("smollm2-135m-instruct", progress=False) == smollm2_path
-    assert weights.stat().st_mtime_ns == stamp and time.perf_counter() - started < 5  # reused, not converted
+    import agents.llm.pretrained as pretrained
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again although the cached folder matches its fingerprint")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pretrained, "convert_gguf", no_conversion)
+        assert prepare("smollm2-135m-instruct", progress=False) == smollm2_path
+    assert weights.stat().st_mtime_ns == stamp  # reused, not converted
 
 
 def test_prepare_never_overwrites_a_foreign_folder(tmp_path, smollm2_path):

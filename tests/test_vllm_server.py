@@ -83,10 +83,9 @@ def test_start_waits_for_the_model_and_stop_ends_the_whole_group(tmp_path, model
 def test_a_server_that_dies_while_starting_raises_with_its_log(tmp_path, model_dir):
     server = VLLMServer(model_dir, "smollm2", python=_stand_in(tmp_path, "crash"), timeout=30,
                         log_path=tmp_path / "log")
-    start = time.monotonic()
+    # seen at once: waiting out the 30 s timeout would raise "did not answer ... within 30 s" instead
     with pytest.raises(VLLMError, match=r"(?s)exited before it answered; its log ends:\n.*torchvision::nms"):
         server.start()
-    assert time.monotonic() - start < 10
 
 
 def test_a_server_that_never_answers_is_stopped_after_the_timeout(tmp_path, model_dir):
