@@ -118,13 +118,15 @@ def _test_in_its_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 # ---------------------------------------------------------------------- slow tests: `-m "not slow"` leaves them out
 # A file whose every test is slow (real servers, several processes, end-to-end runs) says `pytestmark =
 # pytest.mark.slow`; another slow test carries @pytest.mark.slow. Tests of the real model or of vLLM are slow
-# wherever they are (their markers imply it).
+# wherever they are: their markers, or the fixtures that load the real model or start vLLM, imply it.
 SLOW_MARKERS = ("real_model", "vllm")
+SLOW_FIXTURES = ("smollm2_path", "smollm2", "vllm_url")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS) or \
+                any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):
             item.add_marker(pytest.mark.slow)
 
 

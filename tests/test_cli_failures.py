@@ -118,6 +118,25 @@ def test_bench_out_in_a_folder_without_write_permission(tmp_path, capsys, episod
 
 
 # ------------------------------------------------------------------------------------------ bench: resume
+def test_benches_of_other_settings_without_out_each_get_their_own_folder(tmp_path, capsys, episodes_run):
+    """The README's order, `memenv bench` then `memenv bench --sweep ...`, in one folder: without --out each
+    settings get a folder of their own (bench_out for the default bench, bench_out-HASH for others), so the
+    second command neither meets the first one's bench nor overwrites it, and each resumes its own."""
+    assert bench.default_out(bench.bench_settings(bench.STRATEGIES, [bench.EnvSpec.parse(e) for e in
+                                                                     bench.DEFAULT_ENVS], 30, 0)) == Path("bench_out")
+    assert run(["bench", *QUICK]) == 0
+    first = capsys.readouterr().out
+    sweep = ["bench", "--sweep", "objectives=1,2", "--strategies", "relevance", "-n", "1", "--quiet"]
+    assert run(sweep) == 0
+    second = capsys.readouterr().out
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert len(folders) == 2 and all(re.fullmatch(r"bench_out-[0-9a-f]{8}", f) for f in folders), folders
+    assert f"wrote {folders[0]}" in first + second and f"wrote {folders[1]}" in first + second
+    episodes_run.clear()
+    assert run(["bench", *QUICK]) == 0 and episodes_run == []  # the same command finds its own folder again
+    assert "resuming: 4 of 4 cells already in bench_out-" in capsys.readouterr().out
+
+
 def test_bench_resumes_finished_cells_and_refuses_other_settings(tmp_path, capsys, episodes_run):
     out = tmp_path / "out"
     assert run(["bench", *QUICK, "--out", str(out)]) == 0

@@ -248,7 +248,7 @@ def _prompt_recorder():
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}", bodies
 
 
-@pytest.mark.parametrize("tokenizer_kind", ["plain", "chat"])
+@pytest.mark.parametrize("tokenizer_kind", ["plain", pytest.param("chat", marks=pytest.mark.real_model)])
 def test_completions_with_a_tokenizer_sends_the_ids_llmpolicy_builds(tokenizer_kind, tmp_path, request):
     from agents.llm.policy import PromptFormat
 

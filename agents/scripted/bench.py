@@ -730,10 +730,25 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
             env.close()
 
 
+DEFAULT_OUT = "bench_out"
+
+
+def default_out(settings: dict[str, Any]) -> Path:
+    """Where a bench without ``--out`` writes: ``bench_out`` for the default bench, ``bench_out-HASH`` for others
+    (HASH: 8 hex digits of the settings), so that commands of other settings run one after another each find
+    their own folder, and the same command run again finds its own to resume."""
+    default = bench_settings(STRATEGIES, [EnvSpec.parse(spec) for spec in DEFAULT_ENVS], DEFAULT_EPISODES, 0)
+    if settings == default:
+        return Path(DEFAULT_OUT)
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return Path(f"{DEFAULT_OUT}-{digest}")
+
+
 def _check_out(args: argparse.Namespace, specs: list[EnvSpec], sweep: str | None = None) -> Path:
     """``--out`` is checked before the set-up and any episode (see :class:`BenchStore`)."""
-    out = Path(args.out)
-    BenchStore(out, bench_settings(args.strategies, specs, args.episodes, args.seed, sweep), args.fresh).check()
+    settings = bench_settings(args.strategies, specs, args.episodes, args.seed, sweep)
+    out = Path(args.out) if args.out is not None else default_out(settings)
+    BenchStore(out, settings, args.fresh).check()
     return out
 
 
@@ -810,8 +825,10 @@ def register_cli(subparsers) -> None:
                         help="seeded episodes per (env, strategy) cell")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the first episode (episode i uses seed + i)")
-    parser.add_argument("--out", default="bench_out",
-                        help="output folder (results.csv, episodes.csv, f1_vs_peak_context.png; sweep.* with --sweep; "
+    parser.add_argument("--out", default=None,
+                        help=f"output folder (default: {DEFAULT_OUT} for the default bench, {DEFAULT_OUT}-HASH named "
+                             "by the settings for any other, so that benches of other settings never share one; "
+                             "results.csv, episodes.csv, f1_vs_peak_context.png; sweep.* with --sweep; "
                              "bench.json and cells/: the finished cells, so that the same command run again "
                              "continues where it stopped)")
     parser.add_argument("--fresh", action="store_true",
