@@ -141,3 +141,13 @@ def test_a_folder_of_the_users_is_never_overwritten_even_with_force(fake_convers
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "not a prepared model folder" in err
     assert (mine / "notes.txt").read_text() == "keep" and not fake_conversion
+
+
+def test_prepare_says_what_the_ggufs_quantisation_means():
+    note = pretrained.quantisation_note("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert note.startswith("weights: Q4_1, a 4-bit quantisation dequantised to fp32, not the original bf16")
+    assert "every result of this model is the 4-bit model's" in note
+    assert "an 8-bit quantisation" in pretrained.quantisation_note("m.Q8_0.gguf")
+    assert "Q4_K_M, a 4-bit" in pretrained.quantisation_note("m.Q4_K_M.gguf")
+    assert "not quantised" in pretrained.quantisation_note("m.F16.gguf")
+    assert "does not say" in pretrained.quantisation_note("m.gguf")

