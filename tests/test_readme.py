@@ -9,6 +9,7 @@ in :data:`NOT_RUN` with the reason and the test that covers the same call; every
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,71 @@ def test_pages_name_the_dependency_versions_of_pyproject():
             if name in required and version != required[name]:
                 wrong.append(f"{page.relative_to(ROOT)}: {name}{version}, pyproject: {name}{required[name]}")
     assert not wrong, "\n".join(wrong)
+
+
+# ------------------------------------------------------------------------------ the README's commands, in order
+SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+# a README command -> why it does not run here (each must match one command: an edit cannot silently drop a run)
+NOT_RUN_SHELL = {
+    "pip install": "installs: the test environment is that install",
+    "python -m pytest": "the suite itself",
+    "memenv play": "interactive: reads the player's actions from the terminal",
+    "memenv train": "minutes of training; the same calls on tiny budgets: tests/test_examples.py (the training chain)",
+    "memenv experiment": "the end-to-end experiment: tests/test_experiment.py (slow)",
+    "memenv models prepare": "converts the real model (slow): tests/test_real_model.py",
+    "smollm2-135m-instruct relevance": "the real model's bench (slow): tests/test_real_model.py",
+    "runs/smol_sft": "needs the SFT checkpoint of the train line above (16 min)",
+    "memenv distill": "needs trained teacher and student checkpoints (minutes): tests/test_distill_trainer.py",
+}
+# a smaller budget appended to a command that runs (argparse keeps the last value)
+SMALLER_SHELL = {"memenv bench": ["-n", "1", "--quiet"]}
+
+
+def readme_shell_commands() -> list[str]:
+    """The README's shell commands in order: continuations joined, comments dropped, ``&&`` chains split."""
+    out = []
+    for body in SHELL_BLOCK.findall((ROOT / "README.md").read_text(encoding="utf-8")):
+        joined, buffer = [], ""
+        for raw in body.splitlines():
+            line = raw.strip()
+            if line.endswith("\\"):
+                buffer += line[:-1] + " "
+                continue
+            joined.append(buffer + line)
+            buffer = ""
+        for line in joined:
+            line = line.split("  #")[0].strip()  # a trailing comment (two spaces, then #)
+            if line and not line.startswith("#"):
+                out += [part.strip() for part in line.split("&&")]
+    return out
+
+
+def test_readme_commands_run_in_order_in_one_folder(tmp_path, capsys):
+    """A newcomer copying the README's lines one by one into one folder (a fresh checkout) meets no error: the
+    cheap commands run here, in order, in one folder, with a smaller episode budget; the others are named in
+    NOT_RUN_SHELL with the test that covers them."""
+    import subprocess
+
+    from memenv.cli import main
+
+    commands = readme_shell_commands()
+    assert len(commands) >= 10
+    for marker in NOT_RUN_SHELL:
+        assert any(marker in c for c in commands), f"no README command contains {marker!r}: update NOT_RUN_SHELL"
+    ran = []
+    for command in commands:
+        if any(marker in command for marker in NOT_RUN_SHELL):
+            continue
+        if command.startswith("memenv "):
+            argv = shlex.split(command)[1:]
+            extra = next((v for k, v in SMALLER_SHELL.items() if command.startswith(k)), [])
+            status = main(argv + extra)
+            capsys.readouterr()
+        else:  # plain shell (a file the next command reads)
+            status = subprocess.run(command, shell=True, cwd=tmp_path, timeout=60).returncode
+        assert status == 0, f"README command failed in order: {command}"
+        ran.append(command)
+    assert sum(c.startswith("memenv bench") for c in ran) >= 2 and any("index build" in c for c in ran), ran
+    # each bench found a folder of its own (the sweep's settings are not the first bench's)
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("bench_out")]) == 2
