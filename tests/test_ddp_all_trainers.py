@@ -93,6 +93,7 @@ def _weights(folder, updates):
     return load_file(str(folder / f"checkpoint-{updates:07d}" / "model.safetensors"))
 
 
+@pytest.mark.slow  # torchrun, 2 ranks per trainer: ~70 s loaded
 def test_two_gloo_ranks_equal_one_process_on_the_global_batch(tmp_path):
     from llm_common import memqa_tokenizer, run_two_ranks_and_reference, tiny_model
 

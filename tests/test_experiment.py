@@ -28,6 +28,7 @@ def _tiny(out, **kw):
     return ExperimentConfig(**{**base, **kw})
 
 
+@pytest.mark.slow  # an end-to-end experiment: ~2 min on a loaded 2-core machine
 def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -275,6 +276,7 @@ def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_c
         dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=-2))
 
 
+@pytest.mark.slow  # an end-to-end run: ~1.7 min loaded
 def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_first_layers(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -83,6 +83,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # accelerate launch, 2 processes: ~35 s loaded
 def test_accelerate_two_processes_two_steps(tmp_path):
     from llm_common import memqa_tokenizer, tiny_model
 

@@ -66,6 +66,7 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # torchrun, 2 ranks: ~30 s loaded
 def test_two_gloo_ranks_take_the_token_mean_over_both_ranks(tmp_path):
     ddp_dir, ref_dir = tmp_path / "ddp", tmp_path / "ref"
     for folder in (ddp_dir, ref_dir):  # each run in its own folder, writing its file to tmp_path
