@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, Callable
 
@@ -188,9 +189,44 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_STATUS
 
 
+# Commands that end on their own after work worth timing: each prints its cost as its last line (stderr, so that
+# what it prints on stdout stays the same): `play` waits on a person, `serve` on clients, `models list` is instant.
+TIMED_COMMANDS = ("bench", "train", "distill", "experiment", "index", "models")
+
+
+class CostClock:
+    """Wall seconds and CPU seconds (this process's threads and its waited-for children: torchrun ranks,
+    workers) since it was made."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), self._cpu()
+
+    @staticmethod
+    def _cpu() -> float:
+        import resource
+
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                       resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    def line(self, command: str) -> str:
+        wall, cpu = time.perf_counter() - self.wall, self._cpu() - self.cpu
+        return f"{command}: done in {_duration(wall)} wall, {cpu:,.1f} CPU-s"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 def _run_command(args: argparse.Namespace, command: str) -> int:
+    clock = CostClock()
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if status == 0 and args.command in TIMED_COMMANDS and getattr(args, "models_command", "prepare") == "prepare":
+            print(clock.line(command), file=sys.stderr)
+        return status
     except CommandError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return exc.status

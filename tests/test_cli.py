@@ -198,3 +198,28 @@ def test_repeated_kw_options_add_up(command):
 
     args, _ = build_parser().parse_known_args(command + ["--kw", "objectives=1", "--kw", "hops=2", "top_k=1"])
     assert args.kw == ["objectives=1", "hops=2", "top_k=1"]
+
+
+def test_a_finished_command_ends_with_its_cost_on_stderr(tmp_path, capsys):
+    """One last line, on stderr (stdout stays the command's own): wall time and CPU seconds."""
+    assert main(["bench", "--envs", "MemQA-v0:objectives=1", "--strategies", "relevance", "-n", "1", "--quiet",
+                 "--out", str(tmp_path / "b")]) == 0
+    captured = capsys.readouterr()
+    assert re.fullmatch(r"memenv bench: done in \d+\.\d s wall, [\d,]+\.\d CPU-s", captured.err.strip().splitlines()[-1])
+    assert "CPU-s" not in captured.out
+    assert main(["models", "list"]) == 0 and "done in" not in capsys.readouterr().err  # instant: no cost line
+
+
+def test_cost_clock_counts_this_process_and_reads_minutes_and_hours(monkeypatch):
+    import memenv.cli as cli
+
+    wall, cpu = [100.0], [5.0]
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: wall[0])
+    monkeypatch.setattr(cli.CostClock, "_cpu", staticmethod(lambda: cpu[0]))
+    clock = cli.CostClock()
+    wall[0], cpu[0] = 112.25, 1250.5
+    assert clock.line("memenv train") == "memenv train: done in 12.2 s wall, 1,245.5 CPU-s"
+    wall[0] = 100 + 22 * 60 + 7
+    assert "done in 22 min 07 s wall" in clock.line("x")
+    wall[0] = 100 + 3 * 3600 + 5 * 60
+    assert "done in 3 h 05 min wall" in clock.line("x")

@@ -163,3 +163,24 @@ def test_rollout_records_join_snapshots_and_round_trip(tmp_path):
 def test_record_validates_lengths():
     with pytest.raises(ValueError):
         InvocationRecord("e", 1, [1, 2], [3, 4], [0.0], [1, 1], [0, 0])
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_rollout_reports_each_episode_as_it_ends_and_every_batch_of_invocations(vector, capsys):
+    """A slow model's episodes must not show as a silent 0/N: ``on_episode`` fires as each episode ends (while
+    others still run), ``on_invocations`` after each batch with the running total, and the bar shows both."""
+    import gymnasium as gym
+
+    tok = memqa_tokenizer()
+    policy = LLMPolicy(tiny_model(tok), tok, temperature=1.0, max_new_tokens=16, seed=0)
+    envs = gym.make_vec("MemQA-v0", num_envs=2, vectorization_mode="sync", objectives=1, hops=2, max_turns=3) \
+        if vector else memqa_envs(2, max_turns=3)
+    totals, ended = [], []
+    episodes = rollout(policy, envs, [0, 1, 2, 3], progress=True, desc="eval",
+                       on_episode=lambda ep: ended.append((ep.seed, totals[-1])), on_invocations=totals.append)
+    turns = sum(ep.turns for ep in episodes)
+    assert totals == sorted(totals) and len(set(totals)) == len(totals) and totals[-1] == turns
+    assert sorted(seed for seed, _ in ended) == [0, 1, 2, 3]
+    assert ended[0][1] < turns  # the first episode was reported before the last invocation ran
+    err = capsys.readouterr().err
+    assert "eval" in err and f"{turns} invocations" in err

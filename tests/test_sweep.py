@@ -110,3 +110,35 @@ def test_sweep_parse():
             Sweep.parse(bad)
     with pytest.raises(ValueError, match="clashes"):
         run_sweep(["relevance"], ["MemQA-v0"], "f1=1,2", episodes=1, progress=False)
+
+
+def test_sweep_figure_reads_true_at_a_glance():
+    """Token counts on a log axis with readable ticks, peak context from zero (a drop drawn to scale), and lines
+    that coincide named in the panel and drawn apart (own line style, smaller marker each)."""
+    import matplotlib.pyplot as plt
+
+    from agents.scripted.bench import coinciding, sweep_figure, tick_label
+
+    assert [tick_label(v) for v in (16, 1000, 128000, 1000000, 10000000, 2500000)] == \
+        ["16", "1K", "128K", "1M", "10M", "2.5M"]
+    assert coinciding({"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [0.5, 1.0], "d": [0.5, 1.0], "e": [0.0, 0.0]}) == \
+        [["a", "b"], ["c", "d"]]
+    rows = []
+    for tokens, rag_peak in ((128_000, 2585.0), (1_000_000, 2170.0), (10_000_000, 2165.0)):
+        for name, score, peak in (("oracle", 0.975, 2165.0), ("relevance", 0.975, 2170.0), ("rag", 0.2, rag_peak)):
+            rows.append({"env": "MemDialog-BEAM-v0", "strategy": name, "chat_tokens": tokens, "score": score,
+                         "f1": score, "peak_context_tokens": peak})
+    fig = sweep_figure(pd.DataFrame(rows), "chat_tokens")
+    try:
+        score_ax, peak_ax = fig.axes[:2]
+        for ax in (score_ax, peak_ax):
+            assert ax.get_xscale() == "log"
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["128K", "1M", "10M"]
+        assert peak_ax.get_ylim()[0] == 0 and peak_ax.get_ylim()[1] >= 2585
+        notes = [t.get_text() for t in score_ax.texts]
+        assert notes == ["same line: oracle = relevance"]
+        lines = score_ax.get_lines()
+        assert len({line.get_linestyle() for line in lines}) == 3
+        assert lines[0].get_markersize() > lines[1].get_markersize() > lines[2].get_markersize()
+    finally:
+        plt.close(fig)

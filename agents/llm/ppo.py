@@ -475,7 +475,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                disable=not (cfg.progress and dist.main))
     timer, last = Timer(elapsed), {}
     if start == 0 and cfg.eval_every:
-        evaluation = evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval)
+        evaluation = evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
+                                         cfg.progress)
         last = {"update": 0, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **evaluation}
         log.append(last)
     update = start
@@ -617,7 +618,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
+            row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
+                                           cfg.progress))
         log.append(row)
         last = row
         log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy",

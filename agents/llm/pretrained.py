@@ -325,9 +325,9 @@ def quantisation_note(gguf_name: str | None) -> str:
     if bits is None:
         return f"weights: {kind} in the GGUF (floating point, not quantised), converted to fp32"
     article = "an" if bits in ("8", "11", "18") else "a"
-    return (f"weights: {kind}, {article} {bits}-bit quantisation dequantised to fp32, not the original bf16 release: every "
-            f"result of this model is the {bits}-bit model's (expect scores at or below the published ones, and do "
-            f"not compare log-probs with the original's)")
+    return (f"weights: {kind}, {article} {bits}-bit quantisation dequantised to fp32, not the original bf16 "
+            f"release: every result of this model is the {bits}-bit model's (expect scores at or below the "
+            f"published ones, and do not compare log-probs with the original's)")
 
 
 def _prepare_cli(args: argparse.Namespace) -> int:

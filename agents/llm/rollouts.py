@@ -16,9 +16,10 @@ each sub-env contributes its first episode of the round; after a sub-env's episo
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -101,7 +102,9 @@ def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
 
 
 def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
-            gamma: float = 1.0, progress: bool = False, rollout_id: str | None = None) -> list[Episode]:
+            gamma: float = 1.0, progress: bool = False, rollout_id: str | None = None, desc: str = "rollout",
+            on_episode: Callable[[Episode], None] | None = None,
+            on_invocations: Callable[[int], None] | None = None) -> list[Episode]:
     """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.policy.LLMPolicy`) and return
     them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
@@ -109,6 +112,10 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     Every record gets ``rollout_id`` (default: a fresh uuid4 hex, so records pooled across calls stay unique by
     ``(rollout_id, episode_id, turn)``), the episode's gold answers (from ``info["summary"]["gold"]`` where the
     env reports them) and the policy tokenizer's fingerprint.
+
+    Progress (``progress``: a bar named ``desc``, in episodes, with the invocations so far and their rate beside
+    it, so that a slow model's first episodes are not a silent 0/N): ``on_episode(episode)`` is called as each
+    episode ends, ``on_invocations(total)`` after each batch of invocations.
     """
     groups = list(groups) if groups is not None else [None] * len(seeds)
     if len(groups) != len(seeds):
@@ -116,18 +123,43 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     rollout_id = uuid.uuid4().hex if rollout_id is None else str(rollout_id)
     import gymnasium as gym
 
-    if isinstance(envs, gym.vector.VectorEnv):
-        return _rollout_vector(policy, envs, list(seeds), groups, gamma, progress, rollout_id)
-    return _rollout_list(policy, list(envs), list(seeds), groups, gamma, progress, rollout_id)
+    tracker = _Progress(len(seeds), progress, desc, on_episode, on_invocations)
+    try:
+        if isinstance(envs, gym.vector.VectorEnv):
+            return _rollout_vector(policy, envs, list(seeds), groups, gamma, tracker, rollout_id)
+        return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id)
+    finally:
+        tracker.close()
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm.auto import tqdm
+class _Progress:
+    """A rollout's progress: episodes on a bar, invocations (and their rate) beside it, and the callbacks."""
 
-    return tqdm(total=total, desc="rollout", unit="ep", disable=not enabled, leave=False)
+    def __init__(self, total: int, enabled: bool, desc: str, on_episode, on_invocations) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled, leave=False)
+        self.on_episode, self.on_invocations = on_episode, on_invocations
+        self.invocations, self.start = 0, time.perf_counter()
+
+    def invoked(self, n: int) -> None:
+        self.invocations += n
+        if not self.bar.disable:
+            rate = self.invocations / max(1e-9, time.perf_counter() - self.start)
+            self.bar.set_postfix_str(f"{self.invocations} invocations, {rate:.2f}/s")
+        if self.on_invocations is not None:
+            self.on_invocations(self.invocations)
+
+    def episode(self, episode: "Episode") -> None:
+        self.bar.update(1)
+        if self.on_episode is not None:
+            self.on_episode(episode)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
-def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: bool,
+def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: _Progress,
                   rollout_id: str) -> list[Episode]:
     if not envs:
         raise ValueError("rollout needs at least one env")
@@ -138,7 +170,6 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
     results: list[Episode | None] = [None] * len(seeds)
     counter = itertools.count()
     seen: dict[str, int] = {}
-    bar = _progress(len(seeds), progress)
 
     def start(e: int) -> bool:
         nxt = next(queue, None)
@@ -156,6 +187,7 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
     while any(s is not None for s in slots):
         active = [e for e, s in enumerate(slots) if s is not None]
         gens = policy.generate([observations[e] for e in active])
+        progress.invoked(len(active))
         for e, gen in zip(active, gens):
             slot = slots[e]
             slot.turn += 1  # the generation is the invocation (env_episode_id, turn) of this env
@@ -169,17 +201,15 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
                 episode_info = {k: v for k, v in (info.get("summary") or {}).items() if k != "snapshots"}
                 _finish(slot.records, gamma, bool(terminated), episode_info)
                 results[order[e]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
-                bar.update(1)
+                progress.episode(results[order[e]])
                 start(e)
-    bar.close()
     return [r for r in results if r is not None]
 
 
-def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progress: bool,
+def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progress: _Progress,
                     rollout_id: str) -> list[Episode]:
     n = venv.num_envs
     results: dict[int, Episode] = {}
-    bar = _progress(len(seeds), progress)
     counter = itertools.count()
     seen: dict[str, int] = {}
     for start in range(0, len(seeds), n):
@@ -199,6 +229,7 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
         while any(s is not None for s in slots):
             active = [k for k, s in enumerate(slots) if s is not None]
             gens = dict(zip(active, policy.generate([observations[k] for k in active])))
+            progress.invoked(len(active))
             actions = []
             for k in range(n):
                 if k in gens:
@@ -220,10 +251,9 @@ def _rollout_vector(policy, venv, seeds: list, groups: list, gamma: float, progr
                     episode_info = {k2: v for k2, v in (episode_info or {}).items() if k2 != "snapshots"}
                     _finish(slot.records, gamma, bool(terms[k]), episode_info)
                     results[chunk[k]] = Episode(slot.episode_id, slot.seed, slot.records, episode_info, slot.group)
-                    bar.update(1)
+                    progress.episode(results[chunk[k]])
                     slots[k] = None
             observations = list(obs)
-    bar.close()
     return [results[i] for i in sorted(results)]
 
 

@@ -241,7 +241,8 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval))
+            row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
+                                           cfg.progress))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
             log.append(row)

@@ -43,20 +43,20 @@ class CheckpointStrategy:
         return self.policy.act(observation)
 
     def run_episodes(self, make_env: Callable[[], Any], seeds: Sequence[int], run_episode=None,
-                     on_done: Callable[[], None] | None = None) -> list[tuple[dict[str, Any], int, dict]]:
-        """One greedy episode per seed, batched over ``num_envs`` envs; ``(summary, steps, {})`` in seed order."""
+                     on_done: Callable[[], None] | None = None,
+                     on_invocations: Callable[[int], None] | None = None) -> list[tuple[dict[str, Any], int, dict]]:
+        """One greedy episode per seed, batched over ``num_envs`` envs; ``(summary, steps, {})`` in seed order.
+        ``on_done()`` is called as each episode ends (not all at the end: a real model's episodes take minutes),
+        ``on_invocations(total)`` after each batch of invocations."""
         envs = [make_env() for _ in range(min(self.num_envs, max(1, len(seeds))))]
         try:
-            episodes = rollout(self.policy, envs, list(seeds))
+            episodes = rollout(self.policy, envs, list(seeds),
+                               on_episode=None if on_done is None else (lambda episode: on_done()),
+                               on_invocations=on_invocations)
         finally:
             for env in envs:
                 env.close()
-        out = []
-        for ep in episodes:
-            if on_done is not None:
-                on_done()
-            out.append((ep.info, ep.turns, {}))
-        return out
+        return [(ep.info, ep.turns, {}) for ep in episodes]
 
 
 __all__ = ["CheckpointStrategy"]

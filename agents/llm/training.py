@@ -431,11 +431,12 @@ def eval_seeds(n: int) -> list[int]:
     return [EVAL_SEED_BASE + i for i in range(n)]
 
 
-def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
-    """Held-out evaluation (seeds :data:`EVAL_SEED_BASE` + i), sharded over ranks, averaged by episode."""
+def distributed_evaluate(policy, envs, n: int, dist: Dist, progress: bool = False) -> dict[str, float]:
+    """Held-out evaluation (seeds :data:`EVAL_SEED_BASE` + i), sharded over ranks, averaged by episode;
+    ``progress``: a bar (the main rank's episodes and invocations: an evaluation can take minutes)."""
 
     seeds = eval_seeds(n)[dist.rank::dist.world]
-    episodes = rollout(policy, envs, seeds) if seeds else []
+    episodes = rollout(policy, envs, seeds, progress=progress and dist.main, desc="eval") if seeds else []
     turns = sum(ep.turns for ep in episodes)
     sums = dist.sum([sum(ep.f1 for ep in episodes), sum(float(ep.info.get("em", 0.0)) for ep in episodes),
                      float(len(episodes)), float(turns),
@@ -445,11 +446,12 @@ def distributed_evaluate(policy, envs, n: int, dist: Dist) -> dict[str, float]:
             "eval_invalid_rate": sums[4] / max(1.0, sums[3])}
 
 
-def evaluate_off_budget(policy, envs, n: int, dist: Dist, timer: "Timer", counts: bool = False) -> dict[str, float]:
+def evaluate_off_budget(policy, envs, n: int, dist: Dist, timer: "Timer", counts: bool = False,
+                        progress: bool = False) -> dict[str, float]:
     """:func:`distributed_evaluate` outside ``timer``'s clocks (unless ``counts``), plus the cumulative
     evaluation time so far as ``eval_seconds`` / ``eval_cpu_seconds``."""
     with timer.excluded(not counts):
-        result = distributed_evaluate(policy, envs, n, dist)
+        result = distributed_evaluate(policy, envs, n, dist, progress)
     return {**result, "eval_seconds": round(timer.excluded_wall, 2), "eval_cpu_seconds": round(timer.excluded_cpu, 2)}
 
 

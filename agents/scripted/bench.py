@@ -496,8 +496,12 @@ def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: _Episo
     concurrent = hasattr(policy, "run_episodes")  # served models: episodes run on a thread pool
     try:
         if concurrent:
-            results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, runner,
-                                          on_done=lambda: bar.update(1))
+            progress = {"on_done": lambda: bar.update(1)}
+            if "on_invocations" in inspect.signature(policy.run_episodes).parameters:  # a model in this process:
+                # its episodes end together after minutes, so the bar shows the invocations as they happen
+                progress["on_invocations"] = lambda n: bar.set_postfix_str(
+                    f"{name}: {n} invocations, {n / max(1e-9, time.perf_counter() - start):.2f}/s")
+            results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, runner, **progress)
         else:
             results = (runner(env, policy, s) + ({},) for s in seeds)
         for i, (episode, n, extra) in enumerate(results):
@@ -565,6 +569,7 @@ def plot_tradeoff(summary: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("peak context tokens (mean per episode)")
         ax.set_ylabel("F1")
         ax.set_ylim(-0.05, 1.08)
+        ax.set_xlim(left=0, right=max(1.0, float(part.peak_context_tokens.max())) * 1.08)  # distances from zero
         ax.set_title(env, fontsize=9)
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -656,8 +661,42 @@ def _main_metric(table: pd.DataFrame) -> str:
     return "score" if "score" in table and table["score"].notna().all() else "f1"
 
 
+def tick_label(value: Any) -> str:
+    """A swept value as a tick reads: 128000 -> 128K, 1000000 -> 1M, 10000000 -> 10M; others as they are."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 1000:
+        for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+            if abs(value) >= size:
+                return f"{value / size:.3g}{suffix}"
+    return str(value)
+
+
+def coinciding(series: dict[str, list[float]]) -> list[list[str]]:
+    """Groups (two or more names) of series equal at every point: lines drawn on top of each other."""
+    groups: dict[tuple, list[str]] = {}
+    for name, ys in series.items():
+        groups.setdefault(tuple(round(float(y), 9) for y in ys), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+_METRIC_LABEL = {"f1": "F1", "score": "score"}
+
+
 def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
-    """Two panels per env: F1 vs the swept value and peak context tokens vs it, one line per strategy."""
+    """:func:`sweep_figure` written to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = sweep_figure(table, key)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+
+
+def sweep_figure(table: pd.DataFrame, key: str):
+    """Two panels per env: F1 vs the swept value and peak context tokens vs it, one line per strategy.
+
+    A swept value spanning a factor of 8 or more is on a log axis with readable ticks (128K, 1M, 10M); both
+    y axes start at zero, so a drop is drawn to scale. Lines that coincide stay told apart: each strategy has its
+    own line style and a marker smaller than the one before (a stack of them shows as rings), and the panel
+    names the strategies whose lines are the same."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -667,36 +706,48 @@ def plot_sweep(table: pd.DataFrame, key: str, path: Path) -> None:
     strategies = list(dict.fromkeys(table.strategy))
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(strategies)}
     markers = "osD^vP*X"
+    dashes = ["-", "--", "-.", ":"]
     values = list(dict.fromkeys(table[key]))
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     positions = {v: (v if numeric else i) for i, v in enumerate(values)}
     fig, axes = plt.subplots(len(envs), 2, figsize=(11, 4.0 * len(envs)), squeeze=False)
     for row, env in zip(axes, envs):
         part = table[table.env == env]
+        metric = _main_metric(part)
         for i, name in enumerate(strategies):
             line = part[part.strategy == name]
             xs = [positions[v] for v in line[key]]
-            style = dict(color=colors[name], marker=markers[i % len(markers)], label=name, alpha=0.9)
-            row[0].plot(xs, line[_main_metric(part)], **style)
+            style = dict(color=colors[name], marker=markers[i % len(markers)], label=name, alpha=0.9,
+                         linestyle=dashes[i % len(dashes)], markersize=max(4.0, 11.0 - 1.5 * i), zorder=2 + i)
+            row[0].plot(xs, line[metric], **style)
             row[1].plot(xs, line.peak_context_tokens, **style)
-        row[0].set_ylabel(_main_metric(part))
+        row[0].set_ylabel(_METRIC_LABEL.get(metric, metric))
         row[0].set_ylim(-0.05, 1.08)
         row[1].set_ylabel("peak context tokens (mean per episode)")
+        row[1].set_ylim(bottom=0, top=max(1.0, float(part.peak_context_tokens.max())) * 1.08)
+        for ax, column in ((row[0], metric), (row[1], "peak_context_tokens")):
+            by_name = {name: list(part[part.strategy == name].set_index(key).reindex(values)[column])
+                       for name in strategies}
+            same = [" = ".join(group) for group in coinciding(by_name)]
+            if same:
+                ax.text(0.02, 0.03 if column == metric else 0.97, "same line: " + "; ".join(same),
+                        transform=ax.transAxes, fontsize=7.5, va="bottom" if column == metric else "top",
+                        bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
         for ax in row:
             ax.set_xlabel(key)
             ax.set_title(env, fontsize=9)
             ax.grid(alpha=0.3)
             if numeric and min(values) > 0 and max(values) / min(values) >= 8:
-                ax.set_xscale("log", base=2)
+                ax.set_xscale("log", base=10 if max(values) / min(values) >= 100 else 2)
             ax.set_xticks([positions[v] for v in values])
-            ax.set_xticklabels([str(v) for v in values])
+            ax.set_xticklabels([tick_label(v) for v in values])
             ax.minorticks_off()
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(strategies), frameon=False)
-    fig.suptitle(f"memenv bench: {_main_metric(table)} and peak context vs {key}")
+    main = _main_metric(table)
+    fig.suptitle(f"memenv bench: {_METRIC_LABEL.get(main, main)} and peak context vs {key}")
     fig.tight_layout(rect=(0, 0.06 if len(envs) > 1 else 0.09, 1, 1))
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    return fig
 
 
 def format_table(summary: pd.DataFrame) -> str:
