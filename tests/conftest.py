@@ -89,8 +89,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if not os.environ.get(variable):
             os.environ[variable] = str(_SESSION_HOME / folder)
     # hypothesis keeps its example database in ./.hypothesis by default: the working directory
-    from hypothesis import settings
-
+    try:
+        from hypothesis import settings
+    except ImportError:  # the tests that use it skip or fail on their own import
+        return
     settings.register_profile("memenv", database=None)
     settings.load_profile("memenv")
 
@@ -116,9 +118,9 @@ def _test_in_its_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # ---------------------------------------------------------------------- slow tests: `-m "not slow"` leaves them out
-# A file whose every test is slow (real servers, several processes, end-to-end runs) says `pytestmark =
-# pytest.mark.slow`; another slow test carries @pytest.mark.slow. Tests of the real model or of vLLM are slow
-# wherever they are: their markers, or the fixtures that load the real model or start vLLM, imply it.
+# A slow test (several processes, end-to-end runs) carries @pytest.mark.slow (a whole file: `pytestmark`). Tests of
+# the real model or of vLLM are slow wherever they are: their markers, or the fixtures that load the real model or
+# start vLLM, imply it.
 SLOW_MARKERS = ("real_model", "vllm")
 SLOW_FIXTURES = ("smollm2_path", "smollm2", "vllm_url")
 
