@@ -728,14 +728,10 @@ def sweep_figure(table: pd.DataFrame, key: str):
         for ax, column in ((row[0], metric), (row[1], "peak_context_tokens")):
             by_name = {name: list(part[part.strategy == name].set_index(key).reindex(values)[column])
                        for name in strategies}
-            same = [" = ".join(group) for group in coinciding(by_name)]
-            if same:
-                ax.text(0.02, 0.03 if column == metric else 0.97, "same line: " + "; ".join(same),
-                        transform=ax.transAxes, fontsize=7.5, va="bottom" if column == metric else "top",
-                        bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
+            same = [" = ".join(group) for group in coinciding(by_name)]  # named under the title: never on a line
+            ax.set_title(env + ("\nsame line: " + "; ".join(same) if same else ""), fontsize=9)
         for ax in row:
             ax.set_xlabel(key)
-            ax.set_title(env, fontsize=9)
             ax.grid(alpha=0.3)
             if numeric and min(values) > 0 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=10 if max(values) / min(values) >= 100 else 2)
