@@ -304,3 +304,17 @@ def test_readme_commands_run_in_order_in_one_folder(tmp_path, capsys):
     assert sum(c.startswith("memenv bench") for c in ran) >= 2 and any("index build" in c for c in ran), ran
     # each bench found a folder of its own (the sweep's settings are not the first bench's)
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("bench_out")]) == 2
+
+
+def test_ci_runs_the_readmes_test_command_then_the_slow_tests_from_a_used_checkout():
+    """.ci/run runs the README's test command as written (so the two cannot drift), then the tests it leaves
+    out (`-m slow`), after making a bench_out/ and a runs/ of other settings in the checkout it runs from."""
+    command = next(c for c in readme_shell_commands() if c.startswith("python -m pytest"))
+    assert '-m "not slow"' in command
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    runs = [i for i, line in enumerate(ci) if command in line]
+    slow = [i for i, line in enumerate(ci) if line.startswith("python -m pytest -q -m slow")]
+    used = [i for i, line in enumerate(ci) if "--out bench_out" in line or "--out runs/" in line]
+    assert runs and slow and len(used) == 2, (runs, slow, used)
+    assert max(used) < runs[0] < slow[0]
+    assert any(line.startswith("export MEMENV_CACHE=") for line in ci[:runs[0]])  # the tests' cache, named
