@@ -181,7 +181,7 @@ def test_model_mistakes_are_one_line_before_anything_is_written(tmp_path, capsys
 
 
 def test_a_run_that_failed_before_any_stage_does_not_bind_the_folder(tmp_path):
-    from distill.experiment import SettingsMismatchError, check_settings
+    from distill.experiment.config import SettingsMismatchError, check_settings
 
     failed = ExperimentConfig(out=str(tmp_path), model="runs/typo")
     record = json.loads(json.dumps(dataclasses.asdict(failed), default=list))
@@ -194,7 +194,7 @@ def test_a_run_that_failed_before_any_stage_does_not_bind_the_folder(tmp_path):
 
 
 def test_a_cached_stage_of_another_version_is_a_clear_error(tmp_path, capsys):
-    from distill.experiment import _config_record, quick_config
+    from distill.experiment.config import _config_record, quick_config
 
     out = tmp_path / "out"
     (out / "teacher").mkdir(parents=True)
