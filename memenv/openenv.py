@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -43,13 +46,15 @@ from openenv.core.env_client import EnvClient
 from openenv.core.env_server import Action, Environment, Observation, State
 from openenv.core.env_server import create_app as openenv_create_app
 from openenv.core.env_server.types import EnvironmentMetadata
-from pydantic import Field
+from pydantic import Field, ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 import memenv  # noqa: F401 - registers the environments
 from memenv.envs.base import check_reset_args, text_space
 
 __all__ = ["BackgroundServer", "MemenvAction", "MemenvClient", "MemenvEnvironment", "MemenvObservation",
-           "MemenvState", "ServedEnv", "connect", "create_app", "jsonable", "run_app", "serve"]
+           "MemenvState", "RequestError", "ServedEnv", "SessionEndedError", "SessionHub", "connect", "create_app",
+           "jsonable", "run_app", "serve"]
 
 #: Concurrent sessions a server accepts unless told otherwise.
 DEFAULT_MAX_SESSIONS = 64
@@ -182,26 +187,258 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     factory = functools.partial(MemenvEnvironment, env_id, env_kwargs)
     app = openenv_create_app(factory, MemenvAction, MemenvObservation,
                              env_name=env_id, concurrency_config=config)
-    app.add_middleware(_QuietDisconnect)
+    SessionHub(factory, max_sessions, session_timeout_s).install(app)
     return app
 
 
-class _QuietDisconnect:
-    """ASGI middleware: a client that drops its WebSocket mid-episode is a normal event. openenv-core 0.3.0's
-    ``/ws`` handler destroys the session and then closes the socket again, which raises ``WebSocketDisconnect``
-    that uvicorn would log as an application error with a traceback; this ends that connection quietly."""
+#: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
+CLOSE_BY_CLIENT = 1000  # the client sent {"type": "close"}
+CLOSE_SERVER_ERROR = 1011  # the session's env could not be made (a bug: the server logs it)
+CLOSE_SERVER_FULL = 1013  # "try again later": --max-sessions sessions are open
+CLOSE_IDLE = 4000  # no message for --session-timeout seconds
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+_log = logging.getLogger("memenv.serve")
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        from starlette.websockets import WebSocketDisconnect
+
+class _Session:
+    """One WebSocket session: its env, the one thread the env runs on, and what the reaper needs."""
+
+    def __init__(self, websocket: Any) -> None:
+        self.id = uuid.uuid4().hex[:8]
+        self.websocket = websocket
+        self.env: MemenvEnvironment | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"memenv-session-{self.id}")
+        self.last_active = time.monotonic()
+        self.busy = False  # a request is being answered: never reaped then
+        self.ended = False
+
+
+class SessionHub:
+    """The ``/ws`` endpoint: OpenEnv's WebSocket protocol (``reset`` / ``step`` / ``state`` / ``close`` messages,
+    ``observation`` / ``state`` / ``error`` replies), each session with its own env on its own thread.
+
+    It replaces openenv-core 0.3's ``/ws`` handler, whose reaper freed an idle session's slot but left its socket
+    and env in play (the client played on, unaware, and such sessions were no longer counted, so
+    ``--max-sessions`` bounded nothing). Here a session holds its slot from accept until it ends, and it ends one
+    way, :meth:`end`: the slot is freed, the env closed, and the socket closed with a close frame whose reason
+    says why (the client asked, idle too long, the server is full).
+    """
+
+    def __init__(self, factory: Any, max_sessions: int, idle_timeout_s: float | None) -> None:
+        self.factory = factory
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
+        self.sessions: dict[str, _Session] = {}
+        self._reaper: Any = None
+
+    def install(self, app: Any) -> None:
+        """Put this hub at ``app``'s ``/ws`` in place of openenv-core's handler."""
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/ws"]
+        app.add_api_websocket_route("/ws", self.serve)
+        app.router.on_shutdown.append(self._stop_reaper)
+        app.state.sessions = self
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self.sessions)
+
+    async def serve(self, websocket: WebSocket) -> None:
+        import asyncio
+
+        await websocket.accept()
+        if len(self.sessions) >= self.max_sessions:
+            reason = f"server full: {len(self.sessions)} of {self.max_sessions} sessions open, try again later"
+            await self._send(websocket, _error(reason, "CAPACITY_REACHED"))  # what OpenEnv clients read
+            await _close(websocket, CLOSE_SERVER_FULL, reason)
+            return
+        session = _Session(websocket)
+        self.sessions[session.id] = session  # no await since the check: the count cannot overshoot
+        self._start_reaper()
+        try:
+            try:
+                session.env = await asyncio.get_running_loop().run_in_executor(session.executor, self.factory)
+            except Exception:  # the env was made once at start-up, so this is a bug: keep its traceback
+                _log.exception("memenv serve: session %s: the env could not be made", session.id)
+                await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
+                return
+            await self._play(session)
+        finally:
+            await self.end(session, CLOSE_BY_CLIENT, "session closed")
+
+    async def _play(self, session: _Session) -> None:
+        websocket = session.websocket
+        while not session.ended:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect" or session.ended:
+                return
+            session.busy, session.last_active = True, time.monotonic()
+            try:
+                reply = await self._answer(session, message)
+            finally:
+                session.busy, session.last_active = False, time.monotonic()
+            if reply is None or session.ended:  # the client said close
+                return
+            if not await self._send(websocket, reply):
+                _log.info("memenv serve: session %s: the client left before its reply was sent", session.id)
+                return
+
+    async def _answer(self, session: _Session, message: dict) -> Any:
+        """The reply to one frame: an observation, a state or an error (one line naming the field); None: close."""
+        import asyncio
+
+        from openenv.core.env_server.serialization import serialize_observation
+        from openenv.core.env_server.types import WSObservationResponse, WSStateResponse
 
         try:
-            await self.app(scope, receive, send)
-        except WebSocketDisconnect:
-            if scope.get("type") != "websocket":
-                raise
+            kind, data = _parse_message(message)
+        except RequestError as exc:
+            return _error(str(exc), exc.code)
+        if kind == "close":
+            return None
+        env = session.env
+        run = functools.partial(asyncio.get_running_loop().run_in_executor, session.executor)
+        try:
+            if kind == "state":
+                return WSStateResponse(data=(await run(lambda: env.state)).model_dump())
+            if kind == "reset":
+                observation = await run(lambda: env.reset(**data))
+            else:
+                observation = await run(env.step, _action(data))
+            return WSObservationResponse(data=serialize_observation(observation))
+        except RequestError as exc:  # the request is wrong; nothing of the env changed
+            return _error(f"{kind}: {exc}", exc.code)
+        except Exception as exc:  # a bug of the env or of memenv: the session goes on, the log keeps the traceback
+            _log.exception("memenv serve: session %s: %s failed", session.id, kind)
+            return _error(f"{kind} failed on the server: {type(exc).__name__}: {exc}", "EXECUTION_ERROR")
+
+    @staticmethod
+    async def _send(websocket: Any, reply: Any) -> bool:
+        """Send one reply; False when the client is gone (a normal event: no traceback)."""
+        try:
+            await websocket.send_text(reply.model_dump_json())
+            return True
+        except (WebSocketDisconnect, OSError, RuntimeError):  # RuntimeError: starlette, socket already closed
+            return False
+
+    async def end(self, session: _Session, code: int, reason: str) -> None:
+        """End ``session`` (once; later calls do nothing): free its slot, close the socket with ``code`` and
+        ``reason``, close its env on its own thread and let the thread go."""
+        import asyncio
+
+        if session.ended:
+            return
+        session.ended = True
+        self.sessions.pop(session.id, None)
+        await _close(session.websocket, code, reason)
+        if session.env is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(session.executor, session.env.close)
+            except Exception:  # noqa: BLE001 - a failing close must not keep the slot; the log says so
+                _log.exception("memenv serve: session %s: closing its env failed", session.id)
+        session.executor.shutdown(wait=False)
+        session.env = None
+
+    def _start_reaper(self) -> None:
+        import asyncio
+
+        if self.idle_timeout_s is not None and (self._reaper is None or self._reaper.done()):
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _stop_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+
+    async def _reap(self) -> None:
+        """End the sessions idle longer than the timeout, checking a few times per timeout."""
+        import asyncio
+
+        timeout = self.idle_timeout_s
+        reason = f"session idle for {timeout:g} s (the server's --session-timeout)"
+        while True:
+            await asyncio.sleep(min(max(timeout / 4, 0.05), 5.0))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if not session.busy and session.env is not None and now - session.last_active > timeout:
+                    await self.end(session, CLOSE_IDLE, reason)
+
+
+async def _close(websocket: Any, code: int, reason: str) -> None:
+    """Close the socket with a close frame (code and reason) unless the client already closed it."""
+    if websocket.client_state != WebSocketState.CONNECTED or websocket.application_state != WebSocketState.CONNECTED:
+        return
+    try:
+        await websocket.close(code, reason)
+    except (WebSocketDisconnect, OSError, RuntimeError):  # the client left meanwhile
+        pass
+
+
+class RequestError(ValueError):
+    """A request the server refuses (a bad field, a step before a reset): one line naming the field, answered
+    as an OpenEnv error message (HTTP: status 400); the session and its env are as they were."""
+
+    def __init__(self, message: str, code: str = "VALIDATION_ERROR") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_MESSAGE_TYPES = ("reset", "step", "state", "close")
+_MESSAGE_SHAPE = "message must be a JSON object with a 'type' field (reset, step, state or close)"
+
+
+def _parse_message(message: dict) -> tuple[str, dict]:
+    """``(type, data)`` of one WebSocket frame, or :class:`RequestError` naming what is wrong with it."""
+    text = message.get("text")
+    if text is None:
+        raise RequestError(f"binary frames are not accepted: {_MESSAGE_SHAPE}, sent as a text frame")
+    try:
+        request = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"message is not JSON ({exc.msg} at character {exc.pos}): {_MESSAGE_SHAPE}",
+                           "INVALID_JSON") from None
+    if not isinstance(request, dict) or "type" not in request:
+        raise RequestError(f"{_MESSAGE_SHAPE}, got {_json_kind(request)}")
+    kind = request["type"]
+    if kind not in _MESSAGE_TYPES:
+        raise RequestError(f"unknown message type {kind!r}: expected one of {', '.join(_MESSAGE_TYPES)}",
+                           "UNKNOWN_TYPE")
+    unknown = sorted(set(request) - {"type", "data"})
+    if unknown:
+        raise RequestError(f"{kind}: unknown field(s) {unknown}: a message has 'type' and 'data'")
+    data = request.get("data", {})
+    if not isinstance(data, dict):
+        raise RequestError(f"{kind}: 'data' must be a JSON object, got {_json_kind(data)}")
+    if kind == "step" and "text" not in data:
+        raise RequestError("step: 'data' must have a 'text' field (the action text), e.g. {\"text\": \"...\"}")
+    return kind, data
+
+
+def _action(data: dict) -> "MemenvAction":
+    unknown = sorted(set(data) - set(MemenvAction.model_fields))
+    if unknown:
+        raise RequestError(f"unknown field(s) {unknown} in 'data': an action has 'text' (and 'metadata')")
+    try:
+        return MemenvAction(**data)
+    except ValidationError as exc:
+        raise RequestError(_one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return f"{where or 'request'}: {first.get('msg', 'invalid')}"
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _error(message: str, code: str) -> Any:
+    from openenv.core.env_server.types import WSErrorResponse
+
+    return WSErrorResponse(data={"message": message, "code": code})
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -245,11 +482,12 @@ class BackgroundServer:
     server: env = connect(server.url)``. ``port=0`` takes a free port (``server.port`` says which)."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1",
-                 port: int = 0, max_sessions: int = DEFAULT_MAX_SESSIONS, log_level: str = "warning",
-                 start_timeout_s: float = 30.0) -> None:
+                 port: int = 0, max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None,
+                 log_level: str = "warning", start_timeout_s: float = 30.0) -> None:
         import uvicorn
 
-        self.app = create_app(env_id, env_kwargs, max_sessions=max_sessions)
+        self.app = create_app(env_id, env_kwargs, max_sessions=max_sessions, session_timeout_s=session_timeout_s)
+        self.sessions: SessionHub = self.app.state.sessions
         self._sock = _bind(host, port)
         self.host, self.port = host, self._sock.getsockname()[1]
         self.url = _url(host, self.port)
@@ -308,6 +546,26 @@ async def _close_session(client: EnvClient, timeout_s: float = 5.0) -> None:
     client._ws = None
 
 
+class SessionEndedError(ConnectionError):
+    """The session is over: the server closed it (the close frame's reason says why: idle too long, full, shut
+    down) or the connection is gone (the server stopped, the network dropped). Connect again to play on."""
+
+
+_CLOSE_MEANINGS = {1001: "the server is going away", 1006: "the connection dropped without a close frame",
+                   1012: "the server is restarting"}
+
+
+def _session_ended(url: str, exc: BaseException) -> SessionEndedError:
+    """One line for a session that ended under the client, naming the URL and the server's reason."""
+    frame = getattr(exc, "rcvd", None)  # websockets' ConnectionClosed: the close frame the server sent, if any
+    if frame is not None:
+        why = frame.reason or _CLOSE_MEANINGS.get(frame.code, "no reason given")
+        why = f"the server closed it: {why} (close code {frame.code})"
+    else:
+        why = "the connection was lost (the server stopped or the network dropped)"
+    return SessionEndedError(f"the OpenEnv session at {url} has ended: {why}; connect again to play on")
+
+
 class ServedEnv(gym.Env):
     """A memenv env served over OpenEnv, used like the in-process one (one session = one env instance).
 
@@ -323,31 +581,18 @@ class ServedEnv(gym.Env):
         self.client = MemenvClient(base_url=url, connect_timeout_s=connect_timeout_s,
                                    message_timeout_s=message_timeout_s).sync()
         self.client.connect()
+        from websockets.exceptions import ConnectionClosed
+
         try:
             state = self.client.state()
-        except RuntimeError:
+        except (RuntimeError, ConnectionClosed) as exc:  # the server refused the session (it is full)
             self.client.close()
-            raise
-        except Exception as exc:  # noqa: BLE001 - the server closed the session at once (it is full)
-            reason = self._refusal()
-            self.client.close()
-            raise RuntimeError(f"the OpenEnv server at {url} refused the session: {reason or exc}") from None
+            frame = getattr(exc, "rcvd", None)
+            reason = frame.reason if frame is not None and frame.reason else str(exc).removeprefix("Server error: ")
+            raise RuntimeError(f"the OpenEnv server at {url} refused the session: {reason}") from None
         self.env_id, self.env_kwargs = state.env_id, state.env_kwargs
         self.observation_space = text_space(state.max_observation_chars)
         self.action_space = text_space(state.max_action_chars)
-
-    def _refusal(self) -> str | None:
-        """The error message a server sent before closing a new session (OpenEnv sends one, e.g. at capacity)."""
-        async def read() -> str | None:
-            import asyncio
-
-            raw = await asyncio.wait_for(self.client.async_client._ws.recv(), 2.0)
-            return json.loads(raw).get("data", {}).get("message")
-
-        try:
-            return self.client._run(read())
-        except Exception:  # noqa: BLE001 - nothing readable was left
-            return None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         kwargs: dict[str, Any] = {}
@@ -356,15 +601,25 @@ class ServedEnv(gym.Env):
             kwargs["seed"] = seed
         if options is not None:
             kwargs["options"] = options
-        result = self.client.reset(**kwargs)
+        result = self._call(self.client.reset, **kwargs)
         return result.observation.text, result.observation.info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
-        obs = self.client.step(MemenvAction(text=action)).observation
+        obs = self._call(self.client.step, MemenvAction(text=action)).observation
         return obs.text, float(obs.reward or 0.0), obs.terminated, obs.truncated, obs.info
 
     def state(self) -> MemenvState:
-        return self.client.state()
+        return self._call(self.client.state)
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` of the client; a session that ended under it is one
+        :class:`SessionEndedError` naming the URL and why, on this call and every later one."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            return method(*args, **kwargs)
+        except (ConnectionClosed, ConnectionError) as exc:
+            raise _session_ended(self.url, exc) from None
 
     def close(self) -> None:
         """End the session: ask the server to close it and wait for its close frame (closing the socket first

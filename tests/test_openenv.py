@@ -181,7 +181,7 @@ def test_a_client_dropping_mid_episode_frees_its_session():
         first = connect(server.url)
         first.reset(seed=0)
         first.step("<memory>half way</memory><search>Wigei</search>")
-        with pytest.raises(RuntimeError, match="[Cc]apacity|[Mm]aximum"):  # the one slot is taken
+        with pytest.raises(RuntimeError, match="server full: 1 of 1 sessions open"):  # the one slot is taken
             connect(server.url)
         _abort(first)
         deadline = time.monotonic() + 10
@@ -285,3 +285,78 @@ def test_memenv_serve_refuses_a_bad_env_in_one_line(capsys):
     assert err.startswith("memenv serve: error: MemQA-v0:") and "objectives" in err and "Traceback" not in err
     assert main(["serve", "NoSuch-v0"]) == 2
     assert "MemQA-v0" in capsys.readouterr().err  # names the envs there are
+
+
+# --- the session lifecycle: sessions end for the client, with a reason, and count until they end -------------
+
+def _wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
+    """Poll ``predicate`` (a bound on waiting, not a timing assertion: the server decides when)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _raw_session(url: str):
+    """A bare WebSocket session (any OpenEnv client), without memenv's client in between."""
+    from websockets.sync.client import connect as ws_connect
+
+    return ws_connect(url.replace("http", "ws", 1) + "/ws", open_timeout=10)
+
+
+def _closed_by_server(ws, timeout_s: float = 20.0):
+    """The close frame the server sent on ``ws`` (reading and dropping any message before it)."""
+    from websockets.exceptions import ConnectionClosed
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ws.recv(timeout=max(deadline - time.monotonic(), 0.01))
+        except ConnectionClosed as exc:
+            return exc.rcvd
+        except TimeoutError:
+            break
+    raise AssertionError("the server did not close the session")
+
+
+def test_an_idle_session_is_closed_with_a_reason_and_the_client_is_told():
+    from memenv.openenv import SessionEndedError
+
+    with BackgroundServer("MemQA-v0", {"objectives": 1}, max_sessions=2, session_timeout_s=0.3) as server:
+        env = connect(server.url)
+        env.reset(seed=0)
+        env.step("<memory>m</memory><search>Wigei</search>")
+        with _raw_session(server.url) as raw:
+            raw.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(raw.recv(timeout=20))["type"] == "observation"
+            frame = _closed_by_server(raw)  # the server ends the session: a close frame with the reason
+        assert frame.code == 4000 and frame.reason == "session idle for 0.3 s (the server's --session-timeout)"
+        _wait_until(lambda: server.sessions.open_sessions == 0, "the idle sessions to be reaped")
+        for _ in range(2):  # the next call, and every one after it: one error naming the URL and the reason
+            with pytest.raises(SessionEndedError) as caught:
+                env.step("<memory>m</memory><answer>x</answer>")
+            message = str(caught.value)
+            assert server.url in message and "session idle for 0.3 s" in message and "\n" not in message
+        with pytest.raises(SessionEndedError, match="session idle"):
+            env.reset(seed=0)
+        env.close()
+        again = connect(server.url)  # the freed slot takes a new session, which plays from the start
+        assert again.reset(seed=0)[0] == gym.make("MemQA-v0", objectives=1).reset(seed=0)[0]
+        again.close()
+
+
+def test_a_session_in_use_is_not_reaped():
+    with BackgroundServer("MemQA-v0", {"objectives": 1}, session_timeout_s=1.0) as server:
+        env = connect(server.url)
+        started = time.monotonic()
+        episodes = 0
+        while time.monotonic() - started < 3.0:  # three timeouts long, never idle for one
+            env.reset(seed=episodes)
+            done = False
+            while not done:
+                done = env.step("<memory>m</memory><answer>x</answer>")[2]
+            episodes += 1
+        assert server.sessions.open_sessions == 1 and episodes > 1
+        env.close()
+        _wait_until(lambda: server.sessions.open_sessions == 0, "the closed session to be freed")
