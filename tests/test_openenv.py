@@ -7,6 +7,7 @@ Every server binds 127.0.0.1 on a free port. Skips when openenv-core is absent (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -360,3 +361,23 @@ def test_a_session_in_use_is_not_reaped():
         assert server.sessions.open_sessions == 1 and episodes > 1
         env.close()
         _wait_until(lambda: server.sessions.open_sessions == 0, "the closed session to be freed")
+
+
+def test_never_closed_sessions_count_until_reaped_and_extra_clients_are_refused_with_a_reason():
+    with BackgroundServer("MemQA-v0", {"objectives": 1}, max_sessions=3, session_timeout_s=0.5) as server:
+        for wave in range(3):
+            with contextlib.ExitStack() as stack:
+                holders = [stack.enter_context(_raw_session(server.url)) for _ in range(3)]  # never closed
+                for ws in holders:
+                    ws.send(json.dumps({"type": "reset", "data": {"seed": wave}}))
+                    assert json.loads(ws.recv(timeout=20))["type"] == "observation"
+                assert server.sessions.open_sessions == 3
+                with _raw_session(server.url) as extra:  # a fourth client: an OpenEnv error, then a close frame
+                    refusal = json.loads(extra.recv(timeout=20))
+                    assert refusal["type"] == "error" and refusal["data"]["code"] == "CAPACITY_REACHED"
+                    frame = _closed_by_server(extra)
+                    assert frame.code == 1013 and frame.reason == "server full: 3 of 3 sessions open, try again later"
+                assert server.sessions.open_sessions == 3  # the refused one never counted
+                for ws in holders:  # each is reaped in turn and told so; only then is its slot free
+                    assert _closed_by_server(ws).code == 4000
+            _wait_until(lambda: server.sessions.open_sessions == 0, "the never-closed sessions to be reaped")
