@@ -47,6 +47,7 @@ from openenv.core.env_server import Action, Environment, Observation, State
 from openenv.core.env_server import create_app as openenv_create_app
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field, ValidationError
+from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 import memenv  # noqa: F401 - registers the environments
@@ -124,21 +125,35 @@ class MemenvEnvironment(Environment):
         self._done = True
         self._return = 0.0
         self._client_episode_id: str | None = None
+        self._was_reset = False
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
               **kwargs: Any) -> MemenvObservation:
         """``env.reset(seed=seed, options=options)``; ``episode_id`` (OpenEnv's, the client's label) is kept in
-        the state as ``client_episode_id`` and does not replace the env's own episode id."""
+        the state as ``client_episode_id`` and does not replace the env's own episode id. Every argument is
+        checked before the env is touched (:class:`RequestError` naming it), so a refused reset changes nothing."""
         if kwargs:
-            raise TypeError(f"reset() got unknown argument(s) {sorted(kwargs)}; it takes seed, episode_id, options")
+            raise RequestError(f"unknown argument(s) {sorted(kwargs)}: reset takes seed, episode_id, options")
+        try:
+            seed = check_reset_args(seed, options)  # the env's own check, run here before the env sees anything
+        except (TypeError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+        if episode_id is not None and not isinstance(episode_id, str):
+            raise RequestError(f"episode_id must be a string or null, got {type(episode_id).__name__}")
         text, info = self.env.reset(seed=seed, options=options)
         self._steps, self._done, self._return = 0, False, 0.0
         self._client_episode_id = episode_id
+        self._was_reset = True
         return self._observation(text, info, reward=None, terminated=False, truncated=False)
 
     def step(self, action: MemenvAction, timeout_s: float | None = None, **kwargs: Any) -> MemenvObservation:
         """``env.step(action.text)``: a malformed action text is an invalid step, never an error. ``timeout_s``
-        (OpenEnv's) is accepted and not enforced: a memenv step takes milliseconds and cannot hang."""
+        (OpenEnv's) is accepted and not enforced: a memenv step takes milliseconds and cannot hang. A step
+        before any reset, or after the episode ended, is a :class:`RequestError` (in-process: ``RuntimeError``)."""
+        if not self._was_reset:
+            raise RequestError("step before reset: send a reset first", "EXECUTION_ERROR")
+        if self._done:
+            raise RequestError("step() called on a finished episode: send a reset first", "EXECUTION_ERROR")
         text, reward, terminated, truncated, info = self.env.step(action.text)
         self._steps += 1
         self._return += float(reward)
@@ -188,7 +203,58 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     app = openenv_create_app(factory, MemenvAction, MemenvObservation,
                              env_name=env_id, concurrency_config=config)
     SessionHub(factory, max_sessions, session_timeout_s).install(app)
+    _replace_http_reset(app, factory)
+    _answer_http_errors_in_one_line(app)
     return app
+
+
+def _replace_http_reset(app: Any, factory: Any) -> None:
+    """``POST /reset`` (stateless: a fresh env per request, openenv-core's simulation mode) with the body read
+    as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where openenv-core's
+    route coerced through pydantic first (``"7"`` and ``true`` became seeds)."""
+    import asyncio
+
+    from openenv.core.env_server.serialization import serialize_observation
+
+    async def reset(request: Request) -> dict:
+        body = await request.body()
+        try:
+            data = json.loads(body) if body.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise RequestError(f"the request body is not valid JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(data, dict):
+            raise RequestError(f"the request body must be a JSON object (seed, options, episode_id), "
+                               f"got {_json_kind(data)}")
+
+        def fresh_reset() -> dict:
+            env = factory()
+            try:
+                return serialize_observation(env.reset(**data))
+            finally:
+                env.close()
+
+        return await asyncio.get_running_loop().run_in_executor(None, fresh_reset)
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/reset"]
+    app.add_api_route("/reset", reset, methods=["POST"], tags=["Environment Control"],
+                      summary="Reset a fresh env (stateless; play episodes over the /ws sessions)")
+
+
+def _answer_http_errors_in_one_line(app: Any) -> None:
+    """The HTTP endpoints' refusals as ``{"detail": "<one line naming the field>"}``: a :class:`RequestError` of
+    the env (a bad seed) is 400 rather than 500, a body FastAPI cannot validate is 422 with one line rather
+    than pydantic's list of dicts."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    async def refused(request: Any, exc: RequestError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    async def invalid(request: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _first_error(exc.errors())}, status_code=422)
+
+    app.add_exception_handler(RequestError, refused)
+    app.add_exception_handler(RequestValidationError, invalid)
 
 
 #: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
@@ -420,13 +486,16 @@ def _action(data: dict) -> "MemenvAction":
     try:
         return MemenvAction(**data)
     except ValidationError as exc:
-        raise RequestError(_one_line(exc)) from None
+        raise RequestError(_first_error(exc.errors())) from None
 
 
-def _one_line(exc: ValidationError) -> str:
-    first = exc.errors()[0]
+def _first_error(errors: Any) -> str:
+    """Pydantic's (or FastAPI's) list of validation errors as one line naming the first one's field."""
+    first = dict(errors[0]) if errors else {}
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first.get('msg'))})"
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return f"{where or 'request'}: {first.get('msg', 'invalid')}"
+    return f"{where or 'request body'}: {first.get('msg', 'invalid')}"
 
 
 def _json_kind(value: Any) -> str:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -381,3 +382,41 @@ def test_never_closed_sessions_count_until_reaped_and_extra_clients_are_refused_
                 for ws in holders:  # each is reaped in turn and told so; only then is its slot free
                     assert _closed_by_server(ws).code == 4000
             _wait_until(lambda: server.sessions.open_sessions == 0, "the never-closed sessions to be reaped")
+
+
+# Each a reset the server refuses before the env sees it: (data, the field the one-line error names).
+BAD_RESETS = [({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"), ({"seed": "7"}, "seed"), ({"seed": True}, "seed"),
+              ({"options": [1]}, "options"), ({"episode_id": ["a"]}, "episode_id"), ({"colour": "red"}, "colour")]
+
+
+def test_bad_resets_are_refused_in_one_line_and_never_poison_the_session(servers):
+    server = servers("memqa-rewrite")
+    local = gym.make("MemQA-v0")
+    local.reset(seed=3)
+    expected = [local.step(f"<memory>turn {i}</memory><search>Wigei</search>")[0] for i in range(len(BAD_RESETS))]
+    with _raw_session(server.url) as ws:
+        def ask(message):
+            ws.send(json.dumps(message))
+            return json.loads(ws.recv(timeout=20))
+
+        for data, field in BAD_RESETS:  # before any reset: refused, and the session still answers
+            reply = ask({"type": "reset", "data": data})
+            assert reply["type"] == "error", data
+            message = reply["data"]["message"]
+            assert message.startswith("reset: ") and field in message and "\n" not in message, message
+            assert ask({"type": "state"})["type"] == "state"
+        assert ask({"type": "reset", "data": {"seed": 3, "episode_id": "mine"}})["type"] == "observation"
+        for i, (data, field) in enumerate(BAD_RESETS):  # mid-episode: refused, and the episode goes on unchanged
+            assert ask({"type": "reset", "data": data})["data"]["message"].startswith("reset: ")
+            state = ask({"type": "state"})["data"]
+            assert state["step_count"] == i and state["client_episode_id"] == "mine"
+            reply = ask({"type": "step", "data": {"text": f"<memory>turn {i}</memory><search>Wigei</search>"}})
+            assert reply["data"]["observation"]["text"] == expected[i]
+    for data, field in BAD_RESETS:  # the stateless HTTP reset: 4xx with the line, never 500
+        request = urllib.request.Request(server.url + "/reset", data=json.dumps(data).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=20)
+        assert 400 <= caught.value.code < 500, (data, caught.value.code)
+        detail = json.loads(caught.value.read())["detail"]
+        assert isinstance(detail, str) and field in detail and "\n" not in detail, (data, detail)
