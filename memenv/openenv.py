@@ -211,7 +211,8 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
 def _replace_http_reset(app: Any, factory: Any) -> None:
     """``POST /reset`` (stateless: a fresh env per request, openenv-core's simulation mode) with the body read
     as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where openenv-core's
-    route coerced through pydantic first (``"7"`` and ``true`` became seeds)."""
+    route coerced through pydantic first (``"7"`` and ``true`` became seeds). ``POST /step`` is refused (409, one
+    line): openenv-core's stepped a fresh env, which no memenv env allows before a reset (it answered 500)."""
     import asyncio
 
     from openenv.core.env_server.serialization import serialize_observation
@@ -235,9 +236,15 @@ def _replace_http_reset(app: Any, factory: Any) -> None:
 
         return await asyncio.get_running_loop().run_in_executor(None, fresh_reset)
 
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/reset"]
+    async def step(request: Request) -> None:
+        raise RequestError("POST /step has no episode to step: the HTTP endpoints are stateless (a fresh env per "
+                           "request); play episodes over the WebSocket sessions at /ws", status=409)
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/reset", "/step")]
     app.add_api_route("/reset", reset, methods=["POST"], tags=["Environment Control"],
                       summary="Reset a fresh env (stateless; play episodes over the /ws sessions)")
+    app.add_api_route("/step", step, methods=["POST"], tags=["Environment Control"], status_code=409,
+                      summary="Refused: a fresh env has no episode to step (play over the /ws sessions)")
 
 
 def _answer_http_errors_in_one_line(app: Any) -> None:
@@ -248,7 +255,7 @@ def _answer_http_errors_in_one_line(app: Any) -> None:
     from fastapi.responses import JSONResponse
 
     async def refused(request: Any, exc: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
     async def invalid(request: Any, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _first_error(exc.errors())}, status_code=422)
@@ -443,9 +450,9 @@ class RequestError(ValueError):
     """A request the server refuses (a bad field, a step before a reset): one line naming the field, answered
     as an OpenEnv error message (HTTP: status 400); the session and its env are as they were."""
 
-    def __init__(self, message: str, code: str = "VALIDATION_ERROR") -> None:
+    def __init__(self, message: str, code: str = "VALIDATION_ERROR", status: int = 400) -> None:
         super().__init__(message)
-        self.code = code
+        self.code, self.status = code, status
 
 
 _MESSAGE_TYPES = ("reset", "step", "state", "close")

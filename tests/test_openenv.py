@@ -420,3 +420,67 @@ def test_bad_resets_are_refused_in_one_line_and_never_poison_the_session(servers
         assert 400 <= caught.value.code < 500, (data, caught.value.code)
         detail = json.loads(caught.value.read())["detail"]
         assert isinstance(detail, str) and field in detail and "\n" not in detail, (data, detail)
+
+
+# Each a frame no client should send: (frame, what the one-line error says). None of it is an action text
+# (those are invalid steps, never errors), so every one is answered with an error and the session goes on.
+BAD_FRAMES = [
+    ("[1, 2]", "message must be a JSON object with a 'type' field (reset, step, state or close), got an array"),
+    (b"\x00\x01binary", "binary frames are not accepted"),
+    ("null", "message must be a JSON object with a 'type' field (reset, step, state or close), got null"),
+    ('"step"', "message must be a JSON object with a 'type' field (reset, step, state or close), got a string"),
+    ('{"data": {"text": "x"}}', "message must be a JSON object with a 'type' field"),
+    ("not json {", "message is not JSON"),
+    ('{"type": "jump"}', "unknown message type 'jump'"),
+    ('{"type": ["step"]}', "unknown message type ['step']"),
+    ('{"type": "step"}', "step: 'data' must have a 'text' field"),
+    ('{"type": "step", "data": [1]}', "step: 'data' must be a JSON object, got an array"),
+    ('{"type": "step", "data": "text"}', "step: 'data' must be a JSON object, got a string"),
+    ('{"type": "step", "data": {"text": "x", "speed": 1}}', "step: unknown field(s) ['speed'] in 'data'"),
+    ('{"type": "step", "data": {"text": "x", "metadata": 3}}', "step: metadata:"),
+    ('{"type": "reset", "data": {"seed": 0}, "extra": 1}', "reset: unknown field(s) ['extra']"),
+    ('{"type": "state", "data": 5}', "state: 'data' must be a JSON object, got a number"),
+]
+
+
+def test_every_wire_error_is_one_line_naming_the_field_and_the_session_goes_on(servers):
+    server = servers("memqa-rewrite")
+    local = gym.make("MemQA-v0")
+    first = local.reset(seed=5)[0]
+    actions = [f"<memory>turn {i}</memory><search>Wigei</search>" for i in range(4)]
+    expected = [local.step(action)[0] for action in actions]
+    with _raw_session(server.url) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 5}}))
+        assert json.loads(ws.recv(timeout=20))["data"]["observation"]["text"] == first
+        steps = 0
+        for i, (frame, says) in enumerate(BAD_FRAMES):
+            ws.send(frame)
+            reply = json.loads(ws.recv(timeout=20))
+            message = reply["data"]["message"]
+            assert reply["type"] == "error" and message.startswith(says), (frame, message)
+            assert "\n" not in message and "object has no attribute" not in message, (frame, message)
+            ws.send(json.dumps({"type": "state"}))  # nothing of the episode changed
+            assert json.loads(ws.recv(timeout=20))["data"]["step_count"] == steps, frame
+            if i % 4 == 0:  # and it plays on as in-process
+                ws.send(json.dumps({"type": "step", "data": {"text": actions[steps]}}))
+                assert json.loads(ws.recv(timeout=20))["data"]["observation"]["text"] == expected[steps], frame
+                steps += 1
+
+
+def test_http_misuse_is_a_4xx_with_one_line(servers):
+    url = servers("memqa-rewrite").url
+    misuse = [("POST", "/step", {"action": {"text": "<memory>m</memory><search>q</search>"}}, 409, "/ws"),
+              ("POST", "/step", [1, 2], 409, "/ws"),
+              ("POST", "/reset", [1], 400, "JSON object"),
+              ("POST", "/reset", "{", 400, "not valid JSON"),
+              ("GET", "/step", None, 405, "Method Not Allowed"),
+              ("GET", "/nowhere", None, 404, "Not Found")]
+    for method, path, body, status, says in misuse:
+        data = None if body is None else (body if isinstance(body, str) else json.dumps(body)).encode()
+        request = urllib.request.Request(url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=20)
+        detail = json.loads(caught.value.read())["detail"]
+        assert caught.value.code == status and isinstance(detail, str) and says in detail, (method, path, detail)
+        assert "\n" not in detail
