@@ -484,3 +484,55 @@ def test_http_misuse_is_a_4xx_with_one_line(servers):
         detail = json.loads(caught.value.read())["detail"]
         assert caught.value.code == status and isinstance(detail, str) and says in detail, (method, path, detail)
         assert "\n" not in detail
+
+
+def _drop(ws, reset: bool) -> None:
+    """Drop a raw session's TCP connection without a close frame: with a RST (a killed process) or a FIN."""
+    import socket
+    import struct
+
+    sock = ws.socket
+    if reset:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    else:
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def test_clients_dropping_mid_request_print_no_tracebacks(tmp_path):
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "memenv.cli", "serve", "MemQA-v0", "--port", "0",
+                                 "--max-sessions", "25"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("memenv serve: MemQA-v0 at "), (line, log.read_text())
+        url = line.split(" at ")[1].split()[0]
+        with contextlib.ExitStack() as stack:
+            clients = [stack.enter_context(_raw_session(url)) for _ in range(20)]
+            for i, ws in enumerate(clients):  # each sends a request and is gone before the reply
+                ws.send(json.dumps({"type": "reset", "data": {"seed": i}}))
+                if i % 2:
+                    ws.send(json.dumps({"type": "step", "data": {"text": "<memory>m</memory><search>q</search>"}}))
+                _drop(ws, reset=i % 3 == 0)
+        served = connect(url)  # the server plays on, and every dropped session was freed
+        local = gym.make("MemQA-v0")
+        assert_same_episode(play(local, make_strategy("relevance"), 7), play(served, make_strategy("relevance"), 7))
+        with contextlib.ExitStack() as stack:  # 25 slots: 24 more sessions fit beside `served` once all are freed
+            deadline, more = time.monotonic() + 30, 0
+            while more < 24:
+                try:
+                    stack.callback(connect(url).close)
+                    more += 1
+                except RuntimeError:  # a dropped session not freed yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        served.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    printed = log.read_text()
+    assert "Traceback" not in printed and len(printed.splitlines()) <= 20, printed
