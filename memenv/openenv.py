@@ -628,7 +628,7 @@ class SessionEndedError(ConnectionError):
 
 
 _CLOSE_MEANINGS = {1001: "the server is going away", 1006: "the connection dropped without a close frame",
-                   1012: "the server is restarting"}
+                   1012: "the server shut down (or is restarting)"}
 
 
 def _session_ended(url: str, exc: BaseException) -> SessionEndedError:
@@ -656,7 +656,11 @@ class ServedEnv(gym.Env):
         self.url = url
         self.client = MemenvClient(base_url=url, connect_timeout_s=connect_timeout_s,
                                    message_timeout_s=message_timeout_s).sync()
-        self.client.connect()
+        try:
+            self.client.connect()
+        except ConnectionError as exc:  # nothing listens there (refused, unknown host, timed out)
+            self.client.close()
+            raise ConnectionError(f"cannot reach the OpenEnv server at {url}: {exc.__cause__ or exc}") from None
         from websockets.exceptions import ConnectionClosed
 
         try:

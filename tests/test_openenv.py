@@ -536,3 +536,36 @@ def test_clients_dropping_mid_request_print_no_tracebacks(tmp_path):
         proc.wait(timeout=30)
     printed = log.read_text()
     assert "Traceback" not in printed and len(printed.splitlines()) <= 20, printed
+
+
+def test_a_call_after_the_server_is_gone_is_one_error_naming_the_url():
+    from memenv.openenv import SessionEndedError
+
+    server = BackgroundServer("MemQA-v0", {"objectives": 1})
+    env = connect(server.url)
+    env.reset(seed=0)
+    server.close()  # a clean shutdown: uvicorn closes every session (1012)
+    for call in (lambda: env.step("<memory>m</memory><search>q</search>"), lambda: env.reset(seed=1), env.state):
+        with pytest.raises(SessionEndedError) as caught:
+            call()
+        assert str(caught.value).startswith(f"the OpenEnv session at {server.url} has ended: the server closed it")
+    env.close()
+
+    proc = subprocess.Popen([sys.executable, "-m", "memenv.cli", "serve", "MemQA-v0", "--port", "0"], cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split(" at ")[1].split()[0]
+        env = connect(url)
+        env.reset(seed=0)
+    finally:
+        proc.kill()  # gone without a close frame
+        proc.wait(timeout=30)
+    for _ in range(2):
+        with pytest.raises(SessionEndedError) as caught:
+            env.step("<memory>m</memory><search>q</search>")
+        message = str(caught.value)
+        assert url in message and "connection was lost" in message and "\n" not in message
+    env.close()
+    with pytest.raises(ConnectionError) as caught:  # and a new session: one line naming the URL
+        connect(url)
+    assert str(caught.value).startswith(f"cannot reach the OpenEnv server at {url}: ") and "\n" not in str(caught.value)
