@@ -60,6 +60,11 @@ class ServerError(ServiceError, RuntimeError):
     one-line message names the URL and what came back."""
 
 
+class ServerUnreachableError(ServerError):
+    """No reply from the server at all (refused, silent, unknown host) after every attempt: a service failure
+    (``memenv bench`` exits 1), where a reply that is not the API (a web page) says the URL is wrong (exit 2)."""
+
+
 ENDPOINTS = ("auto", "chat", "completions")
 SYSTEM_PROMPTS = ("protocol", "none")
 _OPTIONS = ("endpoint", "tokenizer", "system", "max_tokens")
@@ -192,8 +197,8 @@ class CompletionsClient:
         except UnreachableError as err:
             raise self._unreachable(err) from err
 
-    def _unreachable(self, err: UnreachableError) -> ServerError:
-        return ServerError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.url}: {err.reason}; "
+    def _unreachable(self, err: UnreachableError) -> ServerUnreachableError:
+        return ServerUnreachableError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.url}: {err.reason}; "
                            f"{err.attempts} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix the URL")
 
     def check(self) -> None:

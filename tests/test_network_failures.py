@@ -231,8 +231,8 @@ def test_served_start_up_check_of_a_silent_server_is_bounded():
 
 
 def test_served_start_up_check_default_bound_and_bench_cli(monkeypatch, capsys, tmp_path):
-    """``memenv bench`` against a served model whose /v1/models never answers: one line, exit 2, in the check's
-    time (shortened here from its 15 s default)."""
+    """``memenv bench`` against a served model whose /v1/models never answers: one line, exit 1 (a service
+    failure), in the check's time (shortened here from its 15 s default)."""
     import agents.served
     from memenv.cli import main
 
@@ -244,7 +244,7 @@ def test_served_start_up_check_default_bound_and_bench_cli(monkeypatch, capsys, 
         code = main(["bench", "--strategies", f"openai:m@{server.url}", "-n", "1", "--quiet"])
         took = time.monotonic() - start
     err = capsys.readouterr().err
-    assert code == 2 and took >= 1.0  # the shortened check, not the 15 s default (its message says 1 s)
+    assert code == 1 and took >= 1.0  # the shortened check, not the 15 s default (its message says 1 s)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert f"{server.url}/v1/models: no complete reply within 1 s" in err
 
@@ -254,6 +254,19 @@ def test_served_start_up_check_of_a_web_page_says_it_is_not_the_api():
         err = elapsed(lambda: _client(server).check(), ServerError)[0]
     assert f"{server.url}/v1/models answered HTTP 200 with a body that is not JSON" in one_line(err)
     assert "<html>router login</html>" in str(err) and "OpenAI-compatible API?" in str(err)
+
+
+def test_bench_cli_with_a_web_page_for_a_served_model_is_a_wrong_url_exit_2(capsys, tmp_path, monkeypatch):
+    """Something answers at the URL, but not the API: the user's URL is wrong (exit 2), where a server that
+    does not answer at all is a service failure (exit 1, above)."""
+    from memenv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with StandIn({"/v1/models": answer(200, b"<html>router login</html>", "text/html")}) as server:
+        code = main(["bench", "--strategies", f"openai:m@{server.url}", "-n", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{server.url}/v1/models answered HTTP 200" in err and "OpenAI-compatible API?" in err
 
 
 def test_served_start_up_check_accepts_any_status():

@@ -181,16 +181,19 @@ def test_strategy_names_on_the_command_line():
         ServedPolicy("openai:m@localhost:1", concurrency=0)
 
 
-def test_bench_cli_with_a_server_that_is_down_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+def test_bench_cli_with_a_server_that_is_down_is_one_line_and_exit_1(capsys, tmp_path, monkeypatch):
+    """A served model that cannot be reached is a service failure (exit 1, issue 35's rule), not a user's
+    mistake; the line names the URL. (A URL that answers with something else than the API is exit 2.)"""
     from memenv.cli import main
 
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.chdir(tmp_path)
-    assert main(["bench", "--strategies", f"openai:m@http://127.0.0.1:{port}", "-n", "1", "--quiet"]) == 2
+    assert main(["bench", "--strategies", f"openai:m@http://127.0.0.1:{port}", "-n", "1", "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback" not in err and f"127.0.0.1:{port}" in err.strip().splitlines()[-1]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"server at http://127.0.0.1:{port} is not answering" in err
     assert not list(tmp_path.iterdir())
 
 

@@ -59,7 +59,7 @@ from agents.files import write_atomic, write_text_atomic
 from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, env_family, make_strategy
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
 from agents.scripted.bench_tables import format_benchmark_tables, official_columns
-from agents.served import ServedPolicy, ServedSpec, ServerError, is_served
+from agents.served import ServedPolicy, ServedSpec, ServerError, ServerUnreachableError, is_served
 from memenv.cli_common import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
                                positive_int, prepare_out_dir, user_input)
 from tasks.types import DataFormatError
@@ -770,8 +770,9 @@ def check_setup(strategies: Iterable[str], specs: Iterable[EnvSpec]) -> None:
                 if isinstance(policy, ServedPolicy) or hasattr(policy, "check_server"):
                     try:  # a server that is down fails here, naming its URL
                         policy.client.check() if isinstance(policy, ServedPolicy) else policy.check_server()
-                    except ServerError as err:
-                        raise CommandError(f"--strategies {policy.name}: {err}") from err
+                    except ServerError as err:  # down: a service failure (1); not the API: a wrong URL (2)
+                        raise CommandError(f"--strategies {policy.name}: {err}",
+                                           status=1 if isinstance(err, ServerUnreachableError) else 2) from err
             env = gym.make(spec.env_id, **bench_env_kwargs(spec, policies[0]))  # the kwargs its cells will use
             env.reset(seed=0)
             env.close()
