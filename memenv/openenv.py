@@ -21,8 +21,16 @@ plugs a memenv env into that machinery:
   ``{"text": "<search>...</search>"}``).
 
 Action text is never an error: a malformed action is an invalid step, as in-process (``info["invocation"]
-["error"]``). What does fail is what fails in-process (stepping a finished episode, a bad seed): the server
-answers with an OpenEnv error message, the session stays open, and the client raises ``RuntimeError`` naming it.
+["error"]``). What does fail is what fails in-process (stepping a finished episode, a bad seed) and a message
+that is not OpenEnv's (a binary frame, a JSON array, a missing field): the server answers with an OpenEnv error
+message of one line naming the field (:class:`RequestError`), nothing of the env changes, the session stays open,
+and the client raises ``RuntimeError`` naming it.
+
+Sessions (:class:`SessionHub`, the ``/ws`` endpoint): one counts toward ``max_sessions`` from connect until it
+ends; it ends when the client closes it or drops, or when it idles past ``session_timeout_s``, and the server
+closes the socket with a close frame whose reason says why (``CLOSE_IDLE`` 4000, ``CLOSE_SERVER_FULL`` 1013 for a
+client over the limit). The client then raises :class:`SessionEndedError` naming the URL and the reason, on
+that call and every later one, as it does when the server is gone.
 """
 
 from __future__ import annotations
@@ -402,6 +410,8 @@ class SessionHub:
             return
         session.ended = True
         self.sessions.pop(session.id, None)
+        if code != CLOSE_BY_CLIENT:
+            _log.info("memenv serve: session %s ended (%d): %s", session.id, code, reason)
         await _close(session.websocket, code, reason)
         if session.env is not None:
             try:
@@ -541,12 +551,24 @@ def run_app(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: s
 
     sock = _bind(host, port)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, ws_max_size=128 * 2**20))
+    _log_at(log_level)
     if ready is not None:
         app.router.on_startup.append(lambda: ready(_url(host, sock.getsockname()[1])))
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def _log_at(level: str) -> None:
+    """The session log (``memenv.serve``: sessions ended by the server, clients gone mid-request, one line each;
+    tracebacks only for bugs) on stderr at uvicorn's ``--log-level``."""
+    _log.setLevel(level.upper())
+    if not _log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:    %(message)s"))
+        _log.addHandler(handler)
+        _log.propagate = False
 
 
 def _url(host: str, port: int) -> str:

@@ -11,7 +11,9 @@ import sys
 
 SERVE_HELP = """Serve a memenv env as an OpenEnv server (openenv-core's FastAPI app). Each WebSocket session (/ws)
 gets its own env; reset takes seed= and options=, every step's observation carries the step's info
-(invocation, and the summary at the end) in its `info` field. Clients:
+(invocation, and the summary at the end) in its `info` field. A session ends when the client closes it, drops,
+or idles past --session-timeout: the server closes the socket with a close frame whose reason says why. A bad
+message is answered with one error line naming the field, and the session plays on. Clients:
 
   from memenv.openenv import connect
   env = connect("http://127.0.0.1:8000")        # Gymnasium-like: reset(seed=...), step(action)
@@ -29,11 +31,15 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="env kwargs, e.g. memory_mode=tools objectives=1 (default: the env's own)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
     serve.add_argument("--port", type=_port, default=8000, help="port to bind (0: a free one, printed)")
-    serve.add_argument("--max-sessions", type=positive_int, default=64, help="concurrent sessions accepted")
+    serve.add_argument("--max-sessions", type=positive_int, default=64,
+                       help="sessions open at once; one counts from connect until it is closed or reaped, and a "
+                            "client over the limit is refused (close code 1013, 'server full: ...')")
     serve.add_argument("--session-timeout", type=positive_float, default=None, metavar="SECONDS",
-                       help="close sessions idle this long (default: never)")
+                       help="end sessions that send nothing this long (close code 4000, 'session idle for N s'); "
+                            "default: never")
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
-                       help="uvicorn's log level")
+                       help="uvicorn's log level, and the session log's (sessions the server ended, clients gone "
+                            "mid-request: one line each at info)")
     serve.set_defaults(func=_serve)
 
 
