@@ -313,8 +313,10 @@ class SessionHub:
         self._reaper: Any = None
 
     def install(self, app: Any) -> None:
-        """Put this hub at ``app``'s ``/ws`` in place of openenv-core's handler."""
-        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/ws"]
+        """Put this hub at ``app``'s ``/ws`` in place of openenv-core's handler. openenv-core's ``/mcp`` routes
+        go too: memenv envs have no MCP tools, and their sessions (openenv-core's own registry) would be a
+        second way in, outside this hub's limit and timeout."""
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/ws", "/mcp")]
         app.add_api_websocket_route("/ws", self.serve)
         app.router.on_shutdown.append(self._stop_reaper)
         app.state.sessions = self
@@ -326,7 +328,10 @@ class SessionHub:
     async def serve(self, websocket: WebSocket) -> None:
         import asyncio
 
-        await websocket.accept()
+        try:
+            await websocket.accept()
+        except (WebSocketDisconnect, OSError, RuntimeError):  # the client left during the handshake
+            return
         if len(self.sessions) >= self.max_sessions:
             reason = f"server full: {len(self.sessions)} of {self.max_sessions} sessions open, try again later"
             await self._send(websocket, _error(reason, "CAPACITY_REACHED"))  # what OpenEnv clients read

@@ -474,7 +474,8 @@ def test_http_misuse_is_a_4xx_with_one_line(servers):
               ("POST", "/reset", [1], 400, "JSON object"),
               ("POST", "/reset", "{", 400, "not valid JSON"),
               ("GET", "/step", None, 405, "Method Not Allowed"),
-              ("GET", "/nowhere", None, 404, "Not Found")]
+              ("GET", "/nowhere", None, 404, "Not Found"),
+              ("POST", "/mcp", {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}, 404, "Not Found")]
     for method, path, body, status, says in misuse:
         data = None if body is None else (body if isinstance(body, str) else json.dumps(body)).encode()
         request = urllib.request.Request(url + path, data=data, method=method,
@@ -484,6 +485,11 @@ def test_http_misuse_is_a_4xx_with_one_line(servers):
         detail = json.loads(caught.value.read())["detail"]
         assert caught.value.code == status and isinstance(detail, str) and says in detail, (method, path, detail)
         assert "\n" not in detail
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect as ws_connect
+
+    with pytest.raises(InvalidStatus):  # no MCP sessions either: they would count outside --max-sessions
+        ws_connect(url.replace("http", "ws", 1) + "/mcp", open_timeout=10)
 
 
 def _drop(ws, reset: bool) -> None:
