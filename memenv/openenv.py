@@ -198,14 +198,19 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
                max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None):
     """The OpenEnv FastAPI app serving ``env_id`` (openenv-core's ``create_app``; each WebSocket session gets its
     own env). The env is made once here, so an unknown id or a bad kwarg raises now, naming it, rather than at
-    the first client. ``session_timeout_s`` closes sessions idle that long (default: never)."""
+    the first client. ``max_sessions`` and ``session_timeout_s`` (end sessions idle that long; default: never)
+    are :class:`SessionHub`'s, which serves ``/ws``."""
     from openenv.core.env_server import ConcurrencyConfig
 
     if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
         raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
     env_kwargs = dict(env_kwargs or {})
     gym.make(env_id, **env_kwargs).close()
-    config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s)
+    if session_timeout_s is not None and not (isinstance(session_timeout_s, (int, float)) and session_timeout_s > 0
+                                              and math.isfinite(session_timeout_s)):
+        raise ValueError(f"session_timeout_s must be a number > 0 or None, got {session_timeout_s!r}")
+    # The limit and the timeout are SessionHub's; openenv-core's own registry serves no session here.
+    config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None)
     # A partial of the class: openenv-core reads SUPPORTS_CONCURRENT_SESSIONS off the class (no probe env).
     factory = functools.partial(MemenvEnvironment, env_id, env_kwargs)
     app = openenv_create_app(factory, MemenvAction, MemenvObservation,
