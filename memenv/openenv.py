@@ -206,8 +206,9 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
         raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
     env_kwargs = dict(env_kwargs or {})
     gym.make(env_id, **env_kwargs).close()
-    if session_timeout_s is not None and not (isinstance(session_timeout_s, (int, float)) and session_timeout_s > 0
-                                              and math.isfinite(session_timeout_s)):
+    if session_timeout_s is not None and (isinstance(session_timeout_s, bool)
+                                          or not isinstance(session_timeout_s, (int, float))
+                                          or not (math.isfinite(session_timeout_s) and session_timeout_s > 0)):
         raise ValueError(f"session_timeout_s must be a number > 0 or None, got {session_timeout_s!r}")
     # The limit and the timeout are SessionHub's; openenv-core's own registry serves no session here.
     config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None)
