@@ -2,6 +2,13 @@
 
     memenv experiment memopd --out runs/memopd            # the full run (teacher cached under OUT/teacher)
     memenv experiment memopd --out runs/memopd_quick --quick
+    memenv experiment memopd --world fresh --out runs/memopd_fresh   # facts drawn afresh every episode
+
+Worlds (``--world``, :data:`distill.experiment.config.WORLDS`): ``fixed`` (default, described below) keeps one world
+whose facts a tiny model can learn by heart; ``fresh`` draws every episode's facts afresh over one inventory of
+names and values (MemQA's ``fresh_facts``, 400 documents), so only reading answers, with held-out episodes whose
+draws and subject entities no training episode had (docs/design.md); its teacher takes 6,000 demonstrations and a
+4,096-token vocabulary, and its stage also reports the teacher's F1 on training draws.
 
 Task: MemQA-v0 with 2 objectives (MemOPD's Q2 setting), single-hop questions, no comparisons and one document per
 search (a tiny teacher trained for 70 CPU-minutes reaches F1 0.90 on seen questions there, 0.31 on held-out ones; see
