@@ -50,7 +50,7 @@ from agents.served import CompletionsClient, ServedSpec, ServerError, is_served
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, _tail_logmass, divergence, head_logprobs
 from distill.teacher import VocabularyMismatchError
-from memenv.search.http import excerpt
+from memenv.search.http import HTTPStatusError, excerpt, request_json
 
 #: The tokenizer probe: chat-template markers, the protocol's tags, digits, accents and spacing.
 PROBE = ("<|im_start|>user\nQuestion 1: In which country is Wigei?<|im_end|>\n<|im_start|>assistant\n"
@@ -138,19 +138,44 @@ class ServedTeacher:
         (:func:`vocabulary_probe`) into the student tokenizer's ids; ``vocabulary_coverage`` is then the share of
         the vocabulary whose ids that comparison saw."""
         self.client.check()
-        chunks, self.vocabulary_coverage = vocabulary_probe(self.tokenizer)
-        texts = [PROBE] + chunks
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(texts))) as pool:
-            replies = list(pool.map(lambda text: self._post(text, 0, add_special_tokens=False, prompt_logprobs=None),
-                                    texts))
-        for n, (text, choice) in enumerate(zip(texts, replies)):
+        chunks, coverage = vocabulary_probe(self.tokenizer)
+        # The short probe first, alone: another tokenizer usually differs there, and is refused after one request.
+        # It also tells whether the server has vLLM's /tokenize, which tokenizes without a forward pass (the
+        # vocabulary's texts are ~100k tokens: minutes of prefill on a CPU server, milliseconds to tokenize).
+        via_tokenize = True
+        try:
+            probe_reply = self._tokenize_reply(PROBE)
+        except HTTPStatusError:  # no /tokenize (another OpenAI-compatible server): 1-token completions instead
+            via_tokenize, probe_reply = False, self._post(PROBE, 0, add_special_tokens=False, prompt_logprobs=None)
+        if via_tokenize and not isinstance(probe_reply.get("prompt_token_ids"), list):
+            via_tokenize, probe_reply = False, self._post(PROBE, 0, add_special_tokens=False, prompt_logprobs=None)
+        self._compare_tokenization([PROBE], [probe_reply], len(chunks), start=0)
+        fetch = self._tokenize_reply if via_tokenize else (
+            lambda text: self._post(text, 0, add_special_tokens=False, prompt_logprobs=None))
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chunks))) as pool:
+            replies = list(pool.map(fetch, chunks))
+        self._compare_tokenization(chunks, replies, len(chunks), start=1)
+        self.vocabulary_coverage = coverage
+
+    def _tokenize_reply(self, text: str) -> dict:
+        """vLLM's ``POST /tokenize`` of ``text`` (no special tokens), as ``{"prompt_token_ids": ids}`` (the shape of
+        a completion's choice, which :meth:`_compare_tokenization` reads)."""
+        root = self.spec.api_base[:-len("/v1")]
+        reply = request_json(root + "/tokenize", {"model": self.spec.model, "prompt": text,
+                                                  "add_special_tokens": False}, retries=2)
+        return {"prompt_token_ids": reply.get("tokens") if isinstance(reply, dict) else None}
+
+    def _compare_tokenization(self, texts: list[str], replies: list[dict], n_chunks: int, start: int) -> None:
+        """Refuse (:class:`ServedTokenizerMismatch`) the first text the server tokenized otherwise than the student;
+        ``start``: the index of ``texts[0]`` (0: the probe, n: part n of the vocabulary's ``n_chunks`` texts)."""
+        for n, (text, choice) in enumerate(zip(texts, replies), start=start):
             local = list(self.tokenizer.encode(text, add_special_tokens=False))
             served = choice.get("prompt_token_ids")
             if not isinstance(served, list):
                 raise ServedTeacherError(f"{self.url} sent no prompt_token_ids for the tokenizer probe (a served "
                                          f"teacher needs vLLM's return_token_ids): {excerpt(choice)}")
             if served != local:
-                what = "a probe" if n == 0 else f"part {n} of {len(chunks)} of its vocabulary's texts"
+                what = "a probe" if n == 0 else f"part {n} of {n_chunks} of its vocabulary's texts"
                 first = next((i for i, (a, b) in enumerate(zip(served, local)) if a != b), min(len(served), len(local)))
                 raise ServedTokenizerMismatch(
                     f"the teacher server {self.spec.url} (model {self.spec.model}) tokenizes {what} into "

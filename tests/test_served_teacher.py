@@ -58,6 +58,9 @@ class StandInTeacher:
                 self._send(200, {"object": "list", "data": [{"id": "standin"}]})
 
             def do_POST(self):
+                if self.path.rstrip("/") != "/v1/completions":  # an OpenAI-compatible server without vLLM's /tokenize
+                    self._send(404, {"detail": "Not Found"})
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with owner.lock:
                     owner.bodies.append(body)
