@@ -58,6 +58,18 @@ def test_sft_with_bf16_autocast_and_budget_schedule_learns(tmp_path):
     assert losses[-1] < 0.8 * losses[0]  # the bf16 forward still trains the fp32 weights
 
 
+def test_a_time_budgeted_sft_bar_shows_the_budget_not_the_step_cap(tmp_path, capsys):
+    cfg = SFTConfig(out_dir=str(tmp_path), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
+                    steps=100_000, max_seconds=1.0, budget_clock="cpu", batch_size=2, warmup=1, eval_every=0,
+                    save_every=0, num_envs=2, max_new_tokens=8, threads=1, progress=True, tiny_vocab=300,
+                    tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_tokenizer_episodes=4)
+    row = train_sft(cfg)
+    err = capsys.readouterr().err
+    assert row["step"] < 100_000  # the budget ended the run
+    assert "cpu-s" in err and "/100000" not in err  # its bar counts CPU-seconds of a 1-second budget
+    assert "1/1 [" in err  # and was full at the end
+
+
 class _Clocks:
     """A wall and a CPU clock that move only when told: the timer's arithmetic, free of the machine's load."""
 

@@ -197,8 +197,14 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     log.truncate("step", start)
     rng = np.random.default_rng(cfg.seed * 7919 + dist.rank * 104729 + start)
     pad = tok.pad_token_id
-    bar = tqdm(total=cfg.steps, initial=start, desc="sft", unit="step", disable=not (cfg.progress and dist.main))
     timer, tokens, last = Timer(elapsed), 0, {}
+    # A run its time budget ends shows that budget filling (seconds on its clock, so the ETA is the budget's), not
+    # steps out of a cap it will never reach (a 70-minute teacher showed "5507/100000, 16 hours left").
+    budgeted = cfg.max_seconds is not None
+    spent = lambda: min(int(timer.budget(cfg.budget_clock)), int(cfg.max_seconds))  # noqa: E731
+    bar = tqdm(total=int(cfg.max_seconds) if budgeted else cfg.steps, initial=spent() if budgeted else start,
+               desc="sft", unit=f"{cfg.budget_clock}-s" if budgeted else "step",
+               disable=not (cfg.progress and dist.main))
     loss_sum = acc_sum = n_sum = 0.0
     step = start
     batches = length_buckets([len(p) + len(a) for p, a, _ in data], cfg.batch_size, cfg.bucket, rng)
@@ -227,7 +233,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens
         acc_sum += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
         n_sum += len(logp)
-        bar.update(1)
+        bar.update(spent() - bar.n if budgeted else 1)
         done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
         if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
             done = dist.mean({"d": float(done)})["d"] > 0
@@ -238,7 +244,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
             loss_sum = acc_sum = n_sum = 0.0
-            bar.set_postfix(loss=f"{stats['loss']:.3f}")
+            bar.set_postfix(step=step + 1, loss=f"{stats['loss']:.3f}")
         if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
             row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
