@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shell_text import join_continuations
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -37,19 +38,8 @@ STARTS = ("memenv ", "python examples/", "python benchmarks/", "torchrun ", "pyt
 # ------------------------------------------------------------------------------------------- extraction
 def _commands_in_lines(lines: list[str]) -> list[str]:
     """Commands of shell-like ``lines``: ``\\`` continuations joined, comments dropped, ``&&`` chains split."""
-    joined: list[str] = []
-    buffer = ""
-    for raw in lines:
-        line = raw.strip()
-        if line.endswith("\\"):
-            buffer += line[:-1] + " "
-            continue
-        joined.append(buffer + line)
-        buffer = ""
-    if buffer:
-        joined.append(buffer)
     out = []
-    for line in joined:
+    for line in join_continuations(lines):
         if line.startswith("#"):
             continue
         for part in line.split("&&"):

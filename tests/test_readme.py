@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from shell_text import join_continuations
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -261,15 +262,7 @@ def readme_shell_commands() -> list[str]:
     """The README's shell commands in order: continuations joined, comments dropped, ``&&`` chains split."""
     out = []
     for body in SHELL_BLOCK.findall((ROOT / "README.md").read_text(encoding="utf-8")):
-        joined, buffer = [], ""
-        for raw in body.splitlines():
-            line = raw.strip()
-            if line.endswith("\\"):
-                buffer += line[:-1] + " "
-                continue
-            joined.append(buffer + line)
-            buffer = ""
-        for line in joined:
+        for line in join_continuations(body.splitlines()):
             line = line.split("  #")[0].strip()  # a trailing comment (two spaces, then #)
             if line and not line.startswith("#"):
                 out += [part.strip() for part in line.split("&&")]
