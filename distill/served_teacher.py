@@ -142,13 +142,13 @@ class ServedTeacher:
         # The short probe first, alone: another tokenizer usually differs there, and is refused after one request.
         # It also tells whether the server has vLLM's /tokenize, which tokenizes without a forward pass (the
         # vocabulary's texts are ~100k tokens: minutes of prefill on a CPU server, milliseconds to tokenize).
-        via_tokenize = True
         try:
             probe_reply = self._tokenize_reply(PROBE)
+            via_tokenize = isinstance(probe_reply["prompt_token_ids"], list)
         except HTTPStatusError:  # no /tokenize (another OpenAI-compatible server): 1-token completions instead
-            via_tokenize, probe_reply = False, self._post(PROBE, 0, add_special_tokens=False, prompt_logprobs=None)
-        if via_tokenize and not isinstance(probe_reply.get("prompt_token_ids"), list):
-            via_tokenize, probe_reply = False, self._post(PROBE, 0, add_special_tokens=False, prompt_logprobs=None)
+            via_tokenize = False
+        if not via_tokenize:
+            probe_reply = self._post(PROBE, 0, add_special_tokens=False, prompt_logprobs=None)
         self._compare_tokenization([PROBE], [probe_reply], len(chunks), start=0)
         fetch = self._tokenize_reply if via_tokenize else (
             lambda text: self._post(text, 0, add_special_tokens=False, prompt_logprobs=None))

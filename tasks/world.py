@@ -230,7 +230,7 @@ class World:
         fresh._draw_facts(rng, self.population_inventory)
         return fresh
 
-    @property
+    @functools.cached_property
     def population_inventory(self) -> tuple[int, ...]:
         """The city populations of this world (sorted): the values a fresh draw gives populations from."""
         return tuple(sorted({int(c.facts["population"]) for c in self._by_kind["city"]}))
