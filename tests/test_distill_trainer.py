@@ -168,11 +168,20 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path):
                   episodes_per_update=2, num_minibatches=1, epochs=1)
     train_memopd(_cfg(out, updates=1, **common))
     first = (out / "checkpoint-0000001" / "model.safetensors").read_bytes()
-    row = train_memopd(_cfg(out, updates=2, resume=True, **common))
-    assert row["update"] == 2
+    row = train_memopd(_cfg(out, updates=3, resume=True, **common))
+    assert row["update"] == 3
     rows = list(csv.DictReader(open(out / "metrics.csv")))
-    assert [int(r["update"]) for r in rows] == [1, 2]
+    assert [int(r["update"]) for r in rows] == [1, 2, 3]
     assert (out / "checkpoint-0000002" / "model.safetensors").read_bytes() != first  # it trained on from update 1
+    # Exact: the same 3 updates without the interruption sample the same actions and end on the same weights
+    # (the checkpoint carries the sampler's and the minibatch shuffle's states, not only the global RNGs).
+    whole = tmp_path / "whole"
+    train_memopd(_cfg(whole, updates=3, **common))
+    again = list(csv.DictReader(open(whole / "metrics.csv")))
+    assert [r["response_tokens"] for r in again] == [r["response_tokens"] for r in rows]
+    assert [r["reward"] for r in again] == [r["reward"] for r in rows]
+    assert (whole / "checkpoint-0000003" / "model.safetensors").read_bytes() == \
+        (out / "checkpoint-0000003" / "model.safetensors").read_bytes()
 
 
 def test_config_rejects_bad_options_and_a_missing_teacher(tmp_path):

@@ -335,3 +335,54 @@ def test_targets_judge_held_out_questions_and_give_the_seen_figures_beside():
     assert "seen questions MemOPD: +0.080 ± 0.004 (t 20.0); seen questions GRPO alone: -0.030 ± 0.010 (t -3.0)" \
         in gain["detail"]
     assert goals["memopd: gain > 3 SE"]["met"] and "rl: gain > 3 SE" not in goals
+
+
+def test_an_interrupted_arm_resumes_from_its_last_update_and_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """An arm checkpoints every update and keeps only its curve points: killed after update 2 of 3, the rerun
+    continues from update 2 and its weights, evaluation and curve equal an uninterrupted run's; a partial run is
+    refused under other settings."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import agents.llm.ppo as ppo
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models import save_pretrained
+    from distill.experiment.config import SettingsMismatchError
+    from distill.experiment.stages import run_arm
+
+    tok = memqa_tokenizer()
+    save_pretrained(tiny_model(tok, seed=3), tok, tmp_path / "student")
+    student = {"path": str(tmp_path / "student")}
+    teacher = {"path": "unused: GRPO alone has no teacher"}
+
+    def config(name, **kw):
+        return _tiny(tmp_path / name, updates=3, curve_every=2, eval_episodes=3, seen_eval_episodes=2, **kw)
+
+    whole = run_arm(config("whole"), "rl", 0, student, teacher)
+    run = tmp_path / "whole" / "arms" / "rl" / "seed0"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-0000003"]  # the curve point removed
+    assert sorted(pd.read_csv(run / "curve.csv")["update"].unique()) == [2, 3]
+
+    real_save = ppo._save
+
+    def killed_after_update_2(cfg, dist, out, update, *args, **kw):
+        real_save(cfg, dist, out, update, *args, **kw)
+        if update == 2:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(ppo, "_save", killed_after_update_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_arm(config("cut"), "rl", 0, student, teacher)
+    cut = tmp_path / "cut" / "arms" / "rl" / "seed0"
+    assert not (cut / "result.json").exists() and (cut / "checkpoint-0000002").is_dir()
+    monkeypatch.setattr(ppo, "_save", real_save)
+    with pytest.raises(SettingsMismatchError, match="lr"):
+        run_arm(dataclasses.replace(config("cut"), lr=1e-2), "rl", 0, student, teacher)
+    resumed = run_arm(config("cut"), "rl", 0, student, teacher)
+    assert pd.read_csv(cut / "metrics.csv")["update"].tolist() == [1, 2, 3]
+    for key in ("f1", "em", "seen_f1"):
+        assert resumed[key] == whole[key]
+    assert (cut / "checkpoint-0000003" / "model.safetensors").read_bytes() == \
+        (run / "checkpoint-0000003" / "model.safetensors").read_bytes()
+    pd.testing.assert_frame_equal(pd.read_csv(cut / "curve.csv"), pd.read_csv(run / "curve.csv"))
+    pd.testing.assert_frame_equal(pd.read_csv(cut / "end_eval.csv"), pd.read_csv(run / "end_eval.csv"))

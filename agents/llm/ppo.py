@@ -471,6 +471,12 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     on_update = getattr(extra_loss, "on_update", None)
     temperature = policy.temperature if policy.temperature > 0 else 1.0
     mb_rng = np.random.default_rng([cfg.seed, dist.rank, start, 23])
+    if resume_from is not None and "sampling" in state:
+        # The sampler's and the minibatch shuffle's states at the checkpoint: a resumed run draws exactly what the
+        # uninterrupted run would have (checkpoints without them continue from fresh seeds, as before).
+        sampling = state["sampling"][dist.rank]
+        policy.generator.set_state(sampling["sampler"])
+        mb_rng.bit_generator.state = sampling["minibatch"]
     bar = tqdm(total=cfg.updates, initial=start, desc=cfg.algo, unit="update",
                disable=not (cfg.progress and dist.main))
     timer, last = Timer(elapsed), {}
@@ -628,7 +634,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:
-            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model, timer)
+            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model, timer,
+                  {"sampler": policy.generator.get_state(), "minibatch": mb_rng.bit_generator.state})
         if done:
             break
     bar.close()
@@ -636,17 +643,20 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     return last
 
 
-def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer) -> None:
-    rngs = [rng_state()]
+def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer, sampling: dict[str, Any]) -> None:
+    """A checkpoint with every rank's RNG states: the global generators and ``sampling`` (the rollout sampler's
+    and the minibatch shuffle's), so that a resume continues the uninterrupted run exactly."""
+    rngs, samplings = [rng_state()], [sampling]
     if dist.enabled:
         gathered: list[Any] = [None] * dist.world
-        torch.distributed.all_gather_object(gathered, rng_state())
-        rngs = gathered
+        torch.distributed.all_gather_object(gathered, (rng_state(), sampling))
+        rngs, samplings = [g[0] for g in gathered], [g[1] for g in gathered]
     if dist.main:
         save_checkpoint(out, update, lm, tok, {"update": update, "optimizer": optimizer.state_dict(), "rng": rngs,
+                                               "sampling": samplings,
                                                "config": cfg.to_json(), "algo": cfg.algo,
                                                "elapsed": (timer(), timer.cpu())},
-                        value_head=model.value_head, keep=cfg.keep_checkpoints)
+                        value_head=model.value_head, keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
     dist.barrier()
 
 

@@ -124,31 +124,56 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     import gymnasium as gym
 
     tracker = _Progress(len(seeds), progress, desc, on_episode, on_invocations)
+    # A policy that generates token by token (LLMPolicy) reports each decoding step, so that a slow model's bar
+    # moves inside an invocation too (tokens so far and their rate).
+    watched = progress and hasattr(policy, "on_tokens")
+    if watched:
+        previous, policy.on_tokens = policy.on_tokens, tracker.tokens
     try:
         if isinstance(envs, gym.vector.VectorEnv):
             return _rollout_vector(policy, envs, list(seeds), groups, gamma, tracker, rollout_id)
         return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id)
     finally:
+        if watched:
+            policy.on_tokens = previous
         tracker.close()
 
 
 class _Progress:
-    """A rollout's progress: episodes on a bar, invocations (and their rate) beside it, and the callbacks."""
+    """A rollout's progress: episodes on a bar; invocations, generated tokens and their rates beside it; the
+    callbacks."""
+
+    REDRAW_S = 0.5  # token steps redraw the bar at most this often (a decoding step is milliseconds)
 
     def __init__(self, total: int, enabled: bool, desc: str, on_episode, on_invocations) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled, leave=False)
         self.on_episode, self.on_invocations = on_episode, on_invocations
-        self.invocations, self.start = 0, time.perf_counter()
+        self.invocations, self.generated, self.start = 0, 0, time.perf_counter()
+        self.drawn = self.start
+
+    def _postfix(self, now: float) -> None:
+        elapsed = max(1e-9, now - self.start)
+        text = f"{self.invocations} invocations, {self.invocations / elapsed:.2f}/s"
+        if self.generated:
+            text += f", {self.generated} tokens, {self.generated / elapsed:.1f} tok/s"
+        self.bar.set_postfix_str(text)
+        self.drawn = now
 
     def invoked(self, n: int) -> None:
         self.invocations += n
         if not self.bar.disable:
-            rate = self.invocations / max(1e-9, time.perf_counter() - self.start)
-            self.bar.set_postfix_str(f"{self.invocations} invocations, {rate:.2f}/s")
+            self._postfix(time.perf_counter())
         if self.on_invocations is not None:
             self.on_invocations(self.invocations)
+
+    def tokens(self, n: int) -> None:
+        """``n`` tokens were just generated (one decoding step of the rows still running)."""
+        self.generated += n
+        now = time.perf_counter()
+        if not self.bar.disable and now - self.drawn >= self.REDRAW_S:
+            self._postfix(now)
 
     def episode(self, episode: "Episode") -> None:
         self.bar.update(1)

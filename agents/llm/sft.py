@@ -295,5 +295,6 @@ def _save(cfg, dist, out, step, lm, tok, optimizer, timer) -> None:
     if dist.main:
         save_checkpoint(out, step, lm, tok, {"step": step, "optimizer": optimizer.state_dict(), "rng": rngs,
                                              "config": cfg.to_json(), "algo": "sft",
-                                             "elapsed": (timer(), timer.cpu())}, keep=cfg.keep_checkpoints)
+                                             "elapsed": (timer(), timer.cpu())}, keep=cfg.keep_checkpoints,
+                        keep_every=cfg.keep_every)
     dist.barrier()

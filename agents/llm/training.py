@@ -50,6 +50,7 @@ class RunConfig:
     eval_episodes: int = 64
     save_every: int = 100
     keep_checkpoints: int = 2
+    keep_every: int = 0  # checkpoints at multiples of this step are never pruned (0: none); e.g. learning-curve points
     resume: bool = False
     max_new_tokens: int = 96
     num_envs: int = 16
@@ -275,21 +276,37 @@ LATEST = "latest"
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state: dict[str, Any],
-                    value_head: nn.Module | None = None, keep: int = 2) -> Path:
+                    value_head: nn.Module | None = None, keep: int = 2, keep_every: int = 0) -> Path:
     """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt``
     (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
     then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
-    are removed."""
+    are removed, except those whose step is a multiple of ``keep_every`` (when > 0)."""
     out_dir = Path(out_dir)
     extra = {"trainer_state.pt": lambda p: torch.save(state, p)}
     if value_head is not None:
         extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)
     path = save_pretrained(lm, tokenizer, out_dir / f"checkpoint-{step:07d}", extra_files=extra)
     write_atomic(out_dir / LATEST, lambda tmp: Path(tmp).write_text(path.name + "\n"))
-    old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name)
+    old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name
+                 and not (keep_every > 0 and _checkpoint_step(p) is not None and _checkpoint_step(p) % keep_every == 0))
     for p in old[:max(0, len(old) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
     return path
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    tail = path.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def checkpoints(out_dir: str | os.PathLike) -> dict[int, Path]:
+    """Every complete ``checkpoint-STEP`` folder of a run, by step."""
+    found = {}
+    for p in Path(out_dir).glob("checkpoint-*"):
+        step = _checkpoint_step(p)
+        if step is not None and (p / "trainer_state.pt").exists():
+            found[step] = p
+    return found
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:

@@ -243,7 +243,8 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
 
 def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]):
     """The GRPO (``rl``) or MemOPD config of one arm; every arm shares the RL hyper-parameters and trains on the
-    ``train`` question pool. Checkpoints every ``curve_every`` updates (the learning curve's points)."""
+    ``train`` question pool. A checkpoint after every update (the run resumes from the last one, exactly) of which
+    those every ``curve_every`` updates are kept (the learning curve's points)."""
     from agents.llm.ppo import PPOConfig
     from distill.trainer import MemOPDConfig
 
@@ -252,9 +253,9 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
                   out_dir=str(Path(cfg.out) / "arms" / arm / f"seed{seed}"), seed=seed, updates=cfg.updates,
                   episodes_per_update=cfg.tasks_per_update * cfg.group_size, group_size=cfg.group_size,
                   lr=cfg.lr, kl_coef=cfg.kl_coef, temperature=cfg.temperature, epochs=2, num_minibatches=2,
-                  eval_every=0, save_every=curve_every, keep_checkpoints=cfg.updates // curve_every + 1,
+                  eval_every=0, save_every=1, keep_checkpoints=1, keep_every=curve_every,
                   max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, threads=cfg.threads,
-                  progress=cfg.progress, resume=False)
+                  progress=cfg.progress, resume=True)
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
@@ -262,59 +263,74 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
                         attention_backend=cfg.attention_backend, **fields)
 
 
+# Fields of an arm's trainer config that do not change what it learns (where it writes, how it shows progress, how
+# often it checkpoints): left out of the settings a cached or partial run is checked against.
+_NOT_SETTINGS = ("out_dir", "progress", "threads", "resume", "save_every", "keep_checkpoints", "keep_every")
+
+
 def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
-    settings = {k: v for k, v in asdict(run_cfg).items() if k not in ("out_dir", "progress", "threads", "resume")}
+    settings = {k: v for k, v in asdict(run_cfg).items() if k not in _NOT_SETTINGS}
     settings["evaluation"] = {k: getattr(cfg, k) for k in ("eval_episodes", "seen_eval_episodes", "curve_every",
                                                            "curve_episodes", "heldout_fraction")}
     return json.loads(json.dumps(settings, default=list))
 
 
-def _checkpoints(out: Path) -> dict[int, Path]:
-    found = {}
-    for p in out.glob("checkpoint-*"):
-        tail = p.name.rsplit("-", 1)[-1]
-        if p.is_dir() and tail.isdigit():
-            found[int(tail)] = p
-    return found
+def _same_settings(old: dict[str, Any], settings: dict[str, Any]) -> bool:
+    return {k: v for k, v in old.items() if k not in _NOT_SETTINGS} == settings
+
+
+def _settings_mismatch(path: Path, old: dict[str, Any], settings: dict[str, Any], what: str) -> SettingsMismatchError:
+    changed = sorted(k for k in (set(settings) | set(old)) - set(_NOT_SETTINGS) if old.get(k) != settings.get(k))
+    return SettingsMismatchError(f"{path} {what} with other settings ({', '.join(changed)}): use another --out, "
+                                 "or delete that folder to retrain it")
 
 
 def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]) -> dict:
     """Train one arm from the student start for ``cfg.updates`` updates, then evaluate it: held-out and seen
-    questions at the end, held-out curve points at each intermediate checkpoint (which are then removed)."""
+    questions at the end, held-out curve points at each intermediate checkpoint (which are then removed).
+
+    An interrupted run resumes from its last update's checkpoint and ends as the uninterrupted run would have
+    (the trainer restores every RNG); ``OUT/arms/ARM/seedS/settings.json`` guards a resume against another
+    configuration, as ``result.json`` does for a finished run."""
     from agents.llm.models import load_pretrained
     from agents.llm.ppo import train_rl
-    from agents.llm.training import Timer
+    from agents.llm.training import checkpoints
     from distill.trainer import train_memopd
 
     out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
     run_cfg = arm_config(cfg, arm, seed, student, teacher)
     settings = _arm_settings(cfg, run_cfg)
     if (res := _done(out)) is not None:
-        if res.get("settings", settings) != settings:  # a cached run of another configuration is not this arm
-            old = res["settings"]
-            changed = sorted(k for k in set(settings) | set(old) if old.get(k) != settings.get(k))
-            raise SettingsMismatchError(f"{out / 'result.json'} was trained with other settings "
-                                        f"({', '.join(changed)}): use another --out, or delete that folder to "
-                                        "retrain it")
+        if not _same_settings(res.get("settings", settings), settings):  # another configuration is not this arm
+            raise _settings_mismatch(out / "result.json", res["settings"], settings, "was trained")
         return res
+    started = out / "settings.json"
+    if checkpoints(out):
+        old = json.loads(started.read_text()) if started.exists() else None
+        if old is None:  # a partial run from before resumable arms (no settings kept): train it again from the start
+            for path in checkpoints(out).values():
+                shutil.rmtree(path)
+        elif not _same_settings(old, settings):
+            raise _settings_mismatch(started, old, settings, "began a run")
+    _write_json(started, settings)
     lm, tok = load_pretrained(student["path"])
-    timer = Timer()
     if ARMS[arm][1] is None:
         train_rl(run_cfg, model=lm, tokenizer=tok)
     else:
         train_memopd(run_cfg, model=lm, tokenizer=tok)
-    train_cpu = timer.cpu()
-    held, seen = _evaluate_both(lm, tok, cfg, out, "end")  # lm was trained in place
+    saved = checkpoints(out)
+    lm, tok = load_pretrained(saved[cfg.updates])  # the trained weights, also when the run resumed from disk
+    held, seen = _evaluate_both(lm, tok, cfg, out, "end")
     curve = [held.head(cfg.curve_episodes).assign(update=cfg.updates)]
-    for update, path in sorted(_checkpoints(out).items()):
+    for update, path in sorted(saved.items()):
         if update < cfg.updates:
             mid_lm, mid_tok = load_pretrained(path)
             curve.append(evaluate_per_seed(mid_lm, mid_tok, cfg, pool="heldout", episodes=cfg.curve_episodes)
                          .assign(update=update))
-            shutil.rmtree(path)  # an intermediate checkpoint of this run, kept only for its curve point
     curve_frame = pd.concat(curve).sort_values(["update", "seed"], kind="stable")[["update", "seed", "f1", "em"]]
     write_atomic(out / "curve.csv", lambda tmp: curve_frame.to_csv(tmp, index=False))
     metrics = pd.read_csv(out / "metrics.csv")
+    train_cpu = float(metrics["cpu_seconds"].iloc[-1])  # the trainer's clock, continued across resumes
     res = {"arm": arm, "seed": seed, "train_cpu_seconds": train_cpu, "f1": float(held.f1.mean()),
            "em": float(held.em.mean()), "seen_f1": float(seen.f1.mean()),
            "update_s": float(metrics["update_s"].mean()), "rollout_s": float(metrics["rollout_s"].mean()),
@@ -324,6 +340,9 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
                                                     "zero_variance_groups", "distill_loss") if k in metrics},
            "settings": settings}
     _write_json(out / "result.json", res)
+    for update, path in saved.items():  # intermediate checkpoints were kept only for their curve points
+        if update < cfg.updates:
+            shutil.rmtree(path)
     return res
 
 
