@@ -113,18 +113,40 @@ def run_local(policy, calls) -> dict:
     rows = sum(len(c) for c in calls)
     return {"prompt_tokens": stats["prompt_tokens"], "computed_prefill_tokens": stats["prefill_tokens"],
             "generated_tokens": stats["generated_tokens"], "decode_tokens": stats["generated_tokens"] - rows,
-            "prefill_s": stats["prefill_s"], "decode_s": stats["decode_s"], "decode_rows": stats["decode_rows"],
+            "prefill_s": stats["prefill_s"], "decode_s": stats["decode_s"], "prefill_cpu_s": stats["prefill_cpu_s"],
+            "decode_cpu_s": stats["decode_cpu_s"], "decode_rows": stats["decode_rows"],
             "lengths": [len(g.response_ids) for call in gens for g in call]}
 
 
-def stream_completion(url: str, name: str, prompt: list[int], max_tokens: int, stop) -> tuple[float, float, int]:
-    """One streamed greedy completion: (time of its first token, time of its end, completion tokens)."""
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of process group ``pgid`` (a vLLM server: its API server,
+    engine core and worker)."""
+    import os
+
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def stream_completion(url: str, name: str, prompt: list[int], max_tokens: int, stop,
+                      on_first=None) -> tuple[float, float, int]:
+    """One streamed greedy completion: (time of its first token, time of its end, completion tokens);
+    ``on_first()`` is called at its first token."""
     body = json.dumps({"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                        "stop": list(stop), "stream": True, "stream_options": {"include_usage": True}}).encode()
     request = urllib.request.Request(f"{url}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     first, tokens = None, 0
-    with urllib.request.urlopen(request, timeout=900) as response:
+    with urllib.request.urlopen(request, timeout=3600) as response:
         for raw in response:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data:"):
@@ -135,34 +157,55 @@ def stream_completion(url: str, name: str, prompt: list[int], max_tokens: int, s
             chunk = json.loads(data)
             if chunk.get("choices") and first is None:
                 first = time.perf_counter()
+                if on_first is not None:
+                    on_first()
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
     end = time.perf_counter()
     return (first if first is not None else end), end, tokens
 
 
-def run_served(url: str, name: str, calls, max_tokens: int, stop) -> dict:
-    prefill_s = decode_s = 0.0
+def run_served(url: str, name: str, calls, max_tokens: int, stop, pgid: int | None) -> dict:
+    """Each call's prompts sent at once; prefill = until the last first token, decode = the rest (wall-clock, and
+    the server's CPU seconds when its process group ``pgid`` is known)."""
+    import threading
+
+    cpu = (lambda: group_cpu_seconds(pgid)) if pgid else (lambda: float("nan"))
+    prefill_s = decode_s = prefill_cpu = decode_cpu = 0.0
     lengths: list[int] = []
     for prompts in calls:
-        t0 = time.perf_counter()
+        lock, seen, marks = threading.Lock(), [0], {}
+
+        def first_token() -> None:
+            with lock:
+                seen[0] += 1
+                if seen[0] == len(prompts):
+                    marks["cpu"] = cpu()
+
+        c0, t0 = cpu(), time.perf_counter()
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            results = list(pool.map(lambda p: stream_completion(url, name, p, max_tokens, stop), prompts))
+            results = list(pool.map(lambda p: stream_completion(url, name, p, max_tokens, stop, first_token), prompts))
+        c2 = cpu()
         first = max(r[0] for r in results) - t0
         prefill_s += first
         decode_s += max(r[1] for r in results) - t0 - first
+        prefill_cpu += marks.get("cpu", c2) - c0
+        decode_cpu += c2 - marks.get("cpu", c2)
         lengths += [r[2] for r in results]
     rows = sum(len(c) for c in calls)
     prompt_tokens = sum(len(p) for c in calls for p in c)
     return {"prompt_tokens": prompt_tokens, "computed_prefill_tokens": None, "generated_tokens": sum(lengths),
-            "decode_tokens": sum(lengths) - rows, "prefill_s": prefill_s, "decode_s": decode_s, "decode_rows": None,
-            "lengths": lengths}
+            "decode_tokens": sum(lengths) - rows, "prefill_s": prefill_s, "decode_s": decode_s,
+            "prefill_cpu_s": prefill_cpu, "decode_cpu_s": decode_cpu, "decode_rows": None, "lengths": lengths}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name")
     parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name")
+    parser.add_argument("--pidfile-off", default=None, help="its pid file (agents.vllm_server start --pidfile): "
+                        "its CPU seconds are then measured")
+    parser.add_argument("--pidfile-on", default=None)
     parser.add_argument("--start", action="store_true", help="start both servers for this run (and stop them)")
     parser.add_argument("--name", default="smollm2")
     parser.add_argument("--model", default=None, help="model folder (default: the prepared smollm2-135m-instruct)")
@@ -194,12 +237,14 @@ def main(argv=None) -> int:
              "b": LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, generation="tree")}
     servers = []
     urls = {"c": args.url_off, "d": args.url_on}
+    pids = {e: int(Path(f).read_text().split()[0]) if f else None
+            for e, f in (("c", args.pidfile_off), ("d", args.pidfile_on))}
     served = [e for e in engines if e in "cd"]
     try:
         if args.start:
             for e in served:
                 servers.append(VLLMServer(folder, args.name, prefix_caching=e == "d").start())
-                urls[e] = servers[-1].url
+                urls[e], pids[e] = servers[-1].url, servers[-1].process.pid
                 print(f"started vLLM ({LABELS[e]}) in {servers[-1].start_s:.0f} s", flush=True)
         missing = [e for e in served if not urls[e]]
         if missing:
@@ -221,7 +266,7 @@ def main(argv=None) -> int:
             for e in order:
                 t0 = time.perf_counter()
                 res = (run_local(local[e], calls) if e in local else
-                       run_served(urls[e], args.name, calls, max_new, DEFAULT_STOP))
+                       run_served(urls[e], args.name, calls, max_new, DEFAULT_STOP, pids[e]))
                 print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
                 if totals[e] is None:
                     totals[e] = res
@@ -235,29 +280,38 @@ def main(argv=None) -> int:
     print(f"workload: one GRPO update at the real-model preset ({cfg.tasks_per_update} tasks x {cfg.group_size} "
           f"episodes, {args.workload}{'' if args.calls is None else f', first {args.calls} calls'}) x "
           f"{args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
-    header = (f"{'engine':36s} {'prompt tok':>10s} {'run':>7s} {'gen tok':>7s} {'prefill s':>9s} {'decode s':>8s} "
-              f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'tokens/s':>8s}")
+    header = (f"{'engine':34s} {'prompt':>6s} {'run':>6s} {'gen':>5s} {'prefill':>15s} {'decode':>15s} "
+              f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'tokens/s':>11s}")
+    print("seconds as CPU / wall; tokens per CPU-second (wall in brackets): the machine is shared")
     print(header)
     summary = {}
     for e in engines:
         t = totals[e]
-        total_s = t["prefill_s"] + t["decode_s"]
-        row = {**{k: v for k, v in t.items() if k != "lengths"},
-               "prefill_tokens_per_s": t["prompt_tokens"] / max(t["prefill_s"], 1e-9),
-               "decode_tokens_per_s": t["decode_tokens"] / max(t["decode_s"], 1e-9),
-               "tokens_per_s": t["generated_tokens"] / max(total_s, 1e-9), "total_s": total_s}
+        row = {k: v for k, v in t.items() if k != "lengths"}
+        for clock, suffix in (("cpu", "_cpu_s"), ("wall", "_s")):
+            pre, dec = t["prefill" + suffix], t["decode" + suffix]
+            row[f"prefill_tokens_per_{clock}_s"] = t["prompt_tokens"] / max(pre, 1e-9)
+            row[f"decode_tokens_per_{clock}_s"] = t["decode_tokens"] / max(dec, 1e-9)
+            row[f"tokens_per_{clock}_s"] = t["generated_tokens"] / max(pre + dec, 1e-9)
         summary[e] = row
         run = "" if t["computed_prefill_tokens"] is None else str(t["computed_prefill_tokens"])
-        print(f"{LABELS[e]:36s} {t['prompt_tokens']:>10d} {run:>7s} {t['generated_tokens']:>7d} "
-              f"{t['prefill_s']:>9.1f} {t['decode_s']:>8.1f} {row['prefill_tokens_per_s']:>13.0f} "
-              f"{row['decode_tokens_per_s']:>12.1f} {row['tokens_per_s']:>8.1f}")
-    print("(run: prompt tokens the in-process engine actually ran through the model, padding included)")
+        print(f"{LABELS[e]:34s} {t['prompt_tokens']:>6d} {run:>6s} {t['generated_tokens']:>5d} "
+              f"{t['prefill_cpu_s']:>6.1f} / {t['prefill_s']:>6.1f} {t['decode_cpu_s']:>6.1f} / {t['decode_s']:>6.1f} "
+              f"{row['prefill_tokens_per_cpu_s']:>6.0f} ({row['prefill_tokens_per_wall_s']:>4.0f}) "
+              f"{row['decode_tokens_per_cpu_s']:>5.1f} ({row['decode_tokens_per_wall_s']:>4.1f}) "
+              f"{row['tokens_per_cpu_s']:>5.1f} ({row['tokens_per_wall_s']:>4.1f})")
+    print("(prompt: prompt tokens; run: those the in-process engine ran through the model, padding included; "
+          "gen: generated tokens; vLLM CPU: its API server, engine and worker processes)")
     ratios = {}
     for other in ("a", "c", "d"):
         if "b" in summary and other in summary:
-            ratios[f"b/{other}"] = summary["b"]["tokens_per_s"] / summary[other]["tokens_per_s"]
+            for clock in ("cpu", "wall"):
+                ratios[f"b/{other} {clock}"] = (summary["b"][f"tokens_per_{clock}_s"] /
+                                                summary[other][f"tokens_per_{clock}_s"])
     if ratios:
-        print("tokens/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        print("tokens/s ratios (per CPU-second, per wall second): " + ", ".join(
+            f"b/{o} {ratios[f'b/{o} cpu']:.2f}x, {ratios[f'b/{o} wall']:.2f}x" for o in ("a", "c", "d")
+            if f"b/{o} cpu" in ratios))
     if "a" in totals and "b" in totals and totals["a"]["lengths"] != totals["b"]["lengths"]:
         print("note: (a) and (b) generated different lengths (greedy should agree: check the paths)")
     if args.json:

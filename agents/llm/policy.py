@@ -160,7 +160,8 @@ class LLMPolicy:
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
     actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
-    ``generated_tokens``, and ``prefill_s`` / ``decode_s`` (wall-clock seconds of each phase).
+    ``generated_tokens``, ``prefill_s`` / ``decode_s`` (wall-clock seconds of each phase) and ``prefill_cpu_s`` /
+    ``decode_cpu_s`` (this process's CPU seconds in each: the figure that holds on a shared machine).
     """
 
     def __init__(self, model, tokenizer=None, *, temperature: float = 1.0, top_p: float = 1.0,
@@ -219,7 +220,7 @@ class LLMPolicy:
         self._tree_ok = supports_tree_generation(model)
         self._store: PrefixStore | None = None
         self.stats = dict.fromkeys(("prompt_tokens", "prefill_tokens", "decode_rows", "generated_tokens"), 0)
-        self.stats.update(prefill_s=0.0, decode_s=0.0)
+        self.stats.update(prefill_s=0.0, decode_s=0.0, prefill_cpu_s=0.0, decode_cpu_s=0.0)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -323,7 +324,7 @@ class LLMPolicy:
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         kwargs: dict[str, Any] = {"use_cache": True}
         if self._keep_arg:
             kwargs[self._keep_arg] = 1
@@ -331,7 +332,7 @@ class LLMPolicy:
         cache = _get_cache(out)
         logits = out.logits[:, -1].float()
         next_pos = positions[:, -1] + 1
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         responses: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
@@ -354,15 +355,20 @@ class LLMPolicy:
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
             self.stats["decode_rows"] += n
-        self._count(prompts, responses, n * width, t1 - t0, time.perf_counter() - t1)
+        self._count(prompts, responses, n * width, (t1 - t0, c1 - c0),
+                    (time.perf_counter() - t1, time.process_time() - c1))
         return self._generations(prompts, responses, logprobs, reasons)
 
-    def _count(self, prompts, responses, prefill_tokens: int, prefill_s: float, decode_s: float) -> None:
+    def _count(self, prompts, responses, prefill_tokens: int, prefill: tuple[float, float],
+               decode: tuple[float, float]) -> None:
+        """Add one batch to :attr:`stats` (``prefill`` and ``decode``: wall and CPU seconds)."""
         self.stats["prompt_tokens"] += sum(map(len, prompts))
         self.stats["prefill_tokens"] += int(prefill_tokens)
         self.stats["generated_tokens"] += sum(map(len, responses))
-        self.stats["prefill_s"] += prefill_s
-        self.stats["decode_s"] += decode_s
+        self.stats["prefill_s"] += prefill[0]
+        self.stats["prefill_cpu_s"] += prefill[1]
+        self.stats["decode_s"] += decode[0]
+        self.stats["decode_cpu_s"] += decode[1]
 
     def _generations(self, prompts, responses, logprobs, reasons) -> list[Generation]:
         n = len(prompts)
@@ -387,11 +393,11 @@ class LLMPolicy:
         def ran(tokens: int) -> None:
             computed[0] += tokens
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         kv_rows, logits = prefill_tree(self.model, prompts, keep, store, ran, self._cache_arg)
         cache, mask = decode_buffers(kv_rows, lengths, self.max_new_tokens)
         del kv_rows
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         layers = cache.layers
         length = layers[0].length  # filled columns (the same in every layer)
         rows = list(range(n))  # the batch's rows, as indices of prompts
@@ -429,7 +435,8 @@ class LLMPolicy:
             positions = positions + 1
             logits = out.logits[:, -1].float()
             self.stats["decode_rows"] += len(rows)
-        self._count(prompts, responses, computed[0], t1 - t0, time.perf_counter() - t1)
+        self._count(prompts, responses, computed[0], (t1 - t0, c1 - c0),
+                    (time.perf_counter() - t1, time.process_time() - c1))
         return self._generations(prompts, responses, logprobs, reasons)
 
 
