@@ -214,6 +214,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workload", choices=("scripted", "rollout"), default="scripted")
     parser.add_argument("--calls", type=int, default=None, help="replay only the first N calls of each workload")
+    parser.add_argument("--workload-seed", type=int, default=0,
+                        help="round r replays workload number seed + r (task seeds 8e6 + 1000 (seed + r) + t): a "
+                             "server reused from an earlier run is cold only on workloads it has not seen")
     parser.add_argument("--engines", default="abcd", help="which of a, b, c, d to run (e.g. ab without vLLM)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -258,7 +261,7 @@ def main(argv=None) -> int:
         totals = {e: None for e in engines}
         for r in range(args.rounds):
             t0 = time.perf_counter()
-            calls = record_workload(model, tokenizer, cfg, r, args.workload)[:args.calls]
+            calls = record_workload(model, tokenizer, cfg, args.workload_seed + r, args.workload)[:args.calls]
             print(f"round {r + 1}: workload of {len(calls)} calls, {sum(map(len, calls))} prompts, "
                   f"{sum(len(p) for c in calls for p in c)} prompt tokens (recorded in {time.perf_counter() - t0:.0f} s)",
                   flush=True)
