@@ -113,6 +113,22 @@ def test_cli_start_in_the_background_wait_and_stop_by_pid_file(tmp_path, model_d
     assert "is not a running vLLM server" in capsys.readouterr().out
 
 
+def test_prefix_caching_switch_reaches_vllms_command_line(tmp_path, model_dir):
+    for setting, flag in ((True, " --enable-prefix-caching"), (False, " --no-enable-prefix-caching"), (None, None)):
+        log = tmp_path / f"log-{setting}"
+        with VLLMServer(model_dir, "m", python=_stand_in(tmp_path), timeout=30, log_path=log,
+                        prefix_caching=setting):
+            pass
+        line = log.read_text().splitlines()[0]
+        assert ("prefix-caching" not in line) if flag is None else line.endswith(f"-O0{flag}")
+    pidfile, port = tmp_path / "cli.pid", vllm_server.free_port()
+    assert vllm_server.main(["start", "--model", str(model_dir), "--name", "m", "--port", str(port), "--pidfile",
+                             str(pidfile), "--log", str(tmp_path / "cli.log"), "--vllm-python",
+                             str(_stand_in(tmp_path)), "--prefix-caching", "off"]) == 0
+    assert vllm_server.main(["stop", "--pidfile", str(pidfile)]) == 0
+    assert (tmp_path / "cli.log").read_text().splitlines()[0].endswith("-O0 --no-enable-prefix-caching")
+
+
 def test_wait_for_another_model_name_says_what_is_served(tmp_path, model_dir):
     with VLLMServer(model_dir, "smollm2", python=_stand_in(tmp_path), timeout=30, log_path=tmp_path / "log") as s:
         with pytest.raises(VLLMError, match=r"serves \['smollm2'\], not 'qwen'"):
