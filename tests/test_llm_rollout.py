@@ -184,3 +184,26 @@ def test_rollout_reports_each_episode_as_it_ends_and_every_batch_of_invocations(
     assert ended[0][1] < turns  # the first episode was reported before the last invocation ran
     err = capsys.readouterr().err
     assert "eval" in err and f"{turns} invocations" in err
+
+
+@pytest.mark.parametrize("generation", ["tree", "padded"])
+def test_rollout_progress_counts_every_generated_token_inside_invocations(generation, monkeypatch, capsys):
+    """A real model spends seconds per invocation: the policy reports each decoding step to the rollout's bar
+    (tokens so far and their rate), in both generation paths; the count is exactly the tokens the records hold,
+    and the policy's hook is restored afterwards."""
+    from agents.llm import rollouts
+
+    monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # redraw at every step, so the text is seen
+    steps = []
+    real_tokens = rollouts._Progress.tokens
+    monkeypatch.setattr(rollouts._Progress, "tokens", lambda self, n: (steps.append(n), real_tokens(self, n)))
+    tok = memqa_tokenizer()
+    policy = LLMPolicy(tiny_model(tok), tok, temperature=1.0, max_new_tokens=12, seed=0, generation=generation)
+    episodes = rollout(policy, memqa_envs(3, max_turns=3), [0, 1, 2, 3], progress=True, desc="eval")
+    generated = sum(len(r.response_ids) for ep in episodes for r in ep.records)
+    assert sum(steps) == generated and len(steps) > sum(ep.turns for ep in episodes) // 3  # per step, not per call
+    assert policy.on_tokens is None
+    assert f"{generated} tokens" in capsys.readouterr().err
+    before = len(steps)
+    rollout(policy, memqa_envs(1, max_turns=2), [5], progress=False)  # no bar: no hook installed
+    assert len(steps) == before and policy.on_tokens is None

@@ -29,7 +29,7 @@ import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -221,6 +221,9 @@ class LLMPolicy:
         self._store: PrefixStore | None = None
         self.stats = dict.fromkeys(("prompt_tokens", "prefill_tokens", "decode_rows", "generated_tokens"), 0)
         self.stats.update(prefill_s=0.0, decode_s=0.0, prefill_cpu_s=0.0, decode_cpu_s=0.0)
+        # Called with the number of tokens each decoding step generated (the rows still running), so that a
+        # progress bar moves inside an invocation; rollout(progress=True) sets it for its duration.
+        self.on_tokens: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -339,11 +342,15 @@ class LLMPolicy:
         for step in range(self.max_new_tokens):
             token, logp = self._sample(logits)
             token_list, logp_list = token.tolist(), logp.tolist()
+            running = 0
             for i in range(n):
                 if reasons[i] is None:
                     responses[i].append(token_list[i])
                     logprobs[i].append(logp_list[i])
                     reasons[i] = self._stopped(responses[i])
+                    running += 1
+            if self.on_tokens is not None:
+                self.on_tokens(running)
             if all(r is not None for r in reasons) or step == self.max_new_tokens - 1:
                 break
             done = torch.tensor([r is not None for r in reasons], device=device)
@@ -416,6 +423,8 @@ class LLMPolicy:
                 responses[i].append(token_list[j])
                 logprobs[i].append(logp_list[j])
                 reasons[i] = self._stopped(responses[i])
+            if self.on_tokens is not None:
+                self.on_tokens(len(rows))
             if step == self.max_new_tokens - 1:
                 break
             alive = [j for j, i in enumerate(rows) if reasons[i] is None]
