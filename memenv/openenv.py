@@ -405,6 +405,8 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     app = openenv_create_app(factory, MemenvAction, MemenvObservation, env_name=env_id, concurrency_config=config,
                              state_cls=MemenvState, mode="simulation")
     SessionHub(factory, max_sessions, session_timeout_s, tools=tools).install(app)
+    if tools:  # FastMCP logs every refused tool call (a bad argument) as a warning; the caller is told already
+        logging.getLogger("fastmcp").setLevel(logging.ERROR)
     _replace_http_reset(app, factory)
     _answer_http_errors_in_one_line(app)
     return app
