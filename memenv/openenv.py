@@ -68,7 +68,7 @@ import memenv  # noqa: F401 - registers the environments
 from memenv.envs.base import check_reset_args, text_space
 
 __all__ = ["BackgroundServer", "MemenvAction", "MemenvClient", "MemenvEnvironment", "MemenvObservation",
-           "MemenvState", "MemenvToolsEnvironment", "RequestError", "ServedEnv", "SessionEndedError", "SessionHub",
+           "MemenvState", "MemenvToolsEnvironment", "RequestError", "app_from_environment", "ServedEnv", "SessionEndedError", "SessionHub",
            "connect", "create_app", "jsonable", "run_app", "serve", "tool_names", "wire_observation"]
 
 #: Concurrent sessions a server accepts unless told otherwise.
@@ -410,6 +410,21 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     _replace_http_reset(app, factory)
     _answer_http_errors_in_one_line(app)
     return app
+
+
+def app_from_environment() -> Any:
+    """The app of the env named by the environment variables ``MEMENV_ENV`` (default ``MemQA-v0``) and
+    ``MEMENV_KW`` (``KEY=VALUE`` words, as ``memenv serve --kw``), with ``MEMENV_MAX_SESSIONS`` and
+    ``MEMENV_SESSION_TIMEOUT``: what the manifest's ``app`` names, for ``uvicorn --factory
+    memenv.openenv:app_from_environment`` (the Dockerfile runs ``memenv serve`` with the same variables)."""
+    import os
+
+    from memenv.cli_common import parse_kwargs
+
+    timeout = os.environ.get("MEMENV_SESSION_TIMEOUT")
+    return create_app(os.environ.get("MEMENV_ENV", "MemQA-v0"), parse_kwargs(os.environ.get("MEMENV_KW", "").split()),
+                      max_sessions=int(os.environ.get("MEMENV_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)),
+                      session_timeout_s=float(timeout) if timeout else None)
 
 
 def _replace_http_reset(app: Any, factory: Any) -> None:
