@@ -58,7 +58,7 @@ from openenv.core.env_client import EnvClient
 from openenv.core.env_server import Action, Environment, MCPEnvironment, Observation, State
 from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservation, ListToolsAction, ToolError,
                                                ToolErrorType)
-from openenv.core.env_server import create_app as openenv_create_app
+from openenv.core.env_server import create_fastapi_app as openenv_create_app
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field, ValidationError
 from starlette.requests import Request
@@ -381,7 +381,7 @@ class MemenvToolsEnvironment(MCPEnvironment):
 
 def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
                max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None):
-    """The OpenEnv FastAPI app serving ``env_id`` (openenv's ``create_app``, simulation mode; each session gets
+    """The OpenEnv FastAPI app serving ``env_id`` (openenv's ``create_fastapi_app``, simulation mode; each session gets
     its own env: :class:`MemenvEnvironment`, or :class:`MemenvToolsEnvironment` for an env in memory-tools mode,
     whose tools are MCP tools). The env is made once here, so an unknown id or a bad kwarg raises now, naming
     it, rather than at the first client. ``max_sessions`` and ``session_timeout_s`` (end sessions idle that
@@ -402,6 +402,8 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
     config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None)
     # A partial of the class: openenv reads SUPPORTS_CONCURRENT_SESSIONS off the class (no probe env).
     factory = functools.partial(MemenvToolsEnvironment if tools else MemenvEnvironment, env_id, env_kwargs)
+    # create_fastapi_app, not create_app: the latter swaps in a Gradio app with sessions of its own when
+    # ENABLE_WEB_INTERFACE is set, which SessionHub would not bound. The mode is fixed (not OPENENV_MODE's).
     app = openenv_create_app(factory, MemenvAction, MemenvObservation, env_name=env_id, concurrency_config=config,
                              state_cls=MemenvState, mode="simulation")
     SessionHub(factory, max_sessions, session_timeout_s, tools=tools).install(app)
@@ -428,10 +430,10 @@ def app_from_environment() -> Any:
 
 
 def _replace_http_reset(app: Any, factory: Any) -> None:
-    """``POST /reset`` (stateless: a fresh env per request, openenv-core's simulation mode) with the body read
-    as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where openenv-core's
+    """``POST /reset`` (stateless: a fresh env per request, OpenEnv's simulation mode) with the body read
+    as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where OpenEnv's
     route coerced through pydantic first (``"7"`` and ``true`` became seeds). ``POST /step`` is refused (409, one
-    line): openenv-core's stepped a fresh env, which no memenv env allows before a reset (it answered 500)."""
+    line): OpenEnv's stepped a fresh env, which no memenv env allows before a reset (it answered 500)."""
     import asyncio
 
     async def reset(request: Request) -> dict:

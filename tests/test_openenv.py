@@ -2,7 +2,7 @@
 rewards, flags and every key of every snapshot and summary), sessions are isolated under 32 concurrent clients,
 a client dropping mid-episode frees its session, bad action text is an invalid step, errors come back as errors.
 
-Every server binds 127.0.0.1 on a free port. Skips when openenv-core is absent (pip install 'memenv[openenv]').
+Every server binds 127.0.0.1 on a free port. Skips when openenv is absent (pip install 'memenv[openenv]').
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed: pip install 'memenv[openenv]'")
+pytest.importorskip("openenv.core.env_server", reason="openenv not installed: pip install 'memenv[openenv]'")
 
 import memenv  # noqa: E402,F401
 from agents.scripted import make_strategy  # noqa: E402
