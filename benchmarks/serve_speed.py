@@ -62,6 +62,15 @@ def openenv_line() -> str:
     return "OpenEnv package: none installed"
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def play_for(env, strategy_name: str, env_id: str, seconds: float, seed0: int, latencies: list[float]) -> tuple[int, int]:
     """Play episodes until ``seconds`` have passed (the episode under way is finished); ``(episodes, steps)``."""
     strategy = make_strategy(strategy_name, env_id)
@@ -95,13 +104,19 @@ def start_server(env_id: str, kwargs: dict, max_sessions: int) -> tuple[subproce
     return proc, url
 
 
-def summarise(label: str, episodes: int, steps: int, wall: float, latencies: list[float], errors: int = 0) -> dict:
+def summarise(label: str, episodes: int, steps: int, wall: float, latencies: list[float], errors: int = 0,
+              server_cpu_s: float | None = None, client_cpu_s: float = 0.0) -> dict:
+    """One row. The CPU columns (ms per step: the server process's, and this process's, policy included) are
+    what a step costs whatever else the machine runs, where latencies and rates are not."""
     ms = np.asarray(latencies) * 1e3
     row = {"label": label, "episodes_per_s": episodes / wall, "steps_per_s": steps / wall,
            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "episodes": episodes,
-           "errors": errors}
+           "errors": errors, "server_cpu_ms_per_step": None if server_cpu_s is None else 1e3 * server_cpu_s / steps,
+           "client_cpu_ms_per_step": 1e3 * client_cpu_s / steps}
+    server = "-" if server_cpu_s is None else f"{row['server_cpu_ms_per_step']:.3f}"
     print(f"  {label:<22} {row['episodes_per_s']:>9.1f} {row['steps_per_s']:>9.0f} {row['p50_ms']:>9.3f} "
-          f"{row['p99_ms']:>9.3f} {episodes:>9d} {errors:>7d}", flush=True)
+          f"{row['p99_ms']:>9.3f} {episodes:>9d} {errors:>7d} {server:>10} {row['client_cpu_ms_per_step']:>10.3f}",
+          flush=True)
     return row
 
 
@@ -122,14 +137,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(openenv_line())
     print(f"{args.env} {kwargs or ''} strategy {args.strategy}, {args.seconds:g} s per configuration, loopback")
     print(f"  {'configuration':<22} {'episodes/s':>9} {'steps/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'episodes':>9} "
-          f"{'errors':>7}")
+          f"{'errors':>7} {'srv cpu ms':>10} {'cli cpu ms':>10}  (CPU: per step)")
 
     local = gym.make(args.env, **kwargs)
     play_for(local, args.strategy, args.env, 0.5, 10**6, [])  # warm-up: world, index, caches
     latencies: list[float] = []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     episodes, steps = play_for(local, args.strategy, args.env, args.seconds, 0, latencies)
-    rows = [summarise("in-process, 1 thread", episodes, steps, time.perf_counter() - t0, latencies)]
+    rows = [summarise("in-process, 1 thread", episodes, steps, time.perf_counter() - t0, latencies,
+                      client_cpu_s=time.process_time() - c0)]
 
     from memenv.openenv import connect
 
@@ -154,14 +170,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for t in threads:
                 t.start()
             warm.wait()
-            t0 = time.perf_counter()
+            t0, c0, s0 = time.perf_counter(), time.process_time(), process_cpu_s(proc.pid)
             for t in threads:
                 t.join()
             wall = time.perf_counter() - t0
+            client_cpu, s1 = time.process_time() - c0, process_cpu_s(proc.pid)
             done = [r for r in results if r is not None]
             rows.append(summarise(f"served, {n} client{'s' if n > 1 else ''}", sum(r[0] for r in done),
                                   sum(r[1] for r in done), wall, [x for c in per_client for x in c],
-                                  errors=n - len(done)))
+                                  errors=n - len(done), client_cpu_s=client_cpu,
+                                  server_cpu_s=None if s0 is None or s1 is None else s1 - s0))
             for failure in failures[:3]:
                 print(f"    {failure}", flush=True)
             for env in envs:

@@ -16,7 +16,7 @@ environment instance, driven by ``reset`` / ``step`` / ``state`` messages; ``/he
 - :class:`MemenvToolsEnvironment` (an env in memory-tools mode) is an OpenEnv ``MCPEnvironment``: the memory
   tools are MCP tools with JSON schemas (``tools/list``, ``tools/call``), each call one env step, the same as its
   action text in-process.
-- :func:`create_app` builds the app with ``openenv.core.env_server.create_app``; :func:`serve` runs it with
+- :func:`create_app` builds the app with ``openenv.core.env_server.create_fastapi_app``; :func:`serve` runs it with
   uvicorn (what ``memenv serve ENV_ID`` does); :class:`BackgroundServer` runs it in a thread (tests, notebooks).
 - :func:`connect` gives back a :class:`ServedEnv`: ``reset(seed=...) -> (obs, info)`` and ``step(action) -> (obs,
   reward, terminated, truncated, info)``, as the in-process env, over :class:`MemenvClient` (an
