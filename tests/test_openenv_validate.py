@@ -32,10 +32,20 @@ pytest.importorskip("openenv.validation", reason="openenv not installed: pip ins
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = ["openenv.yaml", "Dockerfile", ".dockerignore", "pyproject.toml", "README.md"]
 PACKAGE_DIRS = ["deploy", "memenv", "tasks", "agents", "distill"]
-sys.path.insert(0, str(ROOT / "deploy" / "openenv"))
 
-import oracle  # noqa: E402  deploy/openenv/oracle.py
-import validate_local  # noqa: E402  deploy/openenv/validate_local.py
+
+def _load(name: str):
+    """A script of deploy/openenv/ as a module (under a name of its own: nothing on sys.path changes)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"memenv_deploy_{name}", ROOT / "deploy" / "openenv" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+oracle = _load("oracle")
+validate_local = _load("validate_local")
 
 
 @pytest.fixture(scope="module")
