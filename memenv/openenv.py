@@ -1,9 +1,9 @@
-"""memenv envs over OpenEnv: a server built on ``openenv-core``'s own classes, and a Gymnasium-like client.
+"""memenv envs over OpenEnv: a server built on ``openenv``'s (0.10) own classes, and a Gymnasium-like client.
 
-`OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ (``pip install 'memenv[openenv]'``) serves an environment
-as a FastAPI app: each WebSocket connection to ``/ws`` is one session with its own environment instance, driven
-by ``reset`` / ``step`` / ``state`` messages; ``/health``, ``/schema`` and ``/metadata`` describe it. This module
-plugs a memenv env into that machinery:
+`OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ (``pip install 'memenv[openenv]'``: the package ``openenv``)
+serves an environment as a FastAPI app: each WebSocket connection to ``/ws`` is one session with its own
+environment instance, driven by ``reset`` / ``step`` / ``state`` messages; ``/health``, ``/schema`` and
+``/metadata`` describe it. This module plugs a memenv env into that machinery:
 
 - :class:`MemenvEnvironment` is an ``openenv.core.env_server.Environment`` wrapping ``gym.make(env_id,
   **env_kwargs)``, one per session (``SUPPORTS_CONCURRENT_SESSIONS``: sessions share nothing mutable; the
@@ -11,14 +11,17 @@ plugs a memenv env into that machinery:
   a :class:`MemenvObservation`: ``text`` (the observation), ``reward``, ``done`` (terminated or truncated),
   ``terminated``, ``truncated`` and ``info``, the step's info dict made JSON-safe (:func:`jsonable`):
   ``info["invocation"]`` on every step, ``info["summary"]`` at the end, the reset info after a reset. The same
-  dict is the observation's ``metadata``; openenv-core's ``serialize_observation`` leaves ``metadata`` out of the
-  wire format, so ``info`` is what travels.
-- :func:`create_app` builds the app with ``openenv.core.env_server.create_app``; :func:`serve` runs it with
+  dict is the observation's ``metadata`` in-process; on the wire (:func:`wire_observation`) it travels once, as
+  ``info``.
+- :class:`MemenvToolsEnvironment` (an env in memory-tools mode) is an OpenEnv ``MCPEnvironment``: the memory
+  tools are MCP tools with JSON schemas (``tools/list``, ``tools/call``), each call one env step, the same as its
+  action text in-process.
+- :func:`create_app` builds the app with ``openenv.core.env_server.create_fastapi_app``; :func:`serve` runs it with
   uvicorn (what ``memenv serve ENV_ID`` does); :class:`BackgroundServer` runs it in a thread (tests, notebooks).
 - :func:`connect` gives back a :class:`ServedEnv`: ``reset(seed=...) -> (obs, info)`` and ``step(action) -> (obs,
   reward, terminated, truncated, info)``, as the in-process env, over :class:`MemenvClient` (an
   ``openenv.core.EnvClient``; any OpenEnv client works, e.g. ``GenericEnvClient`` with actions
-  ``{"text": "<search>...</search>"}``).
+  ``{"text": "<search>...</search>"}``, or ``MCPToolClient`` for the tools of a memory-tools server).
 
 Action text is never an error: a malformed action is an invalid step, as in-process (``info["invocation"]
 ["error"]``). What does fail is what fails in-process (stepping a finished episode, a bad seed) and a message
@@ -26,11 +29,11 @@ that is not OpenEnv's (a binary frame, a JSON array, a missing field): the serve
 message of one line naming the field (:class:`RequestError`), nothing of the env changes, the session stays open,
 and the client raises ``RuntimeError`` naming it.
 
-Sessions (:class:`SessionHub`, the ``/ws`` endpoint): one counts toward ``max_sessions`` from connect until it
-ends; it ends when the client closes it or drops, or when it idles past ``session_timeout_s``, and the server
-closes the socket with a close frame whose reason says why (``CLOSE_IDLE`` 4000, ``CLOSE_SERVER_FULL`` 1013 for a
-client over the limit). The client then raises :class:`SessionEndedError` naming the URL and the reason, on
-that call and every later one, as it does when the server is gone.
+Sessions (:class:`SessionHub`, the ``/ws`` and ``POST /mcp`` endpoints): one counts toward ``max_sessions`` from
+connect until it ends; it ends when the client closes it or drops, or when it idles past ``session_timeout_s``,
+and the server closes the socket with a close frame whose reason says why (``CLOSE_IDLE`` 4000,
+``CLOSE_SERVER_FULL`` 1013 for a client over the limit). The client then raises :class:`SessionEndedError`
+naming the URL and the reason, on that call and every later one, as it does when the server is gone.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import functools
 import json
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -51,8 +55,10 @@ import gymnasium as gym
 import numpy as np
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
-from openenv.core.env_server import Action, Environment, Observation, State
-from openenv.core.env_server import create_app as openenv_create_app
+from openenv.core.env_server import Action, Environment, MCPEnvironment, Observation, State
+from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservation, ListToolsAction, ToolError,
+                                               ToolErrorType)
+from openenv.core.env_server import create_fastapi_app as openenv_create_app
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field, ValidationError
 from starlette.requests import Request
@@ -62,8 +68,8 @@ import memenv  # noqa: F401 - registers the environments
 from memenv.envs.base import check_reset_args, text_space
 
 __all__ = ["BackgroundServer", "MemenvAction", "MemenvClient", "MemenvEnvironment", "MemenvObservation",
-           "MemenvState", "RequestError", "ServedEnv", "SessionEndedError", "SessionHub", "connect", "create_app",
-           "jsonable", "run_app", "serve"]
+           "MemenvState", "MemenvToolsEnvironment", "RequestError", "app_from_environment", "ServedEnv", "SessionEndedError", "SessionHub",
+           "connect", "create_app", "jsonable", "run_app", "serve", "tool_names", "wire_observation"]
 
 #: Concurrent sessions a server accepts unless told otherwise.
 DEFAULT_MAX_SESSIONS = 64
@@ -106,9 +112,12 @@ class MemenvObservation(Observation):
 
 
 class MemenvState(State):
-    """``episode_id`` (the env's, as in the snapshots), ``step_count`` (steps of this episode), ``env_id``,
-    ``env_kwargs``, ``done``, ``memory`` (the memory text the next observation shows), ``episode_return``."""
+    """``episode_id`` (the client's ``episode_id`` of the last reset when it gave one, as OpenEnv's state
+    contract asks, else the env's own), ``env_episode_id`` (the env's own, as in the snapshots), ``step_count``
+    (steps of this episode), ``env_id``, ``env_kwargs``, ``done``, ``memory`` (the memory text the next
+    observation shows), ``episode_return``."""
 
+    env_episode_id: str | None = None
     env_id: str = ""
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     done: bool = True
@@ -137,8 +146,9 @@ class MemenvEnvironment(Environment):
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
               **kwargs: Any) -> MemenvObservation:
-        """``env.reset(seed=seed, options=options)``; ``episode_id`` (OpenEnv's, the client's label) is kept in
-        the state as ``client_episode_id`` and does not replace the env's own episode id. Every argument is
+        """``env.reset(seed=seed, options=options)``; ``episode_id`` (OpenEnv's, the client's label) is the
+        state's ``episode_id`` (and ``client_episode_id``); the env's own id stays in the info, the snapshots and
+        the state's ``env_episode_id``. Every argument is
         checked before the env is touched (:class:`RequestError` naming it), so a refused reset changes nothing."""
         if kwargs:
             raise RequestError(f"unknown argument(s) {sorted(kwargs)}: reset takes seed, episode_id, options")
@@ -178,7 +188,9 @@ class MemenvEnvironment(Environment):
     @property
     def state(self) -> MemenvState:
         base = self.env.unwrapped
-        return MemenvState(episode_id=getattr(base, "_episode_id", "") or None, step_count=self._steps,
+        env_episode_id = getattr(base, "_episode_id", "") or None
+        return MemenvState(episode_id=self._client_episode_id or env_episode_id, env_episode_id=env_episode_id,
+                           step_count=self._steps,
                            env_id=self.env_id, env_kwargs=jsonable(self.env_kwargs), done=self._done,
                            memory=getattr(base, "_memory", ""), episode_return=self._return,
                            client_episode_id=self._client_episode_id,
@@ -194,42 +206,235 @@ class MemenvEnvironment(Environment):
         self.env.close()
 
 
+def tool_names(env: gym.Env) -> tuple[str, ...]:
+    """The memory-tools calls ``env`` offers over an episode (its text protocol's tags), or ``()`` for an env in
+    the rewrite protocol: MemQA's store tools, ``search`` and ``answer``; the dialogue envs' store tools,
+    ``next``, ``answer`` and ``strategy`` (refused, as in-process, outside a strategy phase)."""
+    from memenv.envs.memqa import QA_TOOLS, MemQAEnv
+    from memenv.memory_tools import TOOL_NAMES
+
+    base = env.unwrapped
+    if getattr(base, "memory_mode", None) != "tools":
+        return ()
+    if isinstance(base, MemQAEnv):
+        return QA_TOOLS
+    return tuple(name for name in TOOL_NAMES if name != "search")
+
+
+def _tool_functions(play: Any) -> dict[str, Any]:
+    """The memory tools as typed Python functions (FastMCP derives each one's JSON schema and description from
+    its signature and docstring); each plays the call's canonical action text (``format_tool_call``) as one env
+    step through ``play(text)`` and returns that step as a dict."""
+    from memenv.memory_tools import format_tool_call
+
+    def mem_add(text: str) -> dict:
+        """Add an entry to the memory store; the result names its id.
+
+        Args:
+            text: the entry's text
+        """
+        return play(format_tool_call("mem_add", text))
+
+    def mem_update(id: int, text: str) -> dict:  # noqa: A002 - the tool's argument is called id, as in <mem_update id=N>
+        """Replace the text of memory entry ``id``.
+
+        Args:
+            id: the entry's id (from mem_add's result or the memory block)
+            text: the entry's new text
+        """
+        return play(format_tool_call("mem_update", text, id))
+
+    def mem_delete(id: int) -> dict:  # noqa: A002
+        """Delete memory entry ``id``.
+
+        Args:
+            id: the entry's id
+        """
+        return play(format_tool_call("mem_delete", "", id))
+
+    def mem_search(query: str) -> dict:
+        """Search the memory entries (BM25); the result lists the best ones as "[id] text".
+
+        Args:
+            query: the search terms
+        """
+        return play(format_tool_call("mem_search", query))
+
+    def search(query: str) -> dict:
+        """Search the document collection; the result shows the documents found.
+
+        Args:
+            query: the search terms
+        """
+        return play(format_tool_call("search", query))
+
+    def next() -> dict:  # noqa: A001 - the tool is <next/> in the text protocol
+        """Done with this session: show the next one."""
+        return play(format_tool_call("next"))
+
+    def answer(text: str) -> dict:
+        """Answer the question(s) shown (several answers separated by "; "); ends the episode.
+
+        Args:
+            text: the answer text
+        """
+        return play(format_tool_call("answer", text))
+
+    def strategy(text: str) -> dict:
+        """Rewrite the memory-strategy text (offered in a strategy phase only).
+
+        Args:
+            text: the new strategy text
+        """
+        return play(format_tool_call("strategy", text))
+
+    return {f.__name__: f for f in (mem_add, mem_update, mem_delete, mem_search, search, next, answer, strategy)}
+
+
+def _one_line_tool_error(tool: str, message: str) -> str:
+    """A tool call's refusal (FastMCP's pydantic report, several lines) as one line naming the argument."""
+    lines = [line.strip() for line in message.splitlines()
+             if line.strip() and not line.strip().startswith("For further information")]
+    if len(lines) >= 3 and "validation error" in lines[0]:
+        import re
+
+        reason = re.sub(r"\s*\[type=.*$", "", lines[2])
+        return f"{tool}: argument {lines[1]!r}: {reason}"
+    joined = " ".join(lines)
+    return joined if joined.startswith(f"{tool}: ") else f"{tool}: {joined}"
+
+
+class MemenvToolsEnvironment(MCPEnvironment):
+    """A memory-tools env (``memory_mode="tools"``) as an OpenEnv MCP environment: its calls (``mem_add``,
+    ``mem_update``, ``mem_delete``, ``mem_search``, ``search`` or ``next``, ``answer``, ``strategy``:
+    :func:`tool_names`) are MCP tools with JSON schemas, listed by ``ListToolsAction`` (``tools/list``) and
+    called by ``CallToolAction`` (``tools/call``). A call is one env step, the same as its action text
+    in-process (``mem_add(text="x")`` is ``env.step("<mem_add>x</mem_add>")``): the observation's ``result``
+    is ``{"text", "reward", "terminated", "truncated", "info"}`` of that step, its ``reward`` and ``done`` the
+    step's. Text actions (``MemenvAction``) still work, and ``reset`` / ``state`` are the env's, as in
+    :class:`MemenvEnvironment` (which this wraps as ``core``)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
+        from fastmcp import FastMCP
+
+        self.core = MemenvEnvironment(env_id, env_kwargs)
+        self.env_id, self.env_kwargs, self.env = self.core.env_id, self.core.env_kwargs, self.core.env
+        self.tools = tool_names(self.env)
+        if not self.tools:
+            self.core.close()
+            raise ValueError(f"{env_id} with {self.env_kwargs or 'its defaults'} is not in memory-tools mode: "
+                             "it has no tools (memory_mode='tools')")
+        server = FastMCP(f"memenv {env_id}")
+        functions = _tool_functions(self._play)
+        for name in self.tools:
+            server.tool(functions[name])
+        self._last_step: dict[str, Any] | None = None
+        super().__init__(server)
+
+    def _play(self, text: str) -> dict[str, Any]:
+        observation = self.core.step(MemenvAction(text=text))
+        self._last_step = {"text": observation.text, "reward": observation.reward,
+                           "terminated": observation.terminated, "truncated": observation.truncated,
+                           "info": observation.info}
+        return self._last_step
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
+              **kwargs: Any) -> MemenvObservation:
+        return self.core.reset(seed=seed, episode_id=episode_id, options=options, **kwargs)
+
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        """A ``CallToolAction`` plays its tool (one env step); a refused call (an unknown tool, a bad argument,
+        a finished episode) changes nothing and comes back in the observation's ``error``, one line naming the
+        argument or the reason. Anything else is :class:`MemenvEnvironment`'s."""
+        if not isinstance(action, CallToolAction):
+            return super().step(action, timeout_s=timeout_s, **kwargs)
+        self._last_step = None
+        observation = super().step(action, timeout_s=timeout_s, **kwargs)
+        step, self._last_step = self._last_step, None
+        if observation.error is not None or step is None:
+            error = observation.error or ToolError(error_type=ToolErrorType.EXECUTION_ERROR,
+                                                   message="the tool returned no step")
+            return CallToolObservation(tool_name=action.tool_name, result=None, reward=None, done=self.core._done,
+                                       error=ToolError(error_type=error.error_type,
+                                                       message=_one_line_tool_error(action.tool_name, error.message)))
+        return CallToolObservation(tool_name=action.tool_name, result=step, reward=step["reward"],
+                                   done=bool(step["terminated"] or step["truncated"]))
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        if not isinstance(action, MemenvAction):
+            raise RequestError(f"unknown action {type(action).__name__}: send a tool call or {{'text': ...}}")
+        return self.core.step(action)
+
+    @property
+    def state(self) -> MemenvState:
+        return self.core.state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return self.core.get_metadata()
+
+    def close(self) -> None:
+        super().close()
+        self.core.close()
+
+
 def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
                max_sessions: int = DEFAULT_MAX_SESSIONS, session_timeout_s: float | None = None):
-    """The OpenEnv FastAPI app serving ``env_id`` (openenv-core's ``create_app``; each WebSocket session gets its
-    own env). The env is made once here, so an unknown id or a bad kwarg raises now, naming it, rather than at
-    the first client. ``max_sessions`` and ``session_timeout_s`` (end sessions idle that long; default: never)
-    are :class:`SessionHub`'s, which serves ``/ws``."""
+    """The OpenEnv FastAPI app serving ``env_id`` (openenv's ``create_fastapi_app``, simulation mode; each session gets
+    its own env: :class:`MemenvEnvironment`, or :class:`MemenvToolsEnvironment` for an env in memory-tools mode,
+    whose tools are MCP tools). The env is made once here, so an unknown id or a bad kwarg raises now, naming
+    it, rather than at the first client. ``max_sessions`` and ``session_timeout_s`` (end sessions idle that
+    long; default: never) are :class:`SessionHub`'s, which serves ``/ws`` and ``POST /mcp``."""
     from openenv.core.env_server import ConcurrencyConfig
 
     if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
         raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
     env_kwargs = dict(env_kwargs or {})
-    gym.make(env_id, **env_kwargs).close()
+    probe = gym.make(env_id, **env_kwargs)
+    tools = tool_names(probe)
+    probe.close()
     if session_timeout_s is not None and (isinstance(session_timeout_s, bool)
                                           or not isinstance(session_timeout_s, (int, float))
                                           or not (math.isfinite(session_timeout_s) and session_timeout_s > 0)):
         raise ValueError(f"session_timeout_s must be a number > 0 or None, got {session_timeout_s!r}")
-    # The limit and the timeout are SessionHub's; openenv-core's own registry serves no session here.
+    # The limit and the timeout are SessionHub's; openenv's own session registry serves no session here.
     config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None)
-    # A partial of the class: openenv-core reads SUPPORTS_CONCURRENT_SESSIONS off the class (no probe env).
-    factory = functools.partial(MemenvEnvironment, env_id, env_kwargs)
-    app = openenv_create_app(factory, MemenvAction, MemenvObservation,
-                             env_name=env_id, concurrency_config=config)
-    SessionHub(factory, max_sessions, session_timeout_s).install(app)
+    # A partial of the class: openenv reads SUPPORTS_CONCURRENT_SESSIONS off the class (no probe env).
+    factory = functools.partial(MemenvToolsEnvironment if tools else MemenvEnvironment, env_id, env_kwargs)
+    # create_fastapi_app, not create_app: the latter swaps in a Gradio app with sessions of its own when
+    # ENABLE_WEB_INTERFACE is set, which SessionHub would not bound. The mode is fixed (not OPENENV_MODE's).
+    app = openenv_create_app(factory, MemenvAction, MemenvObservation, env_name=env_id, concurrency_config=config,
+                             state_cls=MemenvState, mode="simulation")
+    SessionHub(factory, max_sessions, session_timeout_s, tools=tools).install(app)
+    if tools:  # FastMCP logs every refused tool call (a bad argument) as a warning; the caller is told already
+        logging.getLogger("fastmcp").setLevel(logging.ERROR)
     _replace_http_reset(app, factory)
     _answer_http_errors_in_one_line(app)
     return app
 
 
-def _replace_http_reset(app: Any, factory: Any) -> None:
-    """``POST /reset`` (stateless: a fresh env per request, openenv-core's simulation mode) with the body read
-    as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where openenv-core's
-    route coerced through pydantic first (``"7"`` and ``true`` became seeds). ``POST /step`` is refused (409, one
-    line): openenv-core's stepped a fresh env, which no memenv env allows before a reset (it answered 500)."""
-    import asyncio
+def app_from_environment() -> Any:
+    """The app of the env named by the environment variables ``MEMENV_ENV`` (default ``MemQA-v0``) and
+    ``MEMENV_KW`` (``KEY=VALUE`` words, as ``memenv serve --kw``), with ``MEMENV_MAX_SESSIONS`` and
+    ``MEMENV_SESSION_TIMEOUT``: what the manifest's ``app`` names, for ``uvicorn --factory
+    memenv.openenv:app_from_environment`` (the Dockerfile runs ``memenv serve`` with the same variables)."""
+    import os
 
-    from openenv.core.env_server.serialization import serialize_observation
+    from memenv.cli_common import parse_kwargs
+
+    timeout = os.environ.get("MEMENV_SESSION_TIMEOUT")
+    return create_app(os.environ.get("MEMENV_ENV", "MemQA-v0"), parse_kwargs(os.environ.get("MEMENV_KW", "").split()),
+                      max_sessions=int(os.environ.get("MEMENV_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)),
+                      session_timeout_s=float(timeout) if timeout else None)
+
+
+def _replace_http_reset(app: Any, factory: Any) -> None:
+    """``POST /reset`` (stateless: a fresh env per request, OpenEnv's simulation mode) with the body read
+    as the WebSocket ``reset``'s data: the same checks (:meth:`MemenvEnvironment.reset`), where OpenEnv's
+    route coerced through pydantic first (``"7"`` and ``true`` became seeds). ``POST /step`` is refused (409, one
+    line): OpenEnv's stepped a fresh env, which no memenv env allows before a reset (it answered 500)."""
+    import asyncio
 
     async def reset(request: Request) -> dict:
         body = await request.body()
@@ -244,7 +449,7 @@ def _replace_http_reset(app: Any, factory: Any) -> None:
         def fresh_reset() -> dict:
             env = factory()
             try:
-                return serialize_observation(env.reset(**data))
+                return wire_observation(env.reset(**data))
             finally:
                 env.close()
 
@@ -259,6 +464,14 @@ def _replace_http_reset(app: Any, factory: Any) -> None:
                       summary="Reset a fresh env (stateless; play episodes over the /ws sessions)")
     app.add_api_route("/step", step, methods=["POST"], tags=["Environment Control"], status_code=409,
                       summary="Refused: a fresh env has no episode to step (play over the /ws sessions)")
+
+
+def wire_observation(observation: Observation) -> dict[str, Any]:
+    """The ``data`` of OpenEnv's observation message: ``{"observation": {fields}, "reward", "done"}``. The fields
+    leave out ``metadata``: openenv 0.10's ``serialize_observation`` sends it twice (inside the observation and
+    beside it), and a :class:`MemenvObservation`'s metadata is its ``info``, which travels once, as ``info``."""
+    fields = observation.model_dump(exclude={"reward", "done", "metadata"})
+    return {"observation": fields, "reward": observation.reward, "done": observation.done}
 
 
 def _answer_http_errors_in_one_line(app: Any) -> None:
@@ -280,6 +493,7 @@ def _answer_http_errors_in_one_line(app: Any) -> None:
 
 #: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
 CLOSE_BY_CLIENT = 1000  # the client sent {"type": "close"}
+CLOSE_POLICY = 1008  # a socket that cannot attach to the session it names
 CLOSE_SERVER_ERROR = 1011  # the session's env could not be made (a bug: the server logs it)
 CLOSE_SERVER_FULL = 1013  # "try again later": --max-sessions sessions are open
 CLOSE_IDLE = 4000  # no message for --session-timeout seconds
@@ -288,42 +502,50 @@ _log = logging.getLogger("memenv.serve")
 
 
 class _Session:
-    """One WebSocket session: its env, the one thread the env runs on, and what the reaper needs."""
+    """One session: its env, the one thread the env runs on, and what the reaper needs. ``websocket`` is the
+    socket playing it: the one that opened it, or one attached to a session opened over ``POST /mcp``
+    (``openenv/session/create``, OpenEnv's MCP client), which has none between its requests."""
 
     def __init__(self, websocket: Any) -> None:
-        self.id = uuid.uuid4().hex[:8]
+        self.id = uuid.uuid4().hex
         self.websocket = websocket
-        self.env: MemenvEnvironment | None = None
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"memenv-session-{self.id}")
+        self.env: MemenvEnvironment | MemenvToolsEnvironment | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"memenv-session-{self.id[:8]}")
         self.last_active = time.monotonic()
         self.busy = False  # a request is being answered: never reaped then
         self.ended = False
 
 
 class SessionHub:
-    """The ``/ws`` endpoint: OpenEnv's WebSocket protocol (``reset`` / ``step`` / ``state`` / ``close`` messages,
-    ``observation`` / ``state`` / ``error`` replies), each session with its own env on its own thread.
+    """The ``/ws`` endpoint: OpenEnv's WebSocket protocol (``reset`` / ``step`` / ``state`` / ``mcp`` / ``close``
+    messages, ``observation`` / ``state`` / ``mcp`` / ``error`` replies), each session with its own env on its
+    own thread; and ``POST /mcp``, OpenEnv's JSON-RPC for MCP tools (``tools/list``, ``tools/call``) and its
+    session methods (``openenv/session/create``, ``openenv/session/close``).
 
-    It replaces openenv-core 0.3's ``/ws`` handler, whose reaper freed an idle session's slot but left its socket
-    and env in play (the client played on, unaware, and such sessions were no longer counted, so
-    ``--max-sessions`` bounded nothing). Here a session holds its slot from accept until it ends, and it ends one
-    way, :meth:`end`: the slot is freed, the env closed, and the socket closed with a close frame whose reason
-    says why (the client asked, idle too long, the server is full).
+    It replaces openenv's own ``/ws`` and ``/mcp`` handlers, whose idle reaper (openenv-core 0.3's) freed an
+    idle session's slot but left its socket and env in play (the client played on, unaware, and such sessions
+    were no longer counted, so ``--max-sessions`` bounded nothing). Here a session holds its slot from the
+    moment it is opened until it ends, and it ends one way, :meth:`end`: the slot is freed, the env closed, and
+    the socket closed with a close frame whose reason says why (the client asked, idle too long, the server is
+    full). Sessions opened over ``POST /mcp`` count the same way and are reaped the same way.
     """
 
-    def __init__(self, factory: Any, max_sessions: int, idle_timeout_s: float | None) -> None:
+    def __init__(self, factory: Any, max_sessions: int, idle_timeout_s: float | None,
+                 tools: tuple[str, ...] = ()) -> None:
         self.factory = factory
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
+        self.tools = tools
         self.sessions: dict[str, _Session] = {}
         self._reaper: Any = None
 
     def install(self, app: Any) -> None:
-        """Put this hub at ``app``'s ``/ws`` in place of openenv-core's handler. openenv-core's ``/mcp`` routes
-        go too: memenv envs have no MCP tools, and their sessions (openenv-core's own registry) would be a
-        second way in, outside this hub's limit and timeout."""
+        """Put this hub at ``app``'s ``/ws`` and ``POST /mcp`` in place of openenv's handlers (openenv's
+        WebSocket ``/mcp`` goes: its sessions would be a second way in, outside this hub's limit and timeout)."""
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/ws", "/mcp")]
         app.add_api_websocket_route("/ws", self.serve)
+        app.add_api_route("/mcp", self.serve_rpc, methods=["POST"], tags=["MCP"],
+                          summary="MCP JSON-RPC: tools/list, tools/call, openenv/session/create and close")
         app.router.on_shutdown.append(self._stop_reaper)
         app.state.sessions = self
 
@@ -331,34 +553,65 @@ class SessionHub:
     def open_sessions(self) -> int:
         return len(self.sessions)
 
-    async def serve(self, websocket: WebSocket) -> None:
+    def _full_reason(self) -> str | None:
+        if len(self.sessions) < self.max_sessions:
+            return None
+        return f"server full: {len(self.sessions)} of {self.max_sessions} sessions open, try again later"
+
+    async def _open(self, websocket: Any) -> _Session | None:
+        """A new session with its env, counted from now; None if its env could not be made (ended, logged)."""
         import asyncio
 
+        session = _Session(websocket)
+        self.sessions[session.id] = session  # no await since the caller's capacity check: no overshoot
+        self._start_reaper()
+        try:
+            session.env = await asyncio.get_running_loop().run_in_executor(session.executor, self.factory)
+        except Exception:  # the env was made once at start-up, so this is a bug: keep its traceback
+            _log.exception("memenv serve: session %s: the env could not be made", session.id[:8])
+            await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
+            return None
+        return session
+
+    async def serve(self, websocket: WebSocket) -> None:
         try:
             await websocket.accept()
         except (WebSocketDisconnect, OSError, RuntimeError):  # the client left during the handshake
             return
-        if len(self.sessions) >= self.max_sessions:
-            reason = f"server full: {len(self.sessions)} of {self.max_sessions} sessions open, try again later"
+        attach = websocket.query_params.get("session_id")
+        if attach is not None:  # OpenEnv's MCP client: play a session opened over POST /mcp
+            await self._serve_attached(websocket, attach)
+            return
+        reason = self._full_reason()
+        if reason is not None:
             await self._send(websocket, _error(reason, "CAPACITY_REACHED"))  # what OpenEnv clients read
             await _close(websocket, CLOSE_SERVER_FULL, reason)
             return
-        session = _Session(websocket)
-        self.sessions[session.id] = session  # no await since the check: the count cannot overshoot
-        self._start_reaper()
+        session = await self._open(websocket)
+        if session is None:
+            return
         try:
-            try:
-                session.env = await asyncio.get_running_loop().run_in_executor(session.executor, self.factory)
-            except Exception:  # the env was made once at start-up, so this is a bug: keep its traceback
-                _log.exception("memenv serve: session %s: the env could not be made", session.id)
-                await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
-                return
-            await self._play(session)
+            await self._play(session, websocket)
         finally:
             await self.end(session, CLOSE_BY_CLIENT, "session closed")
 
-    async def _play(self, session: _Session) -> None:
-        websocket = session.websocket
+    async def _serve_attached(self, websocket: Any, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is None or session.env is None or session.websocket is not None:
+            why = (f"unknown session_id {session_id!r} (open one with POST /mcp openenv/session/create)"
+                   if session is None or session.env is None else f"session {session_id!r} already has a socket")
+            await self._send(websocket, _error(why, "SESSION_ERROR"))
+            await _close(websocket, CLOSE_POLICY, why)
+            return
+        session.websocket = websocket
+        try:
+            await self._play(session, websocket)
+        finally:  # the socket goes; the session stays open until openenv/session/close (or the idle reaper)
+            if session.websocket is websocket:
+                session.websocket = None
+            await _close(websocket, CLOSE_BY_CLIENT, "socket detached; the session stays open")
+
+    async def _play(self, session: _Session, websocket: Any) -> None:
         while not session.ended:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect" or session.ended:
@@ -371,14 +624,14 @@ class SessionHub:
             if reply is None or session.ended:  # the client said close
                 return
             if not await self._send(websocket, reply):
-                _log.info("memenv serve: session %s: the client left before its reply was sent", session.id)
+                _log.info("memenv serve: session %s: the client left before its reply was sent", session.id[:8])
                 return
 
     async def _answer(self, session: _Session, message: dict) -> Any:
-        """The reply to one frame: an observation, a state or an error (one line naming the field); None: close."""
+        """The reply to one frame: an observation, a state, an MCP reply or an error (one line naming the
+        field); None: close."""
         import asyncio
 
-        from openenv.core.env_server.serialization import serialize_observation
         from openenv.core.env_server.types import WSObservationResponse, WSStateResponse
 
         try:
@@ -387,6 +640,10 @@ class SessionHub:
             return _error(str(exc), exc.code)
         if kind == "close":
             return None
+        if kind == "mcp":
+            from openenv.core.env_server.mcp_types import WSMCPResponse
+
+            return WSMCPResponse(data=await self._rpc(data, session))
         env = session.env
         run = functools.partial(asyncio.get_running_loop().run_in_executor, session.executor)
         try:
@@ -395,13 +652,102 @@ class SessionHub:
             if kind == "reset":
                 observation = await run(lambda: env.reset(**data))
             else:
-                observation = await run(env.step, _action(data))
-            return WSObservationResponse(data=serialize_observation(observation))
+                observation = await run(env.step, _action(data, self.tools))
+            return WSObservationResponse(data=wire_observation(observation))
         except RequestError as exc:  # the request is wrong; nothing of the env changed
             return _error(f"{kind}: {exc}", exc.code)
         except Exception as exc:  # a bug of the env or of memenv: the session goes on, the log keeps the traceback
-            _log.exception("memenv serve: session %s: %s failed", session.id, kind)
+            _log.exception("memenv serve: session %s: %s failed", session.id[:8], kind)
             return _error(f"{kind} failed on the server: {type(exc).__name__}: {exc}", "EXECUTION_ERROR")
+
+    async def serve_rpc(self, request: Request) -> dict:
+        """``POST /mcp``: one JSON-RPC request, answered with status 200 and a JSON-RPC reply (an error reply
+        for a request that is not JSON-RPC: one line naming the field)."""
+        body = await request.body()
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as exc:
+            return _rpc_error(None, -32700, f"the request body is not JSON ({exc.msg} at character {exc.pos})")
+        return await self._rpc(data, None)
+
+    async def _rpc(self, data: Any, session: _Session | None) -> dict:
+        """The JSON-RPC reply to ``data`` (``session``: the WebSocket's own, for ``mcp`` messages)."""
+        import asyncio
+
+        from openenv.core.env_server.serialization import serialize_observation
+
+        if not isinstance(data, dict):
+            return _rpc_error(None, -32600, f"a JSON-RPC request must be a JSON object, got {_json_kind(data)}")
+        rid = data.get("id")
+        rid = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+        method, params = data.get("method"), data.get("params", {})
+        if data.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return _rpc_error(rid, -32600, "a JSON-RPC request needs \"jsonrpc\": \"2.0\" and a string \"method\"")
+        if not isinstance(params, dict):
+            return _rpc_error(rid, -32602, f"'params' must be a JSON object, got {_json_kind(params)}")
+        if method == "openenv/session/create":
+            if session is not None:
+                return _rpc_ok(rid, {"session_id": session.id})
+            reason = self._full_reason()
+            if reason is not None:
+                return _rpc_error(rid, -32000, reason)
+            opened = await self._open(None)
+            if opened is None:
+                return _rpc_error(rid, -32000, "the server could not make the env (see its log)")
+            return _rpc_ok(rid, {"session_id": opened.id})
+        if method == "openenv/session/close":
+            target = self.sessions.get(params.get("session_id"))  # type: ignore[arg-type]
+            if target is None:
+                return _rpc_error(rid, -32602, f"unknown session_id {params.get('session_id')!r}")
+            if target is session:
+                return _rpc_error(rid, -32600, "this socket's own session ends with a {\"type\": \"close\"} message")
+            await self.end(target, CLOSE_BY_CLIENT, "session closed")
+            return _rpc_ok(rid, {"session_id": target.id, "closed": True})
+        if method not in ("tools/list", "tools/call"):
+            return _rpc_error(rid, -32601, f"unknown method {method!r}: expected tools/list, tools/call, "
+                                           "openenv/session/create or openenv/session/close")
+        if not self.tools:
+            return _rpc_error(rid, -32601, "this env has no MCP tools (its actions are text: step with "
+                                           "{\"text\": ...}); serve it with --kw memory_mode=tools for tools")
+        if session is None and "session_id" in params:
+            session = self.sessions.get(params["session_id"])
+            if session is None or session.env is None:
+                return _rpc_error(rid, -32602, f"unknown session_id {params['session_id']!r}")
+        if method == "tools/list":
+            if session is None:  # the tools are the same for every session: list them off a fresh env
+                env = await asyncio.get_running_loop().run_in_executor(None, self.factory)
+                try:
+                    listed = await asyncio.get_running_loop().run_in_executor(None, env.step, ListToolsAction())
+                finally:
+                    env.close()
+            else:
+                listed = await self._in_session(session, lambda: session.env.step(ListToolsAction()))
+            return _rpc_ok(rid, {"tools": [tool.model_dump() for tool in listed.tools]})
+        if session is None:
+            return _rpc_error(rid, -32602, "tools/call needs a session: 'session_id' from openenv/session/create "
+                                           "(or send it as an mcp message on a /ws session)")
+        name, arguments = params.get("name"), params.get("arguments", {})
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return _rpc_error(rid, -32602, "tools/call: 'name' must be a string and 'arguments' a JSON object")
+        call = CallToolAction(tool_name=name, arguments=arguments)
+        observation = await self._in_session(session, lambda: session.env.step(call))
+        if observation.error is not None:
+            return _rpc_error(rid, -32602 if observation.error.error_type != ToolErrorType.EXECUTION_ERROR else -32000,
+                              observation.error.message)
+        step = observation.result
+        content = [{"type": "text", "text": step["text"]}]
+        return _rpc_ok(rid, {"content": content, "isError": False, "data": serialize_observation(observation)
+                             ["observation"]["result"]})
+
+    async def _in_session(self, session: _Session, call: Any) -> Any:
+        """``call()`` on ``session``'s env thread, counted as activity (never reaped meanwhile)."""
+        import asyncio
+
+        session.busy, session.last_active = True, time.monotonic()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(session.executor, call)
+        finally:
+            session.busy, session.last_active = False, time.monotonic()
 
     @staticmethod
     async def _send(websocket: Any, reply: Any) -> bool:
@@ -413,8 +759,8 @@ class SessionHub:
             return False
 
     async def end(self, session: _Session, code: int, reason: str) -> None:
-        """End ``session`` (once; later calls do nothing): free its slot, close the socket with ``code`` and
-        ``reason``, close its env on its own thread and let the thread go."""
+        """End ``session`` (once; later calls do nothing): free its slot, close its socket (if it has one) with
+        ``code`` and ``reason``, close its env on its own thread and let the thread go."""
         import asyncio
 
         if session.ended:
@@ -422,13 +768,14 @@ class SessionHub:
         session.ended = True
         self.sessions.pop(session.id, None)
         if code != CLOSE_BY_CLIENT:
-            _log.info("memenv serve: session %s ended (%d): %s", session.id, code, reason)
-        await _close(session.websocket, code, reason)
+            _log.info("memenv serve: session %s ended (%d): %s", session.id[:8], code, reason)
+        if session.websocket is not None:
+            await _close(session.websocket, code, reason)
         if session.env is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(session.executor, session.env.close)
             except Exception:  # noqa: BLE001 - a failing close must not keep the slot; the log says so
-                _log.exception("memenv serve: session %s: closing its env failed", session.id)
+                _log.exception("memenv serve: session %s: closing its env failed", session.id[:8])
         session.executor.shutdown(wait=False)
         session.env = None
 
@@ -457,6 +804,14 @@ class SessionHub:
                     await self.end(session, CLOSE_IDLE, reason)
 
 
+def _rpc_ok(rid: Any, result: Any) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+
+def _rpc_error(rid: Any, code: int, message: str) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
 async def _close(websocket: Any, code: int, reason: str) -> None:
     """Close the socket with a close frame (code and reason) unless the client already closed it."""
     if websocket.client_state != WebSocketState.CONNECTED or websocket.application_state != WebSocketState.CONNECTED:
@@ -476,8 +831,9 @@ class RequestError(ValueError):
         self.code, self.status = code, status
 
 
-_MESSAGE_TYPES = ("reset", "step", "state", "close")
-_MESSAGE_SHAPE = "message must be a JSON object with a 'type' field (reset, step, state or close)"
+_MESSAGE_TYPES = ("reset", "step", "state", "mcp", "close")
+_MESSAGE_SHAPE = "message must be a JSON object with a 'type' field (reset, step, state, mcp or close)"
+_MCP_ACTIONS = ("call_tool", "list_tools")
 
 
 def _parse_message(message: dict) -> tuple[str, dict]:
@@ -500,14 +856,31 @@ def _parse_message(message: dict) -> tuple[str, dict]:
     if unknown:
         raise RequestError(f"{kind}: unknown field(s) {unknown}: a message has 'type' and 'data'")
     data = request.get("data", {})
+    if kind == "mcp":
+        return kind, data  # a JSON-RPC request: SessionHub._rpc answers anything else with a JSON-RPC error
     if not isinstance(data, dict):
         raise RequestError(f"{kind}: 'data' must be a JSON object, got {_json_kind(data)}")
-    if kind == "step" and "text" not in data:
+    if kind == "step" and "text" not in data and data.get("type") not in _MCP_ACTIONS:
         raise RequestError("step: 'data' must have a 'text' field (the action text), e.g. {\"text\": \"...\"}")
     return kind, data
 
 
-def _action(data: dict) -> "MemenvAction":
+def _action(data: dict, tools: tuple[str, ...] = ()) -> Action:
+    """The action of a ``step`` message: a :class:`MemenvAction` (``{"text": ...}``), or for an env with MCP
+    tools OpenEnv's ``{"type": "call_tool", "tool_name", "arguments"}`` / ``{"type": "list_tools"}``."""
+    if data.get("type") in _MCP_ACTIONS:
+        if not tools:
+            raise RequestError(f"this env has no MCP tools ({data['type']}): its actions are {{\"text\": ...}}; "
+                               "serve it with --kw memory_mode=tools for tools")
+        cls = CallToolAction if data["type"] == "call_tool" else ListToolsAction
+        unknown = sorted(set(data) - set(cls.model_fields))
+        if unknown:
+            raise RequestError(f"unknown field(s) {unknown} in 'data': a {data['type']} action has "
+                               f"{', '.join(repr(f) for f in cls.model_fields if f != 'metadata')}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise RequestError(_first_error(exc.errors())) from None
     unknown = sorted(set(data) - set(MemenvAction.model_fields))
     if unknown:
         raise RequestError(f"unknown field(s) {unknown} in 'data': an action has 'text' (and 'metadata')")
@@ -638,6 +1011,7 @@ class MemenvClient(EnvClient[MemenvAction, MemenvObservation, MemenvState]):
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[MemenvObservation]:
         fields = dict(payload.get("observation", {}))
+        fields.pop("metadata", None)  # the same dict as info (memenv's server leaves it out; others may not)
         observation = MemenvObservation(**fields, reward=payload.get("reward"), done=bool(payload.get("done")),
                                         metadata=fields.get("info", {}))
         return StepResult(observation=observation, reward=payload.get("reward"), done=bool(payload.get("done")))
@@ -664,9 +1038,9 @@ _CLOSE_MEANINGS = {1001: "the server is going away", 1006: "the connection dropp
                    1012: "the server shut down (or is restarting)"}
 
 
-def _session_ended(url: str, exc: BaseException) -> SessionEndedError:
-    """One line for a session that ended under the client, naming the URL and the server's reason."""
-    frame = getattr(exc, "rcvd", None)  # websockets' ConnectionClosed: the close frame the server sent, if any
+def _session_ended(url: str, frame: Any) -> SessionEndedError:
+    """One line for a session that ended under the client, naming the URL and the server's reason (``frame``:
+    the close frame the server sent, websockets' ``Close``; None when it sent none)."""
     if frame is not None:
         why = frame.reason or _CLOSE_MEANINGS.get(frame.code, "no reason given")
         why = f"the server closed it: {why} (close code {frame.code})"
@@ -687,6 +1061,7 @@ class ServedEnv(gym.Env):
 
     def __init__(self, url: str, *, connect_timeout_s: float = 10.0, message_timeout_s: float = 600.0) -> None:
         self.url = url
+        self._ended: SessionEndedError | None = None
         self.client = MemenvClient(base_url=url, connect_timeout_s=connect_timeout_s,
                                    message_timeout_s=message_timeout_s).sync()
         try:
@@ -701,7 +1076,8 @@ class ServedEnv(gym.Env):
         except (RuntimeError, ConnectionClosed) as exc:  # the server refused the session (it is full)
             self.client.close()
             frame = getattr(exc, "rcvd", None)
-            reason = frame.reason if frame is not None and frame.reason else str(exc).removeprefix("Server error: ")
+            reason = (frame.reason if frame is not None and frame.reason
+                      else re.sub(r" \(code: \w+\)$", "", str(exc).removeprefix("Server error: ")))
             raise RuntimeError(f"the OpenEnv server at {url} refused the session: {reason}") from None
         self.env_id, self.env_kwargs = state.env_id, state.env_kwargs
         self.observation_space = text_space(state.max_observation_chars)
@@ -728,11 +1104,23 @@ class ServedEnv(gym.Env):
         """``method(*args, **kwargs)`` of the client; a session that ended under it is one
         :class:`SessionEndedError` naming the URL and why, on this call and every later one."""
         from websockets.exceptions import ConnectionClosed
+        from websockets.protocol import State as SocketState
 
+        if self._ended is not None:
+            raise self._ended
+        # openenv 0.10's client reconnects on its own when its socket is closed: that would be a new session on
+        # the server, without this one's episode (its next step refused, "step before reset"). A session that
+        # ended is over: say so, as when the call itself finds the socket closed.
+        ws = self.client.async_client._ws
+        if ws is None or ws.state in (SocketState.CLOSING, SocketState.CLOSED):
+            self._ended = _session_ended(self.url, getattr(getattr(ws, "protocol", None), "close_rcvd", None))
+            raise self._ended
         try:
             return method(*args, **kwargs)
         except (ConnectionClosed, ConnectionError) as exc:
-            raise _session_ended(self.url, exc) from None
+            # websockets' ConnectionClosed carries the close frame the server sent, if any
+            self._ended = _session_ended(self.url, getattr(exc, "rcvd", None))
+            raise self._ended from None
 
     def close(self) -> None:
         """End the session: ask the server to close it and wait for its close frame (closing the socket first

@@ -1,7 +1,7 @@
 """``memenv serve ENV_ID``: serve an env over OpenEnv (:mod:`memenv.openenv`, ``pip install 'memenv[openenv]'``).
 
-This module only registers the command, so that ``memenv --help`` works without openenv-core; the server is
-imported when the command runs.
+This module only registers the command, so that ``memenv --help`` works without openenv; the server is imported
+when the command runs.
 """
 
 from __future__ import annotations
@@ -9,16 +9,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-SERVE_HELP = """Serve a memenv env as an OpenEnv server (openenv-core's FastAPI app). Each WebSocket session (/ws)
+SERVE_HELP = """Serve a memenv env as an OpenEnv server (openenv 0.10's FastAPI app). Each WebSocket session (/ws)
 gets its own env; reset takes seed= and options=, every step's observation carries the step's info
-(invocation, and the summary at the end) in its `info` field. A session ends when the client closes it, drops,
+(invocation, and the summary at the end) in its `info` field. In memory-tools mode (--kw memory_mode=tools)
+the tools are MCP tools too (POST /mcp, or mcp messages on /ws). A session ends when the client closes it, drops,
 or idles past --session-timeout: the server closes the socket with a close frame whose reason says why. A bad
 message is answered with one error line naming the field, and the session plays on. Clients:
 
   from memenv.openenv import connect
   env = connect("http://127.0.0.1:8000")        # Gymnasium-like: reset(seed=...), step(action)
 
-or any OpenEnv client (GenericEnvClient, actions {"text": "<memory>...</memory><search>...</search>"})."""
+or any OpenEnv client (GenericEnvClient, actions {"text": "<memory>...</memory><search>...</search>"};
+MCPToolClient for the tools of a memory-tools env)."""
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

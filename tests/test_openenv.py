@@ -2,7 +2,7 @@
 rewards, flags and every key of every snapshot and summary), sessions are isolated under 32 concurrent clients,
 a client dropping mid-episode frees its session, bad action text is an invalid step, errors come back as errors.
 
-Every server binds 127.0.0.1 on a free port. Skips when openenv-core is absent (pip install 'memenv[openenv]').
+Every server binds 127.0.0.1 on a free port. Skips when openenv is absent (pip install 'memenv[openenv]').
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed: pip install 'memenv[openenv]'")
+pytest.importorskip("openenv.core.env_server", reason="openenv not installed: pip install 'memenv[openenv]'")
 
 import memenv  # noqa: E402,F401
 from agents.scripted import make_strategy  # noqa: E402
@@ -426,10 +426,10 @@ def test_bad_resets_are_refused_in_one_line_and_never_poison_the_session(servers
 # Each a frame no client should send: (frame, what the one-line error says). None of it is an action text
 # (those are invalid steps, never errors), so every one is answered with an error and the session goes on.
 BAD_FRAMES = [
-    ("[1, 2]", "message must be a JSON object with a 'type' field (reset, step, state or close), got an array"),
+    ("[1, 2]", "message must be a JSON object with a 'type' field (reset, step, state, mcp or close), got an array"),
     (b"\x00\x01binary", "binary frames are not accepted"),
-    ("null", "message must be a JSON object with a 'type' field (reset, step, state or close), got null"),
-    ('"step"', "message must be a JSON object with a 'type' field (reset, step, state or close), got a string"),
+    ("null", "message must be a JSON object with a 'type' field (reset, step, state, mcp or close), got null"),
+    ('"step"', "message must be a JSON object with a 'type' field (reset, step, state, mcp or close), got a string"),
     ('{"data": {"text": "x"}}', "message must be a JSON object with a 'type' field"),
     ("not json {", "message is not JSON"),
     ('{"type": "jump"}', "unknown message type 'jump'"),
@@ -475,8 +475,7 @@ def test_http_misuse_is_a_4xx_with_one_line(servers):
               ("POST", "/reset", [1], 400, "JSON object"),
               ("POST", "/reset", "{", 400, "not valid JSON"),
               ("GET", "/step", None, 405, "Method Not Allowed"),
-              ("GET", "/nowhere", None, 404, "Not Found"),
-              ("POST", "/mcp", {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}, 404, "Not Found")]
+              ("GET", "/nowhere", None, 404, "Not Found")]
     for method, path, body, status, says in misuse:
         data = None if body is None else (body if isinstance(body, str) else json.dumps(body)).encode()
         request = urllib.request.Request(url + path, data=data, method=method,
@@ -489,7 +488,7 @@ def test_http_misuse_is_a_4xx_with_one_line(servers):
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect as ws_connect
 
-    with pytest.raises(InvalidStatus):  # no MCP sessions either: they would count outside --max-sessions
+    with pytest.raises(InvalidStatus):  # no WebSocket /mcp: its sessions would count outside --max-sessions
         ws_connect(url.replace("http", "ws", 1) + "/mcp", open_timeout=10)
 
 
