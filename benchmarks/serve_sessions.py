@@ -13,7 +13,7 @@ that reaps a session without ending it keeps paying for it, wave after wave.
 
 Printed per wave: accepted, refused (with the close reason), ended by the server, sockets still open, server RSS.
 Then the spread of the server's RSS over waves 2..N (wave 1 pays for the first env's world and indexes). Bounded:
-about waves x (timeout + a few seconds) plus the server's start (~10 s for openenv-core's imports).
+about waves x (timeout + a few seconds) plus the server's start (~10 s for openenv's imports).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_snippet_runs(index, tmp_path, monkeypatch):
     if "sb3_contrib" in code:
         pytest.importorskip("sb3_contrib")
     if "openenv" in code:
-        pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed: pip install 'memenv[openenv]'")
+        pytest.importorskip("openenv.core.env_server", reason="openenv not installed: pip install 'memenv[openenv]'")
     if "to_parquet" in code:
         pytest.importorskip("pyarrow")
     for old, new in SMALLER.items():

@@ -98,7 +98,7 @@ def test_longmemeval_items_play_through_the_same_tools(longmemeval_path):
 
 
 def test_the_tool_env_plays_on_an_openenv_server():
-    pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed")
+    pytest.importorskip("openenv.core.env_server", reason="openenv not installed: pip install 'memenv[openenv]'")
     from memenv.openenv import BackgroundServer
 
     with BackgroundServer("MemQA-v0", {"memory_mode": "tools", **MEMQA_KW}) as server:
@@ -118,7 +118,7 @@ def test_the_tool_env_plays_on_an_openenv_server():
 
 def test_a_server_of_the_same_env_in_another_memory_mode_is_refused():
     # A rewrite-mode MemQA server took every tool call as an invalid step: F1 0, silently.
-    pytest.importorskip("openenv.core.env_server", reason="openenv-core not installed")
+    pytest.importorskip("openenv.core.env_server", reason="openenv not installed: pip install 'memenv[openenv]'")
     from memenv.openenv import BackgroundServer
 
     with BackgroundServer("MemQA-v0", MEMQA_KW) as server:
