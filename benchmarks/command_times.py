@@ -23,6 +23,7 @@ import os
 import re
 import resource
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,12 +93,17 @@ def run(command: str, data_root: Path, timeout: float) -> dict:
         load_before = os.getloadavg()[0]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
+        # a session of its own: on a timeout the whole command (the shell and what it started) is stopped and
+        # waited for, so that nothing runs on unseen and its CPU time is counted
+        process = subprocess.Popen(line, shell=True, cwd=folder, env=env, start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            done = subprocess.run(line, shell=True, cwd=folder, env=env, timeout=timeout,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            status = "ok" if done.returncode == 0 else \
-                f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+            _, stderr = process.communicate(timeout=timeout)
+            status = "ok" if process.returncode == 0 else \
+                f"exit {process.returncode}: {(stderr.strip().splitlines() or [''])[-1][:120]}"
         except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.communicate()
             status = f"timed out after {timeout:.0f} s"
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
