@@ -50,7 +50,6 @@ COMMANDS = [
     "memenv bench --strategies oracle rag relevance recency full-context recency-window bm25 "
     "--envs 'MemDialog-LongMemEval-v0:data_path=\"../shared/data/longmemeval/longmemeval_dev.json\"' -n 120",
     "python benchmarks/beam_rss.py",
-    "python benchmarks/teacher_packing.py --source random --rounds 5",
 ]
 
 #: Data paths the pages write relative to the checkout (up to a quote or a space).
