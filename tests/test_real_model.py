@@ -89,30 +89,39 @@ def test_prepare_never_overwrites_a_foreign_folder(tmp_path, smollm2_path):
 
 
 # ---------------------------------------------------------------------- sampling on real BPE
-def test_chat_prompts_are_what_the_model_saw_and_records_reproduce(smollm2):
+@pytest.mark.parametrize("generation", ["tree", "padded"])
+def test_chat_prompts_are_what_the_model_saw_and_records_reproduce(smollm2, generation):
     model, tok = smollm2
-    policy = LLMPolicy(model, tok, temperature=1.0, max_new_tokens=10, seed=0)
+    policy = LLMPolicy(model, tok, temperature=1.0, max_new_tokens=10, seed=0, generation=generation)
     saved = tok.memenv_prompt["system_prompt"]
     assert policy.use_chat and policy.system_prompt == saved  # from the checkpoint's prompt file
     envs = _envs(2)
     observations = [env.reset(seed=s)[0] for env, s in zip(envs, (1, 2))]
     observations[1] += "\nA longer observation pads the others on the left."
-    seen = []
+    calls = []
     handle = model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].clone(), kwargs["attention_mask"].clone()))
-        if kwargs.get("past_key_values") is None and not seen else None, with_kwargs=True)
+        lambda module, args, kwargs: calls.append({k: kwargs.get(k) for k in ("input_ids", "attention_mask",
+                                                                                "position_ids")}),
+        with_kwargs=True)
     try:
         gens = policy.generate(observations)
     finally:
         handle.remove()
-    ids, mask = seen[0]
     for row, (obs, gen) in enumerate(zip(observations, gens)):
         messages = [{"role": "system", "content": saved}, {"role": "user", "content": obs}]
         templated = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
         assert gen.prompt_ids == list(templated)  # the template's ids, <|im_start|>assistant\n last
-        assert ids[row][mask[row].bool()].tolist() == gen.prompt_ids  # exactly what the prefill ran
+        if generation == "padded":  # one left-padded prefill: its unmasked ids are exactly the prompt
+            ids, mask = calls[0]["input_ids"], calls[0]["attention_mask"]
+            assert ids[row][mask[row].bool()].tolist() == gen.prompt_ids
         redo = sequence_logprobs(model, gen.prompt_ids, gen.response_ids)
         assert (redo - torch.tensor(gen.response_logprobs)).abs().max().item() <= RCE_TOL
+    if generation == "tree":  # prefix-tree prefill: batch-1 runs of (position, token) that cover every prompt
+        ran = {(int(p), int(t)) for c in calls if c["input_ids"].shape[0] == 1 and c["input_ids"].shape[1] > 1
+               for p, t in zip(c["position_ids"][0], c["input_ids"][0])}
+        shared = len(set(enumerate(gens[0].prompt_ids)) & set(enumerate(gens[1].prompt_ids)))
+        assert all((i, t) in ran for gen in gens for i, t in enumerate(gen.prompt_ids))
+        assert shared > 0 and len(ran) == sum(len(g.prompt_ids) for g in gens) - shared  # and nothing else
 
 
 def test_eos_and_stop_strings_end_an_action(smollm2):
