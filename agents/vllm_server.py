@@ -270,7 +270,9 @@ class VLLMServer:
     ``port`` 0 picks a free one; ``python`` defaults to :func:`vllm_python` (:class:`VLLMError` when there is
     no vLLM environment); ``log_path`` defaults to ``$MEMENV_CACHE/logs/vllm-NAME-PORT.log``. ``compile=False``
     (default) passes ``-O0``: no torch.compile warm-up (measured on the 2-core CPU with SmolLM2-135M: start
-    53 s instead of 250-300 s, generation 40.5 vs 41.5 tokens/s); ``compile=True`` is vLLM's default."""
+    53 s instead of 250-300 s, generation 40.5 vs 41.5 tokens/s); ``compile=True`` is vLLM's default.
+    ``prefix_caching`` True/False passes ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (None: vLLM's
+    default, on for the models here); a throughput comparison that pays every prefill needs it off."""
 
     model_dir: str | os.PathLike
     name: str
@@ -280,6 +282,7 @@ class VLLMServer:
     log_path: str | os.PathLike | None = None
     grace: float = 30.0
     compile: bool = False
+    prefix_caching: bool | None = None
     extra_args: Sequence[str] = ()
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
     start_s: float | None = field(default=None, init=False)
@@ -301,6 +304,8 @@ class VLLMServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log
         extra = list(self.extra_args) if self.compile else ["-O0", *self.extra_args]
+        if self.prefix_caching is not None:
+            extra.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
         cmd = server_command(python, Path(self.model_dir).resolve(), self.name, self.port, extra_args=extra)
         t0 = time.perf_counter()
         with open(log, "w") as handle:
@@ -353,7 +358,8 @@ def _install(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     server = VLLMServer(args.model, args.name, args.port, python=args.vllm_python, timeout=args.timeout,
-                        log_path=args.log, compile=args.compile)
+                        log_path=args.log, compile=args.compile,
+                        prefix_caching=None if args.prefix_caching is None else args.prefix_caching == "on")
     server.start(wait=False)
     pid = server.process.pid
     if args.pidfile:
@@ -412,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--no-wait", action="store_true", help="return at once (use `wait` later)")
     st.add_argument("--compile", action="store_true",
                     help="keep vLLM's torch.compile warm-up (default -O0: starts ~4 min sooner on a 2-core CPU)")
+    st.add_argument("--prefix-caching", choices=("on", "off"), default=None,
+                    help="vLLM's automatic prefix caching (default: vLLM's own default, on)")
     st.set_defaults(func=_start)
     wt = sub.add_parser("wait", help="wait until a server lists the model")
     wt.add_argument("--url", required=True)

@@ -9,9 +9,13 @@ the token was sampled with, *before* top-p truncation (top-p only restricts whic
 trainers recompute exactly this quantity for the PPO ratio). With ``temperature=0`` (greedy) ``T=1`` is used.
 The quantity is reproduced by :func:`sequence_logprobs` (one sequence, no padding) within 1e-4 in fp32.
 
-Sampling: prompts are left-padded into one batch with ``position_ids = cumsum(attention_mask) - 1`` (every
-row starts at position 0, as when run alone), one prefill, then a token-by-token loop with the KV cache.
-A row stops at the closing tag of the action (``</search>`` or ``</answer>`` by default; any string in
+Sampling (``generation="tree"``, the default): the prompts are prefilled along their prefix tree, each shared run
+of tokens once and without padding, and decoded together from one preallocated KV buffer, a row leaving the batch
+when it finishes (:mod:`agents.llm.tree_generation`; :meth:`LLMPolicy.reuse_prefixes` also keeps shared prefixes
+across calls). ``generation="padded"`` (the earlier path, kept for comparison): prompts left-padded into one batch
+with ``position_ids = cumsum(attention_mask) - 1`` (every row starts at position 0, as when run alone), one
+prefill, then a token-by-token loop over every row with the KV cache. Both draw the same uniforms for the same
+seed (one per row of the batch per step), so they sample the same tokens up to float rounding. A row stops at the closing tag of the action (``</search>`` or ``</answer>`` by default; any string in
 ``stop``), at eos, or after ``max_new_tokens``.
 
 Templates: ``template="auto"`` uses ``tokenizer.apply_chat_template`` when the tokenizer has a chat template
@@ -21,16 +25,20 @@ Templates: ``template="auto"`` uses ``tokenizer.apply_chat_template`` when the t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from agents.llm.models import load_pretrained
+from agents.llm.tree_generation import PrefixStore, decode_buffers, prefill_tree, supports_tree_generation
 from agents.prompts import PROTOCOL_SYSTEM_PROMPT  # re-exported: the served policy uses it without torch
 
 DEFAULT_STOP = ("</search>", "</answer>")
+GENERATIONS = ("tree", "padded")
 PLAIN_TEMPLATE = "{observation}\n"
 
 
@@ -111,7 +119,8 @@ class PromptFormat:
         return ids
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+                       uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One id per row of ``probs`` ``[B, V]`` (non-negative weights, not necessarily normalised), drawn with
     probability proportional to its weight: one uniform per row against the row's float64 cumulative sum.
 
@@ -119,12 +128,14 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = 
     (``benchmarks/sampler_speed.py``, 1 thread: 0.8 vs 18.8 ms for 8 rows at V = 49,152; rollouts of a 2-layer
     SmolLM2 cut 1.14x the tokens/s). A zero-weight id (one top-p removed) is never drawn: the uniform stays below
     the row's total, and ``right=True`` returns the first id whose cumulative sum exceeds it, so that id adds a
-    positive weight."""
+    positive weight. ``uniforms`` ``[B, 1]`` float64 in [0, 1): the draws to use instead of ``generator``'s."""
     cdf = probs.to(torch.float64).cumsum(-1)
     total = cdf[:, -1:]
     if not bool((total > 0).all()) or not bool(torch.isfinite(total).all()):
         raise ValueError("inverse_cdf_sample needs finite weights with a positive sum in every row")
-    u = torch.rand(total.shape, generator=generator, dtype=torch.float64) * total
+    if uniforms is None:
+        uniforms = torch.rand(total.shape, generator=generator, dtype=torch.float64)
+    u = uniforms.to(torch.float64).reshape(total.shape) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u * total may round up to total
     return torch.searchsorted(cdf, u, right=True)[:, 0]
 
@@ -144,12 +155,19 @@ class LLMPolicy:
             model, else none), ``"protocol"`` (:data:`PROTOCOL_SYSTEM_PROMPT`), ``None`` or any string.
         batch_size: rows per forward pass.
         seed: seeds the sampling generator (reproducible rollouts).
+        generation: ``"tree"`` (prefix-tree prefill, early exit) or ``"padded"`` (one left-padded batch); see
+            the module doc. Models whose cache is not plain full attention always use ``"padded"``.
+
+    ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
+    actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
+    ``generated_tokens``, ``prefill_s`` / ``decode_s`` (wall-clock seconds of each phase) and ``prefill_cpu_s`` /
+    ``decode_cpu_s`` (this process's CPU seconds in each: the figure that holds on a shared machine).
     """
 
     def __init__(self, model, tokenizer=None, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
                  system_prompt: str | None = "checkpoint", plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
-                 max_prompt_tokens: int | None = None, seed: int | None = 0) -> None:
+                 max_prompt_tokens: int | None = None, seed: int | None = 0, generation: str = "tree") -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model, loaded_tok = load_pretrained(model)
             tokenizer = tokenizer or loaded_tok
@@ -157,6 +175,8 @@ class LLMPolicy:
             raise ValueError("LLMPolicy needs the tokenizer of an in-memory model")
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        if generation not in GENERATIONS:
+            raise ValueError(f"generation must be one of {', '.join(GENERATIONS)}, got {generation!r}")
         self.format = PromptFormat(tokenizer, template, system_prompt, plain_template, max_prompt_tokens)
         self.model = model
         self.tokenizer = tokenizer
@@ -196,6 +216,11 @@ class LLMPolicy:
         if seed is not None:
             self.generator.manual_seed(int(seed))
         self.last: Generation | None = None
+        self.generation = generation
+        self._tree_ok = supports_tree_generation(model)
+        self._store: PrefixStore | None = None
+        self.stats = dict.fromkeys(("prompt_tokens", "prefill_tokens", "decode_rows", "generated_tokens"), 0)
+        self.stats.update(prefill_s=0.0, decode_s=0.0, prefill_cpu_s=0.0, decode_cpu_s=0.0)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -227,18 +252,40 @@ class LLMPolicy:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[Generation]:
         out: list[Generation] = []
+        prompts = [list(p) for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("generate_ids: every prompt needs at least one token id")
+        tree = self.generation == "tree" and self._tree_ok
+        # Within one call the weights cannot change: batches of the call share their prefixes.
+        store = self._store if self._store is not None else PrefixStore()
         was_training = self.model.training
         self.model.eval()
         try:
             for start in range(0, len(prompts), self.batch_size):
-                out.extend(self._generate_batch([list(p) for p in prompts[start:start + self.batch_size]]))
+                batch = prompts[start:start + self.batch_size]
+                out.extend(self._generate_tree(batch, store) if tree else self._generate_batch(batch))
         finally:
             self.model.train(was_training)
         return out
 
+    @contextlib.contextmanager
+    def reuse_prefixes(self, max_tokens: int = 8192) -> Iterator[PrefixStore]:
+        """Keep the KV of shared prompt prefixes across the generation calls inside the ``with`` block (a rollout's
+        turns repeat the system prompt and the question). The caller promises the weights do not change inside it.
+        Nested blocks share the outer store."""
+        if self._store is not None:
+            yield self._store
+            return
+        self._store = PrefixStore(max_tokens)
+        try:
+            yield self._store
+        finally:
+            self._store = None
+
     # ------------------------------------------------------------------ sampling
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled ids and their log-probs (temperature-scaled, before top-p) for a (B, V) fp32 logits."""
+    def _sample(self, logits: torch.Tensor, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled ids and their log-probs (temperature-scaled, before top-p) for a (B, V) fp32 logits;
+        ``uniforms`` [B, 1]: the draws to use (default: drawn from the policy's generator)."""
         if self.temperature == 0:
             logp = torch.log_softmax(logits, dim=-1)
             token = logits.argmax(dim=-1)
@@ -250,7 +297,7 @@ class LLMPolicy:
             keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # always keeps the most likely token
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        token = inverse_cdf_sample(probs.cpu(), self.generator).to(logits.device)
+        token = inverse_cdf_sample(probs.cpu(), self.generator, uniforms).to(logits.device)
         return token, logp.gather(-1, token[:, None])[:, 0]
 
     def _stopped(self, response: list[int]) -> str | None:
@@ -277,6 +324,7 @@ class LLMPolicy:
             attention[i, width - len(p):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        t0, c0 = time.perf_counter(), time.process_time()
         kwargs: dict[str, Any] = {"use_cache": True}
         if self._keep_arg:
             kwargs[self._keep_arg] = 1
@@ -284,6 +332,7 @@ class LLMPolicy:
         cache = _get_cache(out)
         logits = out.logits[:, -1].float()
         next_pos = positions[:, -1] + 1
+        t1, c1 = time.perf_counter(), time.process_time()
         responses: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
@@ -305,6 +354,24 @@ class LLMPolicy:
             cache = _get_cache(out)
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
+            self.stats["decode_rows"] += n
+        self._count(prompts, responses, n * width, (t1 - t0, c1 - c0),
+                    (time.perf_counter() - t1, time.process_time() - c1))
+        return self._generations(prompts, responses, logprobs, reasons)
+
+    def _count(self, prompts, responses, prefill_tokens: int, prefill: tuple[float, float],
+               decode: tuple[float, float]) -> None:
+        """Add one batch to :attr:`stats` (``prefill`` and ``decode``: wall and CPU seconds)."""
+        self.stats["prompt_tokens"] += sum(map(len, prompts))
+        self.stats["prefill_tokens"] += int(prefill_tokens)
+        self.stats["generated_tokens"] += sum(map(len, responses))
+        self.stats["prefill_s"] += prefill[0]
+        self.stats["prefill_cpu_s"] += prefill[1]
+        self.stats["decode_s"] += decode[0]
+        self.stats["decode_cpu_s"] += decode[1]
+
+    def _generations(self, prompts, responses, logprobs, reasons) -> list[Generation]:
+        n = len(prompts)
         temperature = self.temperature if self.temperature > 0 else 1.0
         return [
             Generation(prompt_ids=prompts[i], response_ids=responses[i], response_logprobs=logprobs[i],
@@ -312,6 +379,65 @@ class LLMPolicy:
                        finish_reason=reasons[i] or "length", temperature=temperature)
             for i in range(n)
         ]
+
+
+    @torch.no_grad()
+    def _generate_tree(self, prompts: list[list[int]], store: PrefixStore | None) -> list[Generation]:
+        """Prefix-tree prefill, buffer decode, early exit (:mod:`agents.llm.tree_generation`)."""
+        device = self.device
+        n = len(prompts)
+        lengths = [len(p) for p in prompts]
+        keep = {self._keep_arg: 1} if self._keep_arg else {}
+        computed = [0]
+
+        def ran(tokens: int) -> None:
+            computed[0] += tokens
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        kv_rows, logits = prefill_tree(self.model, prompts, keep, store, ran, self._cache_arg)
+        cache, mask = decode_buffers(kv_rows, lengths, self.max_new_tokens)
+        del kv_rows
+        t1, c1 = time.perf_counter(), time.process_time()
+        layers = cache.layers
+        length = layers[0].length  # filled columns (the same in every layer)
+        rows = list(range(n))  # the batch's rows, as indices of prompts
+        positions = torch.tensor(lengths, dtype=torch.long, device=device)
+        responses: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        for step in range(self.max_new_tokens):
+            # One uniform per prompt per step, drawn as the padded path draws them (same seed, same tokens).
+            uniforms = None
+            if self.temperature > 0:
+                uniforms = torch.rand((n, 1), generator=self.generator, dtype=torch.float64)[rows]
+            token, logp = self._sample(logits, uniforms)
+            token_list, logp_list = token.tolist(), logp.tolist()
+            for j, i in enumerate(rows):
+                responses[i].append(token_list[j])
+                logprobs[i].append(logp_list[j])
+                reasons[i] = self._stopped(responses[i])
+            if step == self.max_new_tokens - 1:
+                break
+            alive = [j for j, i in enumerate(rows) if reasons[i] is None]
+            if not alive:
+                break
+            if len(alive) < len(rows):  # finished rows leave; so do columns that are padding for all the rest
+                rows = [rows[j] for j in alive]
+                index = torch.tensor(alive, dtype=torch.long, device=device)
+                lead = int(mask[index, :length].argmax(dim=1).min())  # first column any remaining row uses
+                for layer in layers:
+                    layer.keep(index, lead)
+                mask, length = mask[index, lead:], length - lead
+                token, positions = token[index], positions[index]
+            out = self.model(input_ids=token[:, None], attention_mask=mask[:, :length + 1],
+                             position_ids=positions[:, None], use_cache=True, **{self._cache_arg: cache})
+            length += 1
+            positions = positions + 1
+            logits = out.logits[:, -1].float()
+            self.stats["decode_rows"] += len(rows)
+        self._count(prompts, responses, computed[0], (t1 - t0, c1 - c0),
+                    (time.perf_counter() - t1, time.process_time() - c1))
+        return self._generations(prompts, responses, logprobs, reasons)
 
 
 # ---------------------------------------------------------------------- scoring

@@ -15,6 +15,7 @@ each sub-env contributes its first episode of the round; after a sub-env's episo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import uuid
@@ -113,6 +114,9 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     ``(rollout_id, episode_id, turn)``), the episode's gold answers (from ``info["summary"]["gold"]`` where the
     env reports them) and the policy tokenizer's fingerprint.
 
+    A policy with ``reuse_prefixes`` (:class:`agents.llm.policy.LLMPolicy`) keeps shared prompt prefixes across
+    the rollout's turns inside it (the weights must not change during the rollout, e.g. in ``on_episode``).
+
     Progress (``progress``: a bar named ``desc``, in episodes, with the invocations so far and their rate beside
     it, so that a slow model's first episodes are not a silent 0/N): ``on_episode(episode)`` is called as each
     episode ends, ``on_invocations(total)`` after each batch of invocations.
@@ -129,10 +133,14 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     watched = progress and hasattr(policy, "on_tokens")
     if watched:
         previous, policy.on_tokens = policy.on_tokens, tracker.tokens
+    # The weights do not change during a rollout: a policy that can keeps the KV of shared prompt prefixes (the
+    # system prompt, a group's question) from one turn to the next.
+    reuse = getattr(policy, "reuse_prefixes", None)
     try:
-        if isinstance(envs, gym.vector.VectorEnv):
-            return _rollout_vector(policy, envs, list(seeds), groups, gamma, tracker, rollout_id)
-        return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id)
+        with reuse() if reuse is not None else contextlib.nullcontext():
+            if isinstance(envs, gym.vector.VectorEnv):
+                return _rollout_vector(policy, envs, list(seeds), groups, gamma, tracker, rollout_id)
+            return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id)
     finally:
         if watched:
             policy.on_tokens = previous
