@@ -87,8 +87,8 @@ class MemOPDConfig(PPOConfig):
     grad_accumulation: bool = True  # backward per packed batch of a minibatch (memory: one packed batch's graph)
     # the student's LM head applied once per chunk for the PPO side and the reverse KL together, analytic
     # backward (distill.losses.fused_head_reverse_kl; memory O(packed batch's action tokens x vocab)); only where
-    # it computes the same thing: reverse_kl, no top_k, distill_temperature == temperature (else the
-    # checkpointed pair, memory O(chunk x vocab))
+    # it computes the same thing: reverse_kl over the full vocabulary (else the checkpointed pair, memory
+    # O(chunk x vocab))
     fused_head: bool = True
 
     def __post_init__(self) -> None:
@@ -117,8 +117,7 @@ class MemOPDConfig(PPOConfig):
 
     def fuses_head(self) -> bool:
         """Whether the training forward computes the distillation term with the PPO log-probs (``fused_head``)."""
-        return (self.fused_head and self.loss == "reverse_kl" and self.top_k is None
-                and self.distill_temperature == (self.temperature if self.temperature > 0 else 1.0))
+        return self.fused_head and self.loss == "reverse_kl" and self.top_k is None
 
     def layout(self) -> ScoringLayout:
         """The actor's layout."""
@@ -184,7 +183,8 @@ class PackedActorForward:
         distill = None
         if fused:
             logp, ent, distill = fused_head_reverse_kl(head.weight, hidden, targets, self.distill.teacher.head,
-                                                       teacher_hidden, temperature, self.chunk)
+                                                       teacher_hidden, temperature, self.chunk,
+                                                       distill_temperature=self.distill.loss.temperature)
             ent = ent if entropy else None
         else:
             logp, ent = chunked_action_logprobs(head, hidden, targets, temperature, self.chunk, entropy)

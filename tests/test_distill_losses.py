@@ -162,8 +162,8 @@ def test_chunked_action_logprobs_equal_full_log_softmax():
     assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("chunk", [3, 10_000])
-def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk):
+@pytest.mark.parametrize("chunk,t_ppo,t_distill", [(3, 1.5, 1.5), (10_000, 1.5, 1.5), (3, 0.7, 1.2)])
+def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk, t_ppo, t_distill):
     """One student-head application per chunk for the log-probs, entropies and reverse KL, analytic backward:
     the same values and gradients as chunked_action_logprobs + chunked_distill_loss (which apply it 4 times)."""
     g = torch.Generator().manual_seed(5)
@@ -181,10 +181,11 @@ def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk):
         h = h0.clone().requires_grad_(True)
         student.zero_grad()
         if fused:
-            logp, ent, kl = fused_head_reverse_kl(student.weight, h, targets, teacher, h_t, 1.5, chunk)
+            logp, ent, kl = fused_head_reverse_kl(student.weight, h, targets, teacher, h_t, t_ppo, chunk,
+                                                  distill_temperature=t_distill)
         else:
-            logp, ent = chunked_action_logprobs(student, h, targets, 1.5, chunk, entropy=True)
-            kl = chunked_distill_loss(student, h, teacher, h_t, DistillLossConfig(temperature=1.5, chunk=chunk))
+            logp, ent = chunked_action_logprobs(student, h, targets, t_ppo, chunk, entropy=True)
+            kl = chunked_distill_loss(student, h, teacher, h_t, DistillLossConfig(temperature=t_distill, chunk=chunk))
         (w_lp * logp + w_ent * ent + w_kl * kl).sum().backward()
         outs.append((logp.detach(), ent.detach(), kl.detach(), h.grad.clone(), student.weight.grad.clone()))
         assert teacher.weight.grad is None
