@@ -1,10 +1,28 @@
-"""CPU cost of one arm update of ``memenv experiment memopd`` at a run's own sizes: GRPO alone (``rl``) or MemOPD
-(``memopd``), from the run's cached teacher and weak start (the stages ``--until student`` leaves), 1 torch
-thread, into a scratch folder (the run's own folders are not touched). Prints the trainer's per-update figures
-(rollout, update and teacher seconds from its ``metrics.csv``), the process CPU seconds and peak RSS, with the
-host line.
+"""CPU cost of one arm update of ``memenv experiment memopd``, before and after the faster update, side by side in
+one run, 1 torch thread, into scratch folders (no run folder is touched).
 
-    memenv experiment memopd --model smollm2-135m-instruct --out runs/memopd_smol --until student
+- **before**: the earlier update: left-padded prefill (``generation="padded"``), the teacher scoring on the actor's
+  ``shared_prefix`` packing in fp32, the student's LM head applied separately (and checkpointed) for the PPO
+  log-probs and for the distillation loss;
+- **after**: the arms' settings now (:func:`distill.experiment.stages.arm_config`): prefix-tree prefill
+  (``generation="tree"``), the teacher on a ``prefix_tree`` packing in bf16 where the CPU computes bf16 natively
+  (``teacher_dtype="native"``; fp32 elsewhere), the student's head applied once per chunk for both
+  (``fused_head``). The actor stays fp32 on ``shared_prefix``: its log-probs must reproduce sampling's.
+
+Per side it prints this process's CPU seconds by part of the update (the trainer's ``*_cpu_s`` columns: rollout,
+reference/old log-prob scoring, the teacher (hook), actor forward + backward, optimizer, evaluation), the total
+(teacher loading included), the first minibatch's ``approx_kl`` / ``clipfrac`` (~0: the actor's training log-probs
+reproduce the sampled ones), the ratio, and the host line. CPU seconds, not wall: the host may be shared.
+
+Models: ``--run`` takes a run's cached teacher and weak start (``memenv experiment memopd --until student``);
+``--base`` builds them straight from a prepared base model instead (teacher = the whole base, student = its first
+``student.layers`` layers, :func:`agents.llm.pretrained.shrink`), no SFT: the costs depend on shapes and on the
+actions' lengths, and an untrained model's actions are not an SFT'd model's (SmolLM2-Instruct, unprompted by
+demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of the action lengths; the printed
+``response_tokens`` and ``turns`` say what each side sampled). With ``--teacher-check N`` it also rolls out N
+episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32 on them.
+
+    python benchmarks/arm_update_cost.py --base ~/.cache/memenv/models/smollm2-135m-instruct --teacher-check 2
     python benchmarks/arm_update_cost.py --run runs/memopd_smol --arm memopd [--updates 1]
 """
 
@@ -21,49 +39,141 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+PARTS = (("rollout", "rollout_cpu_s"), ("reference log-probs", "score_cpu_s"), ("teacher scoring", "hook_cpu_s"),
+         ("actor forward/backward", "actor_cpu_s"), ("optimizer", "optimizer_cpu_s"), ("evaluation", "eval_cpu_s"))
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="the experiment's --out folder (teacher and student built)")
-    parser.add_argument("--arm", choices=["rl", "memopd", "teacher_persistent"], default="memopd")
-    parser.add_argument("--updates", type=int, default=1)
-    args = parser.parse_args(argv)
 
+def before(run_cfg):
+    """The earlier update's settings on the same arm config (see the module doc)."""
+    changes = {"generation": "padded"}
+    if hasattr(run_cfg, "teacher_packing"):
+        changes.update(teacher_packing=None, teacher_dtype=None, fused_head=False)
+    return replace(run_cfg, **changes)
+
+
+def run_side(run_cfg, arm: str, student_fn) -> dict:
     import pandas as pd
+
+    from agents.llm.ppo import train_rl
+    from distill.trainer import train_memopd
+
+    lm, tok = student_fn()
+    cpu, wall = time.process_time(), time.perf_counter()
+    (train_rl if arm == "rl" else train_memopd)(run_cfg, model=lm, tokenizer=tok)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    metrics = pd.read_csv(Path(run_cfg.out_dir) / "metrics.csv")
+    return {"cpu": cpu, "wall": wall, "metrics": metrics}
+
+
+def teacher_check(teacher_path: str, student_fn, cfg, episodes: int, layout_packing: str = "prefix_tree") -> str:
+    """Roll out ``episodes`` episodes (one group) with the student; the teacher's log-probs of the sampled tokens
+    in bf16 vs fp32 on them (``prefix_tree`` packing, aligned)."""
     import torch
 
     from agents.llm.models import load_pretrained
-    from agents.llm.ppo import train_rl
-    from agents.llm.precision import host_line
-    from agents.llm.training import latest_checkpoint
-    from distill.experiment.config import ExperimentConfig, ModelSpec
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.training import make_envs
     from distill.experiment.stages import arm_config
-    from distill.trainer import train_memopd
+    from distill.scoring import score_records
+
+    lm, tok = student_fn()
+    run_cfg = arm_config(cfg, "memopd", 0, {"path": "unused"}, {"path": teacher_path})
+    envs = make_envs(replace(run_cfg, num_envs=1))
+    policy = LLMPolicy(lm, tok, temperature=run_cfg.temperature, max_new_tokens=run_cfg.max_new_tokens, seed=5)
+    records = records_of(rollout(policy, envs, [12345] * episodes, groups=[0] * episodes))
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        teacher, _ = load_pretrained(teacher_path, dtype=dtype)
+        scored = score_records(teacher, records, layout_packing, tokenizer=tok)
+        out[dtype] = torch.cat(scored["logprobs"])
+        del teacher
+    delta = (out["bfloat16"] - out["float32"]).abs()
+    return (f"teacher bf16 vs fp32 on {len(records)} records, {delta.numel()} sampled tokens ({layout_packing}): "
+            f"|d logp| max {float(delta.max()):.4f}, p99 {float(torch.quantile(delta.double(), 0.99)):.4f}, "
+            f"mean {float(delta.mean()):.5f}; mean teacher logp fp32 {float(out['float32'].mean()):.3f}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="the experiment's --out folder (teacher and student built)")
+    source.add_argument("--base", help="a prepared base model folder: teacher = it, student = its first layers")
+    parser.add_argument("--arm", choices=["rl", "memopd", "teacher_persistent"], default="memopd")
+    parser.add_argument("--updates", type=int, default=1)
+    parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
+                        help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from agents.llm.models import load_pretrained
+    from agents.llm.precision import host_line, native_bf16
+    from agents.llm.training import latest_checkpoint
+    from distill.experiment.config import ExperimentConfig, ModelSpec, pretrained_config
+    from distill.experiment.stages import arm_config
 
     torch.set_num_threads(1)
-    run = Path(args.run)
-    saved = json.loads((run / "experiment.json").read_text())
-    specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
-    cfg = replace(ExperimentConfig(**{**saved, **specs}), updates=args.updates, curve_every=args.updates)
-    teacher = json.loads((run / "teacher" / "result.json").read_text())
-    student_ckpt = latest_checkpoint(run / "student" / "sft")
-    if student_ckpt is None:
-        raise SystemExit(f"{run / 'student' / 'sft'} has no checkpoint: run the experiment with --until student")
-    student = {"path": str(student_ckpt.resolve())}
-    print(host_line(), f"| {args.arm}, {args.updates} update(s), {cfg.tasks_per_update * cfg.group_size} episodes each")
-    with tempfile.TemporaryDirectory() as scratch:
-        run_cfg = replace(arm_config(cfg, args.arm, 0, student, teacher), out_dir=scratch, progress=False,
-                          threads=1)
-        lm, tok = load_pretrained(student["path"])
-        cpu, wall = time.process_time(), time.perf_counter()
-        (train_rl if args.arm == "rl" else train_memopd)(run_cfg, model=lm, tokenizer=tok)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        metrics = pd.read_csv(Path(scratch) / "metrics.csv")
-    cols = [c for c in ("update", "rollout_s", "update_s", "teacher_s", "sampled_tokens_per_s", "distill_loss")
-            if c in metrics]
-    print(metrics[cols].to_string(index=False))
-    print(f"{args.arm}: {cpu:.0f} CPU-s, {wall:.0f} wall-s for {args.updates} update(s); peak RSS "
+    if args.run:
+        run = Path(args.run)
+        saved = json.loads((run / "experiment.json").read_text())
+        specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
+        cfg = replace(ExperimentConfig(**{**saved, **specs}), updates=args.updates, curve_every=args.updates)
+        teacher = json.loads((run / "teacher" / "result.json").read_text())
+        student_ckpt = latest_checkpoint(run / "student" / "sft")
+        if student_ckpt is None:
+            raise SystemExit(f"{run / 'student' / 'sft'} has no checkpoint: run the experiment with --until student")
+        student = {"path": str(student_ckpt.resolve())}
+
+        def student_fn():
+            return load_pretrained(student["path"])
+    else:
+        from agents.llm.pretrained import shrink
+
+        base = Path(args.base).expanduser()
+        if not (base / "config.json").exists():
+            raise SystemExit(f"--base {base}: not a prepared model folder (no config.json)")
+        cfg = replace(pretrained_config("unused"), updates=args.updates, curve_every=args.updates)
+        teacher, student = {"path": str(base)}, {"path": str(base)}
+
+        def student_fn():
+            model, tok = load_pretrained(base)
+            small = shrink(model, cfg.student.layers)
+            del model
+            return small, tok
+
+    print(host_line(), f"| {args.arm}, {args.updates} update(s) of {cfg.tasks_per_update * cfg.group_size} "
+          f"episodes, {cfg.max_new_tokens}-token action cap; teacher bf16 on this host: "
+          f"{'yes' if native_bf16('cpu') else 'no (fp32)'}", flush=True)
+    results = {}
+    for side in ("after", "before"):  # the new path first: a failure there shows before the long side
+        with tempfile.TemporaryDirectory() as scratch:
+            run_cfg = replace(arm_config(cfg, args.arm, 0, student, teacher), out_dir=scratch, progress=False,
+                              threads=1)
+            if side == "before":
+                run_cfg = before(run_cfg)
+            results[side] = run_side(run_cfg, args.arm, student_fn)
+        m = results[side]["metrics"]
+        print(f"{side}: {results[side]['cpu']:.1f} CPU-s, {results[side]['wall']:.0f} wall-s; "
+              + ", ".join(f"{c} {m[c].iloc[-1]:.4g}" for c in ("response_tokens", "turns", "first_approx_kl",
+                                                             "first_clipfrac", "distill_loss") if c in m), flush=True)
+    rows = []
+    for label, col in PARTS:
+        b, a = (float(results[s]["metrics"][col].sum()) if col in results[s]["metrics"] else 0.0
+                for s in ("before", "after"))
+        rows.append((label, b, a))
+    rows.append(("other (loading, setup)", results["before"]["cpu"] - sum(r[1] for r in rows),
+                 results["after"]["cpu"] - sum(r[2] for r in rows)))
+    rows.append(("total", results["before"]["cpu"], results["after"]["cpu"]))
+    print(f"\n{'CPU-s (' + str(args.updates) + ' update(s))':<28}{'before':>10}{'after':>10}{'ratio':>8}")
+    for label, b, a in rows:
+        print(f"{label:<28}{b:>10.1f}{a:>10.1f}{(b / a if a > 0 else float('nan')):>8.2f}")
+    per_update = [results[s]["cpu"] - rows[-2][1 if s == "before" else 2] for s in ("before", "after")]
+    print(f"update (the parts' sum): {per_update[0]:.1f} -> {per_update[1]:.1f} CPU-s, "
+          f"{per_update[0] / per_update[1]:.2f}x; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.1f} GB")
+    if args.teacher_check:
+        print(teacher_check(teacher["path"], student_fn, cfg, args.teacher_check), flush=True)
     return 0
 
 

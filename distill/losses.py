@@ -209,6 +209,101 @@ def chunked_action_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden
     return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
 
+class _FusedHeadReverseKL(torch.autograd.Function):
+    """One application of the student's head per chunk for the PPO side and the reverse KL together (see
+    :func:`fused_head_reverse_kl`). Forward: per chunk ``z = h W^T`` once; at the PPO temperature ``T1``,
+    ``log p = log_softmax(z / T1)`` gives the target log-probs and the entropies; at the distillation temperature
+    ``T2``, ``log q = log_softmax(z / T2)`` gives ``KL(q || p_t)``. ``z`` and ``log p_t`` are kept for the backward,
+    which recomputes the softmaxes (elementwise) but no matmul except the two of the gradient itself:
+    ``dz = (g_lp (onehot - p) - g_H p (log p + H)) / T1 + g_KL q (log q - log p_t - KL) / T2``."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, teacher_logp_chunks, temperature, distill_temperature, chunk):
+        logps, ents, kls, saved = [], [], [], []
+        for i, logp_t in zip(range(0, hidden.shape[0], chunk), teacher_logp_chunks):
+            z = torch.nn.functional.linear(hidden[i:i + chunk], weight).float()
+            logp_s = torch.log_softmax(z / temperature, dim=-1)
+            logps.append(logp_s.gather(-1, targets[i:i + chunk, None])[:, 0])
+            ents.append(-(logp_s.exp() * logp_s).sum(-1))
+            logq = logp_s if distill_temperature == temperature else torch.log_softmax(z / distill_temperature, -1)
+            q = logq.exp()
+            kls.append((q * torch.where(q > 0, logq - logp_t, torch.zeros_like(logq))).sum(-1))
+            saved.append((z, logp_t))
+        ctx.saved_chunks = saved
+        ctx.temperatures, ctx.chunk = (temperature, distill_temperature), chunk
+        ctx.save_for_backward(hidden, weight, targets)
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return tuple(torch.cat(x) if x else empty for x in (logps, ents, kls))
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent, g_kl):
+        hidden, weight, targets = ctx.saved_tensors
+        saved, chunk, (t_ppo, t_distill) = ctx.saved_chunks, ctx.chunk, ctx.temperatures
+        ctx.saved_chunks = None
+        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for k, i in enumerate(range(0, hidden.shape[0], chunk)):
+            z, logp_t = saved[k]
+            saved[k] = None
+            rows = slice(i, i + chunk)
+            dz = torch.zeros_like(z)
+            if g_lp is not None or g_ent is not None:
+                logp_s = torch.log_softmax(z / t_ppo, dim=-1)
+                p = logp_s.exp()
+                coef = torch.zeros_like(z)
+                if g_ent is not None:
+                    ent = -(p * logp_s).sum(-1, keepdim=True)
+                    coef -= g_ent[rows, None] * (logp_s + ent)
+                if g_lp is not None:
+                    coef -= g_lp[rows, None]
+                dz += p * coef
+                if g_lp is not None:
+                    dz.scatter_add_(-1, targets[rows, None], g_lp[rows, None])
+                dz /= t_ppo
+            if g_kl is not None:
+                logq = torch.log_softmax(z / t_distill, dim=-1)
+                q = logq.exp()
+                diff = torch.where(q > 0, logq - logp_t, torch.zeros_like(logq))
+                kl = (q * diff).sum(-1, keepdim=True)
+                dz += q * (diff - kl) * (g_kl[rows, None] / t_distill)
+            dz = dz.to(weight.dtype)
+            if grad_h is not None:
+                grad_h[rows] = dz @ weight
+            if grad_w is not None:
+                grad_w += dz.T @ hidden[rows]
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def fused_head_reverse_kl(weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor,
+                          teacher_head: Callable[[torch.Tensor], torch.Tensor], teacher_hidden: torch.Tensor,
+                          temperature: float = 1.0, chunk: int = 1024, distill_temperature: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log-probs of targets, entropies, KL(student || teacher))``, each ``[N]``, from the student's hidden
+    states ``[N, d]`` (with grad) through a bias-free head ``weight`` ``[V, d]`` and the teacher's hidden states
+    through ``teacher_head`` (no grad): the log-probs and entropies at ``temperature`` (PPO's), the KL with both
+    distributions at ``distill_temperature`` (default: ``temperature``).
+
+    What :func:`chunked_action_logprobs` and :func:`chunked_distill_loss` compute from the same hidden states,
+    with the student's head applied once per chunk instead of four times (once each in the two forwards and again
+    in each checkpointed backward) and the teacher's once instead of twice; the backward is analytic. The price
+    is memory: the chunks' student logits and teacher log-probs (``2 x N x V`` fp32) are kept until the backward
+    instead of recomputed, so the peak is ``O(N x V)`` per forward (a packed batch's action tokens), not
+    ``O(chunk x V)``: for a memory-bound GPU run keep the checkpointed pair (``MemOPDConfig.fused_head=False``)."""
+    student_rows = weight.shape[0]
+    if hidden.shape[0] != teacher_hidden.shape[0]:
+        raise ValueError(f"student and teacher hidden states cover different positions: "
+                         f"{hidden.shape[0]} vs {teacher_hidden.shape[0]}")
+    distill_temperature = float(temperature if distill_temperature is None else distill_temperature)
+    with torch.no_grad():
+        teacher_logp = [head_logprobs(teacher_head, teacher_hidden[i:i + chunk], distill_temperature).to(hidden.device)
+                        for i in range(0, hidden.shape[0], chunk)]
+    if teacher_logp and teacher_logp[0].shape[-1] != student_rows:
+        raise ValueError(f"student and teacher heads give different vocabularies: {student_rows} vs "
+                         f"{teacher_logp[0].shape[-1]} logits")
+    return _FusedHeadReverseKL.apply(hidden, weight, targets.to(hidden.device), teacher_logp, float(temperature),
+                                     distill_temperature, int(chunk))
+
+
 __all__ = ["DistillLossConfig", "LOSS_KINDS", "TOP_K_MODES", "reverse_kl", "forward_kl", "generalized_jsd",
            "divergence", "top_k_distributions", "distill_loss", "head_logprobs", "chunked_distill_loss",
-           "chunked_action_logprobs"]
+           "chunked_action_logprobs", "fused_head_reverse_kl"]

@@ -55,7 +55,7 @@ from agents.served import is_served
 from agents.llm.training import init_distributed, latest_checkpoint, load_or_build_model, unwrap_ddp
 from distill import check_attention_backend
 from distill.credit import CreditConfig, apply_memory_credit
-from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss
+from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss, fused_head_reverse_kl
 from distill.served_teacher import ServedTeacher, ServedTeacherHook, check_served_options
 from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 
@@ -85,6 +85,11 @@ class MemOPDConfig(PPOConfig):
     teacher_dtype: str | None = None  # the teacher's weights: float32 | bfloat16 | float16 | auto (None: dtype)
     teacher_attn_implementation: str | None = None  # the teacher's loaded attention (None: attn_implementation)
     grad_accumulation: bool = True  # backward per packed batch of a minibatch (memory: one packed batch's graph)
+    # the student's LM head applied once per chunk for the PPO side and the reverse KL together, analytic
+    # backward (distill.losses.fused_head_reverse_kl; memory O(packed batch's action tokens x vocab)); only where
+    # it computes the same thing: reverse_kl over the full vocabulary (else the checkpointed pair, memory
+    # O(chunk x vocab))
+    fused_head: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,6 +114,10 @@ class MemOPDConfig(PPOConfig):
     def loss_config(self) -> DistillLossConfig:
         return DistillLossConfig(kind=self.loss, beta=self.beta, top_k=self.top_k, top_k_mode=self.top_k_mode,
                                  temperature=self.distill_temperature, chunk=self.chunk)
+
+    def fuses_head(self) -> bool:
+        """Whether the training forward computes the distillation term with the PPO log-probs (``fused_head``)."""
+        return self.fused_head and self.loss == "reverse_kl" and self.top_k is None
 
     def layout(self) -> ScoringLayout:
         """The actor's layout."""
@@ -136,9 +145,12 @@ class PackedActorForward:
     Given a DDP-wrapped actor it runs inside DDP's forward (``module(call=...)``), so the gradients are averaged
     over ranks; :meth:`split` gives the records of each packed batch (gradient accumulation)."""
 
-    def __init__(self, layout: ScoringLayout, tokenizer, chunk: int = 1024) -> None:
+    def __init__(self, layout: ScoringLayout, tokenizer, chunk: int = 1024, distill: "MemOPDHook | None" = None
+                 ) -> None:
         self.layout, self.tokenizer, self.chunk = layout, tokenizer, chunk
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # a hook whose reverse KL this forward computes from its own logits (training forwards only)
+        self.distill = distill
 
     def split(self, records: Sequence[InvocationRecord]) -> list[list[int]]:
         """Indices of ``records``, one group per packed batch of the layout (records sharing a batch stay
@@ -165,22 +177,32 @@ class PackedActorForward:
     def _body(self, ac, records: Sequence[InvocationRecord], temperature: float, entropy: bool):
         hidden, targets = records_action_hidden(ac.lm, records, self.layout, self.tokenizer, self.pad_id)
         head = ac.lm.get_output_embeddings()
-        logp, ent = chunked_action_logprobs(head, hidden, targets, temperature, self.chunk, entropy)
+        teacher_hidden = self.distill.scored(records) if self.distill is not None else None
+        fused = (teacher_hidden is not None and torch.is_grad_enabled() and hidden.requires_grad
+                 and getattr(head, "bias", None) is None and head.weight.shape[0] == self.distill.teacher.vocab_size)
+        distill = None
+        if fused:
+            logp, ent, distill = fused_head_reverse_kl(head.weight, hidden, targets, self.distill.teacher.head,
+                                                       teacher_hidden, temperature, self.chunk,
+                                                       distill_temperature=self.distill.loss.temperature)
+            ent = ent if entropy else None
+        else:
+            logp, ent = chunked_action_logprobs(head, hidden, targets, temperature, self.chunk, entropy)
         values = None
         if ac.value_head is not None:
             hv = hidden.detach() if ac.detach_value else hidden
             values = ac.value_head(hv.to(ac.value_head.weight.dtype))[:, 0]
-        return logp, ent, values, hidden
+        return logp, ent, values, hidden, distill
 
     def __call__(self, module, records: Sequence[InvocationRecord], *, temperature: float = 1.0,
                  entropy: bool = False) -> ActorOutput:
         ac = unwrap_ddp(module)
         if isinstance(module, torch.nn.parallel.DistributedDataParallel):
-            logp, ent, values, hidden = module(call=self._body, records=records, temperature=temperature,
-                                               entropy=entropy)
+            logp, ent, values, hidden, distill = module(call=self._body, records=records, temperature=temperature,
+                                                        entropy=entropy)
         else:
-            logp, ent, values, hidden = self._body(ac, records, temperature, entropy)
-        return ActorOutput(logp, ent, values, hidden, ac.lm.get_output_embeddings())
+            logp, ent, values, hidden, distill = self._body(ac, records, temperature, entropy)
+        return ActorOutput(logp, ent, values, hidden, ac.lm.get_output_embeddings(), distill=distill)
 
 
 class MemOPDHook:
@@ -189,8 +211,11 @@ class MemOPDHook:
     plot_keys = ("distill_loss",)
 
     def __init__(self, teacher: Teacher, layout: ScoringLayout, loss: DistillLossConfig, coef: float,
-                 credit: CreditConfig | None = None, tokenizer=None) -> None:
+                 credit: CreditConfig | None = None, tokenizer=None, fuse: bool = False) -> None:
         self.teacher, self.layout, self.loss, self.coef = teacher, layout, loss, coef
+        # whether an actor forward may compute this term with its own logits (the caller checked that the loss
+        # is the fused one: reverse KL, full vocabulary, the PPO temperature)
+        self.fuse = fuse
         self.credit = credit or CreditConfig()
         self.tokenizer = tokenizer if tokenizer is not None else teacher.tokenizer
         self._hidden: dict[int, torch.Tensor] = {}
@@ -205,15 +230,26 @@ class MemOPDHook:
         stats["teacher_s"] = time.perf_counter() - t0
         return stats
 
+    def scored(self, records: Sequence[InvocationRecord]) -> torch.Tensor | None:
+        """The teacher's ``[N, d]`` hidden states at ``records``' action tokens when this update scored them all
+        and the loss can be fused into the actor forward (reverse KL, full vocabulary), else None."""
+        if not self.fuse or not all(id(r) in self._hidden for r in records):
+            return None
+        return torch.cat([self._hidden[id(r)] for r in records])
+
     def __call__(self, records: Sequence[InvocationRecord], actor: ActorOutput) -> tuple[torch.Tensor, dict[str, float]]:
-        try:
-            teacher_hidden = torch.cat([self._hidden[id(r)] for r in records])
-        except KeyError:
-            raise RuntimeError("MemOPDHook was called on records it has not scored: on_update runs first") from None
-        vocab = self.teacher.vocab_size
-        student_head = (lambda h: actor.head(h)[..., :vocab])  # noqa: E731 (over the vocabulary both heads share)
-        per_token = chunked_distill_loss(student_head, actor.hidden, self.teacher.head,
-                                         teacher_hidden.to(actor.hidden.device), self.loss)
+        if actor.distill is not None:  # computed by the actor forward from its own logits (fused head)
+            per_token = actor.distill
+        else:
+            try:
+                teacher_hidden = torch.cat([self._hidden[id(r)] for r in records])
+            except KeyError:
+                raise RuntimeError("MemOPDHook was called on records it has not scored: on_update runs first") \
+                    from None
+            vocab = self.teacher.vocab_size
+            student_head = (lambda h: actor.head(h)[..., :vocab])  # noqa: E731 (the vocabulary both heads share)
+            per_token = chunked_distill_loss(student_head, actor.hidden, self.teacher.head,
+                                             teacher_hidden.to(actor.hidden.device), self.loss)
         if not per_token.numel():
             return actor.hidden.sum() * 0.0, {"distill_loss": 0.0}
         mean = per_token.mean()
@@ -280,13 +316,14 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
         scorer = Teacher(teacher.to(device), teacher_tokenizer or tokenizer, student_tokenizer=tokenizer,
                          student_model=model, temperature=cfg.distill_temperature, chunk=cfg.chunk)
     layout, teacher_layout = cfg.layout(), cfg.teacher_layout()
-    hook = MemOPDHook(scorer, teacher_layout, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer)
+    hook = MemOPDHook(scorer, teacher_layout, cfg.loss_config(), cfg.distill_coef, cfg.credit_config(), tokenizer,
+                      fuse=cfg.fuses_head())
     scoring = (cfg.reconstruction if teacher_layout.reconstruction == cfg.reconstruction
                else f"actor {cfg.reconstruction}, teacher {teacher_layout.reconstruction}")
     title = (f"MemOPD {cfg.algo.upper()} ({scoring}, {cfg.packing}, {cfg.loss}, lambda={cfg.distill_coef}"
              f"{', credit=' + cfg.credit if cfg.credit != 'none' else ''}) {cfg.env_id}")
     return train_rl(cfg, model=model, tokenizer=tokenizer, env_fn=env_fn, extra_loss=hook,
-                    actor_forward=PackedActorForward(layout, tokenizer, cfg.chunk), title=title)
+                    actor_forward=PackedActorForward(layout, tokenizer, cfg.chunk, distill=hook), title=title)
 
 
 __all__ = ["MemOPDConfig", "train_memopd", "MemOPDHook", "PackedActorForward", "distillation_loss"]

@@ -17,6 +17,7 @@ from distill.losses import (  # noqa: E402
     distill_loss,
     divergence,
     forward_kl,
+    fused_head_reverse_kl,
     generalized_jsd,
     reverse_kl,
     top_k_distributions,
@@ -159,6 +160,41 @@ def test_chunked_action_logprobs_equal_full_log_softmax():
     assert torch.allclose(ent, D.Categorical(logits=full).entropy(), atol=1e-5)
     logp.sum().backward()
     assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("chunk,t_ppo,t_distill", [(3, 1.5, 1.5), (10_000, 1.5, 1.5), (3, 0.7, 1.2)])
+def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk, t_ppo, t_distill):
+    """One student-head application per chunk for the log-probs, entropies and reverse KL, analytic backward:
+    the same values and gradients as chunked_action_logprobs + chunked_distill_loss (which apply it 4 times)."""
+    g = torch.Generator().manual_seed(5)
+    student = torch.nn.Linear(6, 13, bias=False)
+    teacher = torch.nn.Linear(8, 13, bias=False)
+    with torch.no_grad():
+        student.weight.copy_(torch.randn(13, 6, generator=g))
+        teacher.weight.copy_(torch.randn(13, 8, generator=g))
+    h0, h_t = torch.randn(10, 6, generator=g), torch.randn(10, 8, generator=g)
+    targets = torch.randint(0, 13, (10,), generator=g)
+    # an arbitrary weighting of the three per-token outputs (as PPO's loss, the entropy bonus and lambda give)
+    w_lp, w_ent, w_kl = (torch.randn(10, generator=g) for _ in range(3))
+    outs = []
+    for fused in (False, True):
+        h = h0.clone().requires_grad_(True)
+        student.zero_grad()
+        if fused:
+            logp, ent, kl = fused_head_reverse_kl(student.weight, h, targets, teacher, h_t, t_ppo, chunk,
+                                                  distill_temperature=t_distill)
+        else:
+            logp, ent = chunked_action_logprobs(student, h, targets, t_ppo, chunk, entropy=True)
+            kl = chunked_distill_loss(student, h, teacher, h_t, DistillLossConfig(temperature=t_distill, chunk=chunk))
+        (w_lp * logp + w_ent * ent + w_kl * kl).sum().backward()
+        outs.append((logp.detach(), ent.detach(), kl.detach(), h.grad.clone(), student.weight.grad.clone()))
+        assert teacher.weight.grad is None
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), (a - b).abs().max()
+    # the log-probs are the very ones of the unfused forward (what the PPO ratio compares with sampling)
+    assert torch.equal(outs[0][0], outs[1][0])
+    with pytest.raises(ValueError, match="different vocabularies"):
+        fused_head_reverse_kl(student.weight, h0, targets, torch.nn.Linear(8, 12, bias=False), h_t)
 
 
 def test_bad_loss_settings_name_the_option():

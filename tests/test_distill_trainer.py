@@ -157,6 +157,50 @@ def test_short_memopd_run_lowers_the_distillation_loss(tmp_path, reconstruction,
     assert row["update"] == 3
 
 
+def test_fused_head_makes_the_checkpointed_update(tmp_path):
+    """fused_head (the student's head applied once for the PPO side and the reverse KL, analytic backward) ends
+    one update on the weights of the checkpointed pair, and the fused path is really taken."""
+    import distill.trainer as trainer
+
+    tok = memqa_tokenizer()
+    calls = []
+    original = trainer.fused_head_reverse_kl
+    ends = []
+    for fused in (False, True):
+        student = tiny_model(tok, seed=1)
+        # PPO at temperature 0.7, the distillation at 1.0 (the real-model preset's pair)
+        cfg = _cfg(tmp_path / str(fused), updates=1, fused_head=fused, chunk=5, temperature=0.7)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(trainer, "fused_head_reverse_kl", lambda *a, **k: calls.append(fused) or original(*a, **k))
+            row = train_memopd(cfg, model=student, tokenizer=tok, teacher=_teacher_model(tok))
+        assert abs(row["first_approx_kl"]) < 1e-6  # the training log-probs reproduce sampling's either way
+        ends.append([p.detach().clone() for p in student.parameters()])
+    assert calls and set(calls) == {True}
+    start = [p.detach() for p in tiny_model(tok, seed=1).parameters()]
+    moved = max(float((a - s).abs().max()) for a, s in zip(ends[0], start))
+    gap = max(float((a - b).abs().max()) for a, b in zip(*ends))
+    assert moved > 1e-3 and gap < 1e-3 * moved, (moved, gap)
+    # a loss the fused head does not compute keeps the checkpointed pair
+    assert not _cfg(tmp_path, loss="jsd").fuses_head() and not _cfg(tmp_path, top_k=4).fuses_head()
+    assert _cfg(tmp_path, distill_temperature=2.0).fuses_head() and not _cfg(tmp_path, fused_head=False).fuses_head()
+
+
+def test_prefix_tree_teacher_scoring_equals_shared_prefix():
+    """The teacher's hidden states at the action tokens on a prefix tree (each shared prefix run once) equal
+    those on shared_prefix, so scoring the teacher on either gives the same distillation targets."""
+    tok = memqa_tokenizer()
+    student = tiny_model(tok, seed=1)
+    records = _records(student, tok, n=4)
+    teacher = Teacher(_teacher_model(tok), tok, student_tokenizer=tok)
+    shared = teacher.action_hidden(records, ScoringLayout("aligned", "shared_prefix"))
+    tree = teacher.action_hidden(records, ScoringLayout("aligned", "prefix_tree"))
+    assert shared.shape == tree.shape == (sum(sum(r.action_mask) for r in records), teacher.model.config.hidden_size)
+    assert torch.allclose(shared, tree, rtol=0, atol=1e-4), (shared - tree).abs().max()
+    logp_s = torch.cat([lp for _, lp in teacher.logprob_chunks(shared)])
+    logp_t = torch.cat([lp for _, lp in teacher.logprob_chunks(tree)])
+    assert (logp_s - logp_t).abs().max() < 1e-4
+
+
 def test_resume_continues_from_the_latest_checkpoint(tmp_path):
     from agents.llm.models import save_pretrained
 

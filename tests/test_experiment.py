@@ -386,3 +386,20 @@ def test_an_interrupted_arm_resumes_from_its_last_update_and_ends_as_the_uninter
         (run / "checkpoint-0000003" / "model.safetensors").read_bytes()
     pd.testing.assert_frame_equal(pd.read_csv(cut / "curve.csv"), pd.read_csv(run / "curve.csv"))
     pd.testing.assert_frame_equal(pd.read_csv(cut / "end_eval.csv"), pd.read_csv(run / "end_eval.csv"))
+
+
+def test_arms_score_the_teacher_on_a_prefix_tree_in_the_hosts_native_dtype(tmp_path):
+    pytest.importorskip("torch")
+    from distill.experiment.stages import _arm_settings, arm_config
+
+    cfg = ExperimentConfig(out=str(tmp_path))
+    for arm in ("memopd", "teacher_persistent"):
+        run = arm_config(cfg, arm, 0, {"path": "student"}, {"path": "teacher"})
+        # the actor keeps shared_prefix in fp32 (its log-probs reproduce sampling); the frozen teacher need not
+        assert (run.packing, run.teacher_packing, run.teacher_dtype, run.dtype) == \
+            ("shared_prefix", "prefix_tree", "native", "float32")
+        assert run.teacher_layout().packing == "prefix_tree" and run.layout().packing == "shared_prefix"
+        # how the same values are computed (the sampler's prefill, the fused head) is not a setting of the arm
+        settings = _arm_settings(cfg, run)
+        assert "generation" not in settings and "fused_head" not in settings and "teacher_packing" in settings
+    assert arm_config(cfg, "rl", 0, {"path": "student"}, {"path": "teacher"}).generation == "tree"

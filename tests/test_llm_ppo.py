@@ -11,7 +11,7 @@ import gymnasium as gym  # noqa: E402
 from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import (PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
+from agents.llm.ppo import (PartClock, PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
                             train_rl, zero_variance_groups)
 from agents.llm.records import InvocationRecord  # noqa: E402
 from agents.llm.rollouts import Episode, rollout  # noqa: E402
@@ -119,6 +119,45 @@ def test_grpo_update_skips_zero_variance_groups(tmp_path, drop):
     assert moved is (not drop)
     # every minibatch steps, also one with every token dropped (torchrun ranks must take the same steps)
     assert len(steps) == cfg.epochs * cfg.num_minibatches
+
+
+def test_part_clock_adds_cpu_seconds_by_part_and_names_a_bad_part():
+    ticks = iter([0.0, 2.0, 5.0, 5.5, 10.0, 13.0])
+    clock = PartClock(clock=lambda: next(ticks))
+    with clock("rollout"):
+        pass
+    with clock("actor"):
+        pass
+    with clock("rollout"):
+        pass
+    cols = clock.columns()
+    assert cols["rollout_cpu_s"] == 5.0 and cols["actor_cpu_s"] == 0.5 and cols["optimizer_cpu_s"] == 0.0
+    with pytest.raises(ValueError, match="CPU part must be one of"):
+        with clock("teacher"):
+            pass
+
+
+def test_generation_setting_is_checked_and_reaches_the_sampler(tmp_path):
+    with pytest.raises(ValueError, match="generation must be one of"):
+        PPOConfig(generation="beam")
+    tok = toy_tokenizer()
+    seen = []
+    original = LLMPolicy.__init__
+
+    def spy(self, *a, **k):
+        seen.append(k.get("generation"))
+        original(self, *a, **k)
+
+    cfg = PPOConfig(algo="grpo", out_dir=str(tmp_path), updates=1, episodes_per_update=4, group_size=2,
+                    max_new_tokens=3, num_envs=2, eval_every=0, save_every=100, progress=False, epochs=1,
+                    num_minibatches=1, generation="padded")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LLMPolicy, "__init__", spy)
+        row = train_rl(cfg, model=tiny_model(tok, seed=2), tokenizer=tok, env_fn=ToyNever)
+    assert seen and set(seen) == {"padded"}
+    # the update's CPU seconds by part, and the first minibatch's ratio diagnostics (sampling reproduced: ~0)
+    assert row["rollout_cpu_s"] > 0 and row["actor_cpu_s"] > 0 and row["optimizer_cpu_s"] > 0
+    assert abs(row["first_approx_kl"]) < 1e-6 and row["first_clipfrac"] == 0.0
 
 
 def test_ppo_loss_hand_computed():

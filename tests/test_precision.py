@@ -21,6 +21,15 @@ def test_auto_follows_native_bf16(monkeypatch):
     assert precision.resolve_autocast("bf16", "cpu") == "bf16"
 
 
+def test_native_dtype_is_bf16_only_where_the_host_computes_it(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    assert precision.resolve_dtype("native", "cpu") == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert precision.resolve_dtype("native", "cpu") == torch.bfloat16
+    assert precision.resolve_dtype("auto", "cpu") == torch.float32  # "auto" keeps CPU weights fp32 (sampling)
+
+
 def test_host_line_names_capability_dtype_and_threads():
     line = precision.host_line("bf16")
     assert torch.backends.cpu.get_cpu_capability() in line

@@ -36,7 +36,7 @@ RUN_FILES = ("config.json", "metrics.csv", "learning_curve.png", "latest")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 #: ``--dtype`` / ``--attn-implementation`` choices (agents.llm.precision's, here so the CLI loads no torch).
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "native", "fp32", "bf16", "fp16")
 ATTN_CHOICES = ("sdpa", "eager", "flex_attention", "flash_attention_2")
 
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -128,8 +129,13 @@ class PPOConfig(RunConfig):
     gradient_checkpointing: bool = False  # recompute the LM body's activations in the backward
     eval_every: int = 10
     save_every: int = 20
+    generation: str = "tree"  # the rollout sampler's prefill: agents.llm.policy.GENERATIONS (tree | padded)
 
     def __post_init__(self) -> None:
+        from agents.llm.policy import GENERATIONS
+
+        if self.generation not in GENERATIONS:
+            raise ValueError(f"generation must be one of {', '.join(GENERATIONS)}, got {self.generation!r}")
         if self.algo not in ("ppo", "grpo"):
             raise ValueError(f"algo must be 'ppo' or 'grpo', got {self.algo!r}")
         if self.minibatch_unit not in ("invocation", "episode"):
@@ -309,6 +315,9 @@ class ActorOutput:
     # (gradient accumulation, DDP: the count over every micro-batch and rank / world size); a loss hook divides
     # its per-token sum by it (None: its own tokens' mean)
     token_denom: float | None = None
+    # a loss hook's per-token term computed by the same forward from the same logits ([N], with grad; e.g.
+    # distill.trainer's fused LM head), or None: the hook computes its own
+    distill: torch.Tensor | None = None
 
 
 ActorForward = Callable[..., ActorOutput]  # (module, records, *, temperature, entropy) -> ActorOutput
@@ -461,8 +470,8 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
     train_model = torch.nn.parallel.DistributedDataParallel(model) if dist.enabled else model
     policy = LLMPolicy(lm, tok, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                       seed=cfg.seed * 1000 + dist.rank + 7919 * start)
-    greedy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+                       seed=cfg.seed * 1000 + dist.rank + 7919 * start, generation=cfg.generation)
+    greedy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens, generation=cfg.generation)
     envs = [env_fn() for _ in range(cfg.num_envs)] if env_fn is not None else make_envs(cfg)
     log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
     log.truncate("update", start)
@@ -488,15 +497,18 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     update = start
     for update in range(start, cfg.updates):
         t0 = Timer()
+        cpu = PartClock()  # this process's CPU seconds by part of the update (the *_cpu_s columns)
         seeds, group_ids = task_seeds(cfg, update, dist.rank)
-        episodes = rollout(policy, envs, seeds, groups=group_ids, gamma=cfg.gamma)
+        with cpu("rollout"):
+            episodes = rollout(policy, envs, seeds, groups=group_ids, gamma=cfg.gamma)
         records = records_of(episodes)
         rollout_s = t0()
         unit = cfg.minibatch_unit
         old_logps = None
         if cfg.uses_value or cfg.recompute_old_logprobs:
-            old_logps, old_values = _score(model, records, forward, temperature, values=cfg.uses_value,
-                                           unit=unit)
+            with cpu("score"):
+                old_logps, old_values = _score(model, records, forward, temperature, values=cfg.uses_value,
+                                               unit=unit)
         if cfg.uses_value:
             k0 = 0
             for ep in episodes:
@@ -514,8 +526,11 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
             if cfg.grpo_drop_zero_variance else set()
         if not cfg.recompute_old_logprobs:
             old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
-        ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] if ref is not None else None
-        hook_stats = on_update(episodes, records, model) if on_update is not None else {}
+        with cpu("score"):
+            ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] \
+                if ref is not None else None
+        with cpu("hook"):
+            hook_stats = on_update(episodes, records, model) if on_update is not None else {}
         if cfg.algo == "grpo" and cfg.grpo_drop_zero_variance:  # on every rank (DDP averages the same keys)
             # advantages the hook gave to dropped groups (memory credit) still train their tokens
             hook_stats["flat_credited_tokens"] = float(sum(
@@ -568,7 +583,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                                        dtype=torch.long, device=dist.device)
                     share = len(tix) / n_local
                     sync = not dist.enabled or j == len(micro) - 1  # DDP: only the last backward all-reduces
-                    with (train_model.no_sync() if not sync else contextlib.nullcontext()):
+                    with (train_model.no_sync() if not sync else contextlib.nullcontext()), cpu("actor"):
                         actor_out = forward(train_model, sub, temperature=temperature, entropy=True)
                         actor_out.token_denom = denom_all
                         kw: dict[str, Any] = {}
@@ -593,10 +608,11 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                     for k, v in losses.items():  # loss terms are partial sums; diagnostics are means
                         w = share if k in ("approx_kl", "clipfrac") else 1.0
                         sums[k] = sums.get(k, 0.0) + float(v.detach()) * w
-                grad_norm, value_grad_norm = clip_gradients(lm_params, head, cfg.grad_clip)
+                with cpu("optimizer"):
+                    grad_norm, value_grad_norm = clip_gradients(lm_params, head, cfg.grad_clip)
+                    optimizer.step()
                 if head:
                     stats.setdefault("value_grad_norm", []).append(value_grad_norm)
-                optimizer.step()
                 for k, v in sums.items():
                     stats.setdefault(k, []).append(v)
                 stats.setdefault("grad_norm", []).append(float(grad_norm))
@@ -618,14 +634,19 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
             "adv_mean": adv_mean, "zero_variance_groups": float(len(flat)), "rollout_s": rollout_s, "update_s": t0() - rollout_s,
             "sampled_tokens_per_s": sampled / max(1e-9, rollout_s),
             **{k: float(np.mean(v)) for k, v in stats.items()}, **hook_stats,
+            # the first minibatch's policy has not moved yet: ~0 unless training and sampling log-probs differ
+            **({"first_approx_kl": stats["approx_kl"][0], "first_clipfrac": stats["clipfrac"][0]}
+               if stats.get("approx_kl") else {}),
         }))
         row["early_stop"] = int(stop_early)
         done = update + 1 == cfg.updates or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
-                                           cfg.progress))
+            with cpu("eval"):
+                row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
+                                               cfg.progress))
+        row.update(cpu.columns())
         log.append(row)
         last = row
         log.plot("update", ["reward", "eval_f1", "kl_ref" if ref is not None else "approx_kl", "entropy",
@@ -641,6 +662,31 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     bar.close()
     dist.barrier()
     return last
+
+
+class PartClock:
+    """This process's CPU seconds (all threads, ``time.process_time``) spent in named parts of one update:
+    ``with clock("rollout"): ...`` adds to ``rollout``; :meth:`columns` gives them as ``<part>_cpu_s``. CPU, not
+    wall, seconds: on a shared host the wall clock also counts the other processes' time."""
+
+    PARTS = ("rollout", "score", "hook", "actor", "optimizer", "eval")
+
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
+        self.clock = clock
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, part: str):
+        if part not in self.seconds:
+            raise ValueError(f"CPU part must be one of {', '.join(self.PARTS)}; got {part!r}")
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[part] += self.clock() - start
+
+    def columns(self) -> dict[str, float]:
+        return {f"{part}_cpu_s": round(v, 3) for part, v in self.seconds.items()}
 
 
 def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer, sampling: dict[str, Any]) -> None:
@@ -673,5 +719,5 @@ def param_checksum(module: torch.nn.Module) -> str:
 
 __all__ = ["PPOConfig", "train_rl", "gae", "episode_gae", "group_advantages", "grpo_assign", "ppo_loss",
            "zero_variance_groups",
-           "param_checksum", "task_seeds", "ActorOutput", "ActorForward", "LossHook", "collate_forward",
+           "param_checksum", "task_seeds", "PartClock", "ActorOutput", "ActorForward", "LossHook", "collate_forward",
            "micro_batches"]

@@ -44,7 +44,7 @@ def host_line(autocast: str = "none", device: str | torch.device = "cpu") -> str
 
 # ---------------------------------------------------------------------- model weights: dtype and attention
 #: Names a model's weight dtype may be given as (``memenv train --dtype``, ``RunConfig.dtype``, ``load_pretrained``).
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "native")
 _DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
                   "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
 #: Attention implementations a model may be loaded with (``attn_implementation``).
@@ -58,7 +58,9 @@ def resolve_dtype(dtype=None, device: str | torch.device | None = None, name: st
     floating ``torch.dtype``, or None (float32). ``"auto"``: bfloat16 on a CUDA device that supports it, else
     float32: on CPU always float32, the token-exact reference precision of every equality check (bf16 weights
     on CPU would change the sampled tokens' log-probs, and on an AVX2-only CPU every bf16 op is emulated).
-    Anything else raises a ValueError naming ``name``, the value and the choices."""
+    ``"native"``: bfloat16 wherever the device computes it natively (:func:`native_bf16`: CUDA with bf16, a CPU
+    with AVX512-BF16 or AMX), else float32: for weights whose outputs need not reproduce sampling (a frozen
+    teacher), on any host. Anything else raises a ValueError naming ``name``, the value and the choices."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
@@ -72,6 +74,9 @@ def resolve_dtype(dtype=None, device: str | torch.device | None = None, name: st
     if key == "auto":
         dev = torch.device(device) if device is not None else torch.device("cpu")
         return torch.bfloat16 if dev.type == "cuda" and native_bf16(dev) else torch.float32
+    if key == "native":
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        return torch.bfloat16 if native_bf16(dev) else torch.float32
     if key not in _DTYPE_ALIASES:
         raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)} (or fp32/bf16/fp16, or a torch dtype); "
                          f"got {dtype!r}")

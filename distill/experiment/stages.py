@@ -259,13 +259,17 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
+    # the teacher scores on a prefix tree (each shared prefix run once) in bf16 where the host computes it natively
+    # (a frozen teacher's outputs need not reproduce sampling); the actor keeps shared_prefix in fp32
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
+                        teacher_packing="prefix_tree", teacher_dtype="native",
                         attention_backend=cfg.attention_backend, **fields)
 
 
 # Fields of an arm's trainer config that do not change what it learns (where it writes, how it shows progress, how
-# often it checkpoints): left out of the settings a cached or partial run is checked against.
-_NOT_SETTINGS = ("out_dir", "progress", "threads", "resume", "save_every", "keep_checkpoints", "keep_every")
+# often it checkpoints, how it computes the same values: the sampler's prefill, the fused LM head): left out of the settings a cached or partial run is checked against.
+_NOT_SETTINGS = ("out_dir", "progress", "threads", "resume", "save_every", "keep_checkpoints", "keep_every",
+                 "generation", "fused_head")
 
 
 def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
