@@ -389,10 +389,16 @@ def test_an_interrupted_arm_resumes_from_its_last_update_and_ends_as_the_uninter
 
 
 def test_arms_score_the_teacher_on_a_prefix_tree_in_the_hosts_native_dtype(tmp_path):
+    """The real-model preset's teacher scores on a prefix tree in the host's native dtype; the tiny presets keep
+    the trainer's defaults (the actor's packing, fp32), as their cached runs were made."""
     pytest.importorskip("torch")
+    from distill.experiment.config import pretrained_config
     from distill.experiment.stages import _arm_settings, arm_config
 
-    cfg = ExperimentConfig(out=str(tmp_path))
+    tiny = arm_config(ExperimentConfig(out=str(tmp_path)), "memopd", 0, {"path": "student"}, {"path": "teacher"})
+    assert (tiny.teacher_packing, tiny.teacher_dtype) == (None, None)
+    assert tiny.teacher_layout().packing == "shared_prefix"
+    cfg = pretrained_config(str(tmp_path))
     for arm in ("memopd", "teacher_persistent"):
         run = arm_config(cfg, arm, 0, {"path": "student"}, {"path": "teacher"})
         # the actor keeps shared_prefix in fp32 (its log-probs reproduce sampling); the frozen teacher need not

@@ -108,6 +108,12 @@ class ExperimentConfig:
     # Attention of the packed (shared-prefix) forwards of the OPD arms: sdpa_blocks is exact (tested against the
     # dense mask) and avoids the dense [L, L] mask, which cost more than the shared prefix saved on CPU.
     attention_backend: str = "sdpa_blocks"
+    # The OPD arms' teacher scoring: its packing and weights' dtype (None: the trainer's defaults, the actor's
+    # packing and fp32, as every tiny-model run was made). The real-model preset scores on a prefix tree in bf16
+    # where the host computes it natively (2.1x cheaper teacher scoring; bf16 moves SmolLM2's teacher log-probs by
+    # p99 0.26 against fp32, measured by benchmarks/arm_update_cost.py --teacher-check).
+    teacher_packing: str | None = None
+    teacher_dtype: str | None = None
     eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
@@ -219,6 +225,7 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
                 teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=60.0, sft_episodes=600, lr=5e-5),
                 student=ModelSpec(layers=6, sft_steps=40, sft_minutes=None, sft_episodes=600, lr=2e-4),
                 student_max_steps=400, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
+                teacher_packing="prefix_tree", teacher_dtype="native",
                 updates=30, tasks_per_update=2, lr=1e-5, kl_coef=0.02, eval_episodes=100,
                 seen_eval_episodes=50, curve_every=10, curve_episodes=50, num_envs=8, timing_rounds=1,
                 diagnose_episodes=4)

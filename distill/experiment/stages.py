@@ -259,11 +259,11 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
-    # the teacher scores on a prefix tree (each shared prefix run once) in bf16 where the host computes it natively
-    # (a frozen teacher's outputs need not reproduce sampling); the actor keeps shared_prefix in fp32
+    # The actor keeps shared_prefix in fp32 (its log-probs reproduce sampling); the frozen teacher's scoring may use
+    # another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
+    teacher_kw = {k: getattr(cfg, k) for k in ("teacher_packing", "teacher_dtype") if getattr(cfg, k) is not None}
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
-                        teacher_packing="prefix_tree", teacher_dtype="native",
-                        attention_backend=cfg.attention_backend, **fields)
+                        attention_backend=cfg.attention_backend, **teacher_kw, **fields)
 
 
 # Fields of an arm's trainer config that do not change what it learns (where it writes, how it shows progress, how
