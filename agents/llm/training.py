@@ -287,8 +287,11 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
         extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)
     path = save_pretrained(lm, tokenizer, out_dir / f"checkpoint-{step:07d}", extra_files=extra)
     write_atomic(out_dir / LATEST, lambda tmp: Path(tmp).write_text(path.name + "\n"))
-    old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name
-                 and not (keep_every > 0 and _checkpoint_step(p) is not None and _checkpoint_step(p) % keep_every == 0))
+    def kept_for_good(p: Path) -> bool:
+        step = _checkpoint_step(p)
+        return keep_every > 0 and step is not None and step % keep_every == 0
+
+    old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name and not kept_for_good(p))
     for p in old[:max(0, len(old) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
     return path
@@ -316,8 +319,8 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
         path = out_dir / pointer.read_text().strip()
         if (path / "trainer_state.pt").exists():
             return path
-    found = sorted(p for p in out_dir.glob("checkpoint-*") if (p / "trainer_state.pt").exists())
-    return found[-1] if found else None
+    found = checkpoints(out_dir)
+    return found[max(found)] if found else None
 
 
 def load_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
