@@ -45,7 +45,7 @@ PARTS = (("rollout", "rollout_cpu_s"), ("reference log-probs", "score_cpu_s"), (
 
 def before(run_cfg):
     """The earlier update's settings on the same arm config (see the module doc)."""
-    changes = {"generation": "padded"}
+    changes = {"generation": "padded", "train_autocast": "none"}
     if hasattr(run_cfg, "teacher_packing"):
         changes.update(teacher_packing=None, teacher_dtype=None, fused_head=False)
     return replace(run_cfg, **changes)

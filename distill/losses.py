@@ -209,28 +209,54 @@ def chunked_action_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden
     return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
 
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` for ``[N, V]`` tensors as one batched product (no ``[N, V]`` temporary)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2))[:, 0, 0]
+
+
 class _FusedHeadReverseKL(torch.autograd.Function):
     """One application of the student's head per chunk for the PPO side and the reverse KL together (see
     :func:`fused_head_reverse_kl`). Forward: per chunk ``z = h W^T`` once; at the PPO temperature ``T1``,
     ``log p = log_softmax(z / T1)`` gives the target log-probs and the entropies; at the distillation temperature
-    ``T2``, ``log q = log_softmax(z / T2)`` gives ``KL(q || p_t)``. ``z`` and ``log p_t`` are kept for the backward,
-    which recomputes the softmaxes (elementwise) but no matmul except the two of the gradient itself:
-    ``dz = (g_lp (onehot - p) - g_H p (log p + H)) / T1 + g_KL q (log q - log p_t - KL) / T2``."""
+    ``T2``, ``log q = log_softmax(z / T2)`` gives ``KL(q || p_t)``. The backward needs no matmul but the two of the
+    gradient itself:
+    ``dz = (g_lp (onehot - p) - g_H p (log p + H)) / T1 + g_KL q (log q - log p_t - KL) / T2``.
+
+    With one temperature (``q = p``; the default) and finite teacher log-probs, the forward keeps ``log p`` and
+    the backward computes ``dz = (p ((g_KL - g_H) log p - g_KL log p_t - g_lp - g_H H - g_KL KL) + onehot g_lp) / T``
+    in a few passes over the ``[chunk, V]`` values (the row sums as batched products): on a 49k vocabulary
+    those passes, not the matmuls, were most of the head's cost. Otherwise it keeps ``z`` and recomputes both
+    softmaxes. Under a bf16 autocast the head's three matmuls run in bf16 (fp32 accumulation) and everything
+    else in fp32, as autocast itself would do them."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, teacher_logp_chunks, temperature, distill_temperature, chunk):
+        device = hidden.device.type
+        low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        h_mm, w_mm = (hidden.to(low), weight.to(low)) if low is not None else (hidden, weight)
+        same = distill_temperature == temperature
         logps, ents, kls, saved = [], [], [], []
-        for i, logp_t in zip(range(0, hidden.shape[0], chunk), teacher_logp_chunks):
-            z = torch.nn.functional.linear(hidden[i:i + chunk], weight).float()
-            logp_s = torch.log_softmax(z / temperature, dim=-1)
-            logps.append(logp_s.gather(-1, targets[i:i + chunk, None])[:, 0])
-            ents.append(-(logp_s.exp() * logp_s).sum(-1))
-            logq = logp_s if distill_temperature == temperature else torch.log_softmax(z / distill_temperature, -1)
-            q = logq.exp()
-            kls.append((q * torch.where(q > 0, logq - logp_t, torch.zeros_like(logq))).sum(-1))
-            saved.append((z, logp_t))
+        with torch.autocast(device, enabled=False):
+            for i, logp_t in zip(range(0, hidden.shape[0], chunk), teacher_logp_chunks):
+                z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm).float()
+                logp_s = torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
+                logps.append(logp_s.gather(-1, targets[i:i + chunk, None])[:, 0])
+                if same and bool(torch.isfinite(logp_t).all()):
+                    p = logp_s.exp()
+                    ent = -_row_dot(p, logp_s)
+                    kl = _row_dot(p, logp_s - logp_t)
+                    saved.append(("p", logp_s, logp_t, ent, kl))
+                else:
+                    p = logp_s.exp()
+                    ent = -(p * logp_s).sum(-1)
+                    logq = logp_s if same else torch.log_softmax(z / distill_temperature, -1)
+                    q = logq.exp()
+                    kl = (q * torch.where(q > 0, logq - logp_t, torch.zeros_like(logq))).sum(-1)
+                    saved.append(("z", z, logp_t, None, None))
+                ents.append(ent)
+                kls.append(kl)
         ctx.saved_chunks = saved
-        ctx.temperatures, ctx.chunk = (temperature, distill_temperature), chunk
+        ctx.temperatures, ctx.chunk, ctx.low = (temperature, distill_temperature), chunk, low
         ctx.save_for_backward(hidden, weight, targets)
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return tuple(torch.cat(x) if x else empty for x in (logps, ents, kls))
@@ -238,39 +264,47 @@ class _FusedHeadReverseKL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp, g_ent, g_kl):
         hidden, weight, targets = ctx.saved_tensors
-        saved, chunk, (t_ppo, t_distill) = ctx.saved_chunks, ctx.chunk, ctx.temperatures
+        saved, chunk, (t_ppo, t_distill), low = ctx.saved_chunks, ctx.chunk, ctx.temperatures, ctx.low
         ctx.saved_chunks = None
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        h_mm, w_mm = (hidden.to(low), weight.to(low)) if low is not None else (hidden, weight)
         for k, i in enumerate(range(0, hidden.shape[0], chunk)):
-            z, logp_t = saved[k]
+            kind, values, logp_t, ent, kl = saved[k]
             saved[k] = None
             rows = slice(i, i + chunk)
-            dz = torch.zeros_like(z)
-            if g_lp is not None or g_ent is not None:
+            n = values.shape[0]
+            zero = values.new_zeros(n)
+            glp = g_lp[rows] if g_lp is not None else zero
+            gent = g_ent[rows] if g_ent is not None else zero
+            gkl = g_kl[rows] if g_kl is not None else zero
+            if kind == "p":  # one temperature: dz = (p (a log p - b log p_t + c) + onehot g_lp) / T
+                logp_s = values
+                dz = logp_s * (gkl - gent)[:, None]
+                dz.addcmul_(logp_t, -gkl[:, None])
+                dz.add_((-glp - gent * ent - gkl * kl)[:, None])
+                dz.mul_(logp_s.exp())
+                dz.scatter_add_(-1, targets[rows, None], glp[:, None])
+                if t_ppo != 1.0:
+                    dz /= t_ppo
+            else:
+                z = values
                 logp_s = torch.log_softmax(z / t_ppo, dim=-1)
                 p = logp_s.exp()
-                coef = torch.zeros_like(z)
-                if g_ent is not None:
-                    ent = -(p * logp_s).sum(-1, keepdim=True)
-                    coef -= g_ent[rows, None] * (logp_s + ent)
-                if g_lp is not None:
-                    coef -= g_lp[rows, None]
-                dz += p * coef
-                if g_lp is not None:
-                    dz.scatter_add_(-1, targets[rows, None], g_lp[rows, None])
+                h_ent = -(p * logp_s).sum(-1, keepdim=True)
+                dz = p * (-gent[:, None] * (logp_s + h_ent) - glp[:, None])
+                dz.scatter_add_(-1, targets[rows, None], glp[:, None])
                 dz /= t_ppo
-            if g_kl is not None:
                 logq = torch.log_softmax(z / t_distill, dim=-1)
                 q = logq.exp()
                 diff = torch.where(q > 0, logq - logp_t, torch.zeros_like(logq))
-                kl = (q * diff).sum(-1, keepdim=True)
-                dz += q * (diff - kl) * (g_kl[rows, None] / t_distill)
-            dz = dz.to(weight.dtype)
+                kl_c = (q * diff).sum(-1, keepdim=True)
+                dz += q * (diff - kl_c) * (gkl[:, None] / t_distill)
+            dz = dz.to(w_mm.dtype)
             if grad_h is not None:
-                grad_h[rows] = dz @ weight
+                grad_h[rows] = (dz @ w_mm).to(grad_h.dtype)
             if grad_w is not None:
-                grad_w += dz.T @ hidden[rows]
+                grad_w += (dz.T @ h_mm[rows]).to(grad_w.dtype)
         return grad_h, grad_w, None, None, None, None, None
 
 

@@ -162,7 +162,7 @@ def test_chunked_action_logprobs_equal_full_log_softmax():
     assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("chunk,t_ppo,t_distill", [(3, 1.5, 1.5), (10_000, 1.5, 1.5), (3, 0.7, 1.2)])
+@pytest.mark.parametrize("chunk,t_ppo,t_distill", [(3, 1.5, 1.5), (10_000, 1.5, 1.5), (3, 0.7, 1.2), (4, 1.0, 1.0)])
 def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk, t_ppo, t_distill):
     """One student-head application per chunk for the log-probs, entropies and reverse KL, analytic backward:
     the same values and gradients as chunked_action_logprobs + chunked_distill_loss (which apply it 4 times)."""
@@ -195,6 +195,43 @@ def test_fused_head_equals_the_checkpointed_pair_in_value_and_gradient(chunk, t_
     assert torch.equal(outs[0][0], outs[1][0])
     with pytest.raises(ValueError, match="different vocabularies"):
         fused_head_reverse_kl(student.weight, h0, targets, torch.nn.Linear(8, 12, bias=False), h_t)
+
+
+def test_fused_head_under_bf16_autocast_gives_the_unfused_log_probs_and_close_gradients():
+    """Under a bf16 autocast (PPOConfig.train_autocast) the fused head multiplies in bf16 as autocast does: its
+    log-probs are bit for bit those of chunked_action_logprobs under the same autocast (the recomputed old
+    log-probs the PPO ratio divides by), and its gradients match the checkpointed pair's to bf16 rounding."""
+    g = torch.Generator().manual_seed(8)
+    student = torch.nn.Linear(16, 40, bias=False)
+    teacher = torch.nn.Linear(12, 40, bias=False)
+    with torch.no_grad():
+        student.weight.copy_(torch.randn(40, 16, generator=g) / 4)
+        teacher.weight.copy_(torch.randn(40, 12, generator=g) / 4)
+    h0, h_t = torch.randn(11, 16, generator=g), torch.randn(11, 12, generator=g)
+    targets = torch.randint(0, 40, (11,), generator=g)
+    w_lp, w_ent, w_kl = (torch.randn(11, generator=g) for _ in range(3))
+    outs = []
+    for fused in (False, True):
+        h = h0.clone().requires_grad_(True)
+        student.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                logp, ent, kl = fused_head_reverse_kl(student.weight, h, targets, teacher, h_t, 1.0, 4)
+            else:
+                logp, ent = chunked_action_logprobs(student, h, targets, 1.0, 4, entropy=True)
+                kl = chunked_distill_loss(student, h, teacher, h_t, DistillLossConfig(chunk=4))
+        assert logp.dtype == ent.dtype == kl.dtype == torch.float32
+        (w_lp * logp + w_ent * ent + w_kl * kl).sum().backward()
+        outs.append((logp.detach(), ent.detach(), kl.detach(), h.grad.clone(), student.weight.grad.clone()))
+    assert torch.equal(outs[0][0], outs[1][0])
+    for a, b in zip(outs[0][1:3], outs[1][1:3]):  # the same bf16 logits, fp32 arithmetic after them
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), (a - b).abs().max()
+    # the backward's products take dz rounded to bf16 (8 bits of mantissa): relative error ~2^-8 per term
+    for a, b in zip(outs[0][3:], outs[1][3:]):
+        assert torch.allclose(a, b, rtol=0, atol=2e-2 * float(a.abs().max())), (a - b).abs().max()
+    # ... and bf16 did act: the fp32 head's log-probs differ
+    fp32 = chunked_action_logprobs(student, h0, targets, 1.0, 4)[0]
+    assert not torch.equal(fp32, outs[1][0]) and torch.allclose(fp32, outs[1][0], atol=0.1)
 
 
 def test_bad_loss_settings_name_the_option():

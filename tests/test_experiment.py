@@ -292,7 +292,7 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
     small = {k: v for k, v in vars(_tiny(tmp_path / "x")).items()
              if k not in ("out", "model", "teacher", "student", "arms", "vocab", "tokenizer_episodes")}
     cfg = pretrained_config(str(tmp_path / "exp"), str(tmp_path / "base"), **{
-        **small, "arms": ("rl", "memopd"),
+        **small, "arms": ("rl", "memopd"), "system_prompt": None,
         "teacher": ModelSpec(layers=0, sft_steps=3, sft_minutes=None, sft_episodes=4, lr=1e-3),
         "student": ModelSpec(layers=1, sft_steps=2, sft_minutes=None, sft_episodes=4, lr=1e-3)})
     table = run_experiment(cfg)
@@ -314,6 +314,48 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
         pretrained_config(str(out), "x", student=ModelSpec(layers=-1))
     with pytest.raises(ValueError, match="teacher layers must be an integer >= 1"):
         ExperimentConfig(teacher=ModelSpec(layers=0))
+
+
+def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(tmp_path):
+    """ExperimentConfig.system_prompt (the real-model preset's short one): the teacher's init folder is the whole
+    base saved with that prompt, the student's its first layers with it; unset, the teacher starts from the base
+    folder itself. Bad values name the setting."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+    from distill.experiment.config import SHORT_SYSTEM_PROMPT, pretrained_config
+    from distill.experiment.stages import _pretrained_init
+
+    lm, tok = make_tiny(None, env_kwargs={"objectives": 1, "hops": 1}, episodes=4, vocab_size=300, hidden_size=16,
+                        layers=3, heads=2)
+    tok.memenv_prompt = {"system_prompt": "A long worked example."}
+    save_pretrained(lm, tok, tmp_path / "base")
+    cfg = pretrained_config(str(tmp_path / "exp"), str(tmp_path / "base"))
+    assert cfg.system_prompt == SHORT_SYSTEM_PROMPT and cfg.max_new_tokens == 96 and cfg.train_autocast == "auto"
+    teacher = _pretrained_init(cfg, 0, tmp_path / "t_init")
+    student = _pretrained_init(cfg, 1, tmp_path / "s_init")
+    assert teacher == str(tmp_path / "t_init") and student == str(tmp_path / "s_init")
+    t_lm, t_tok = load_pretrained(teacher)
+    s_lm, s_tok = load_pretrained(student)
+    assert t_tok.memenv_prompt == s_tok.memenv_prompt == {"system_prompt": SHORT_SYSTEM_PROMPT}
+    assert t_lm.config.num_hidden_layers == 3 and s_lm.config.num_hidden_layers == 1
+    assert all(torch.equal(t_lm.state_dict()[k], v) for k, v in lm.state_dict().items())
+    from distill.experiment.stages import _sft_config
+
+    sft = _sft_config(cfg, cfg.teacher, tmp_path / "sft", model=teacher)  # short warm-up, frequent checkpoints
+    assert (sft.warmup, sft.save_every, sft.eval_every, sft.max_new_tokens) == (10, 10, 25, 96)
+    assert _sft_config(cfg, cfg.student, tmp_path / "sft", model=student).warmup == 4  # a tenth of its 40 steps
+    unset = dataclasses.replace(cfg, system_prompt=None)
+    assert _pretrained_init(unset, 0, tmp_path / "u_init") == str(tmp_path / "base")
+    assert not (tmp_path / "u_init").exists()
+    with pytest.raises(ValueError, match="system_prompt must be a string"):
+        dataclasses.replace(cfg, system_prompt=3)
+    with pytest.raises(ValueError, match="applies to a pretrained base"):
+        ExperimentConfig(system_prompt="x")
+    with pytest.raises(ValueError, match="train_autocast must be"):
+        dataclasses.replace(cfg, train_autocast="fp16")
+    with pytest.raises(ValueError, match="teacher warmup must be an integer >= 0"):
+        dataclasses.replace(cfg, teacher=ModelSpec(layers=0, warmup=-1))
 
 
 def test_targets_judge_held_out_questions_and_give_the_seen_figures_beside():

@@ -160,6 +160,33 @@ def test_generation_setting_is_checked_and_reaches_the_sampler(tmp_path):
     assert abs(row["first_approx_kl"]) < 1e-6 and row["first_clipfrac"] == 0.0
 
 
+@pytest.mark.parametrize("autocast", ["none", "bf16"])
+def test_train_autocast_runs_only_the_training_passes_in_bf16(tmp_path, autocast):
+    """train_autocast="bf16": every forward with gradients, the reference's and the recomputed old log-probs'
+    run under bf16 autocast, the sampler's never (the records stay fp32-exact); the old log-probs come from that
+    same forward, so the first minibatch's ratio is 1. "none" (the default): no forward under autocast."""
+    with pytest.raises(ValueError, match="train_autocast must be one of"):
+        PPOConfig(train_autocast="fp8")
+    tok = toy_tokenizer()
+    model = tiny_model(tok, seed=2)
+    seen = []  # (gradients enabled, autocast on) at every body forward
+    model.model.register_forward_hook(lambda m, a, o: seen.append((torch.is_grad_enabled(),
+                                                                   torch.is_autocast_enabled("cpu"))))
+    cfg = PPOConfig(algo="grpo", out_dir=str(tmp_path), updates=1, episodes_per_update=4, group_size=2, lr=1e-2,
+                    max_new_tokens=3, num_envs=2, eval_every=0, save_every=100, progress=False, epochs=1,
+                    num_minibatches=2, ent_coef=0.1, grpo_drop_zero_variance=False, train_autocast=autocast)
+    row = train_rl(cfg, model=model, tokenizer=tok, env_fn=ToyNever)
+    with_grad = [on for grad, on in seen if grad]
+    no_grad = [on for grad, on in seen if not grad]
+    assert with_grad and all(on is (autocast == "bf16") for on in with_grad)
+    if autocast == "bf16":
+        # sampling (fp32), and (no kl_coef, so no reference) the old log-probs recomputed by a bf16 forward
+        assert False in no_grad and True in no_grad
+    else:
+        assert not any(no_grad)
+    assert abs(row["first_approx_kl"]) < 1e-6 and row["first_clipfrac"] == 0.0
+
+
 def test_ppo_loss_hand_computed():
     old = torch.log(torch.tensor([0.2, 0.4, 0.3]))
     logp = (old + torch.log(torch.tensor([1.5, 0.5, 1.0]))).requires_grad_(True)

@@ -72,8 +72,9 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
+from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
-from agents.llm.precision import host_line
+from agents.llm.precision import host_line, resolve_autocast
 from agents.llm.records import InvocationRecord
 from agents.llm.rollouts import records_of, rollout
 from agents.llm.training import (
@@ -130,10 +131,21 @@ class PPOConfig(RunConfig):
     eval_every: int = 10
     save_every: int = 20
     generation: str = "tree"  # the rollout sampler's prefill: agents.llm.policy.GENERATIONS (tree | padded)
+    # The training passes' precision (agents.llm.precision.AUTOCAST_CHOICES): "none" fp32; "bf16" the actor's and
+    # the reference's LM body under bf16 autocast (weights, LM head, log-probs and losses fp32); "auto" bf16 where
+    # the device computes it natively. Sampling stays fp32, so the records' log-probs stay exact; under bf16 the
+    # old log-probs are recomputed by the training forward (recompute_old_logprobs), so the first minibatch's
+    # ratio is exactly 1 and the clip acts on the policy's movement, not on bf16 rounding.
+    train_autocast: str = "none"
 
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
 
+        from agents.llm.precision import AUTOCAST_CHOICES
+
+        if self.train_autocast not in AUTOCAST_CHOICES:
+            raise ValueError(f"train_autocast must be one of {', '.join(AUTOCAST_CHOICES)}, "
+                             f"got {self.train_autocast!r}")
         if self.generation not in GENERATIONS:
             raise ValueError(f"generation must be one of {', '.join(GENERATIONS)}, got {self.generation!r}")
         if self.algo not in ("ppo", "grpo"):
@@ -427,8 +439,11 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dist = init_distributed()
-    if dist.main and cfg.progress:  # RL rollouts and updates always compute in fp32 (no autocast)
-        print(host_line("none", dist.device) + " (RL passes run fp32)", flush=True)
+    train_autocast = resolve_autocast(cfg.train_autocast, dist.device)
+    recompute_old = cfg.recompute_old_logprobs or train_autocast != "none"
+    if dist.main and cfg.progress:  # rollouts always sample in fp32; the training passes as train_autocast says
+        print(host_line(train_autocast, dist.device) + " (sampling fp32; training passes: "
+              f"{'bf16 autocast: matmuls bf16, log-probs and losses fp32' if train_autocast != 'none' else 'fp32'})", flush=True)
     out = Path(cfg.out_dir)
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -442,16 +457,22 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         lm, tok = load_or_build_model(cfg, dist, resume_from)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(lm)
-    model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach).to(dist.device)
+    model = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach,
+                        autocast=train_autocast).to(dist.device)
     ref = None
     if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
         if start_lm is not None:
             ref_lm = copy.deepcopy(start_lm) if start_lm is not lm else copy.deepcopy(lm)
         else:
             ref_lm = copy.deepcopy(lm) if resume_from is None else load_or_build_model(cfg, dist)[0]
-        ref = ActorCritic(ref_lm).to(dist.device).eval()
+        ref = ActorCritic(ref_lm, autocast=train_autocast).to(dist.device).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
+    if train_autocast != "none" and torch.device(dist.device).type == "cpu":
+        # the CPU attention kernels are several times slower in bf16: attention stays fp32 under the autocast
+        for m in (lm, *((ref.lm,) if ref is not None else ())):
+            if getattr(m.config, "_attn_implementation", None) == "sdpa":
+                use_float32_attention(m)
     head = list(model.value_head.parameters()) if model.value_head is not None else []
     head_ids = {id(p) for p in head}
     lm_params = [p for p in model.parameters() if id(p) not in head_ids]
@@ -505,7 +526,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         rollout_s = t0()
         unit = cfg.minibatch_unit
         old_logps = None
-        if cfg.uses_value or cfg.recompute_old_logprobs:
+        if cfg.uses_value or recompute_old:
             with cpu("score"):
                 old_logps, old_values = _score(model, records, forward, temperature, values=cfg.uses_value,
                                                unit=unit)
@@ -524,7 +545,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                     rec.advantage, rec.token_advantages = 0.0, [0.0] * len(rec.response_ids)
         dropped = {id(r) for ep in episodes if ep.group in flat for r in ep.records} \
             if cfg.grpo_drop_zero_variance else set()
-        if not cfg.recompute_old_logprobs:
+        if not recompute_old:
             old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
         with cpu("score"):
             ref_logps = _score(ref, records, forward, temperature, values=False, unit=unit)[0] \

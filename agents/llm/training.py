@@ -9,6 +9,8 @@ the response (action) positions: the logits of response token t come from the hi
 
 from __future__ import annotations
 
+import contextlib
+
 import csv
 import json
 import os
@@ -168,10 +170,16 @@ class ActorCritic(nn.Module):
     gradients of both the LM and the value head.
     """
 
-    def __init__(self, lm: nn.Module, value_head: bool = False, detach_value: bool = False) -> None:
+    def __init__(self, lm: nn.Module, value_head: bool = False, detach_value: bool = False,
+                 autocast: str = "none") -> None:
         super().__init__()
         self.lm = lm
         self.detach_value = detach_value
+        # "bf16": the forwards run under bf16 autocast: the matrix products (the body's and the LM head's) in bf16,
+        # softmaxes, log-probs and losses in fp32 (autocast's fp32 ops; the residual stream stays fp32). "none": fp32.
+        if autocast not in ("none", "bf16"):
+            raise ValueError(f"autocast must be 'none' or 'bf16' (resolve 'auto' first), got {autocast!r}")
+        self.autocast = autocast
         hidden = lm.config.hidden_size
         self.value_head = nn.Linear(hidden, 1) if value_head else None
         if self.value_head is not None:
@@ -189,6 +197,12 @@ class ActorCritic(nn.Module):
         :mod:`distill.trainer`'s packed forward."""
         if call is not None:
             return call(self, temperature=temperature, entropy=entropy, **call_kwargs)
+        with self.autocast_context():
+            return self._forward(input_ids, attention_mask, position_ids, rows, cols, targets, temperature, entropy,
+                                 return_hidden)
+
+    def _forward(self, input_ids, attention_mask, position_ids, rows, cols, targets, temperature, entropy,
+                 return_hidden):
         base = self.lm.base_model
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state
@@ -202,6 +216,13 @@ class ActorCritic(nn.Module):
             hv = h.detach() if self.detach_value else h
             values = self.value_head(hv.to(self.value_head.weight.dtype))[:, 0]
         return (logp, ent, values, h) if return_hidden else (logp, ent, values)
+
+    def autocast_context(self):
+        """The autocast context the forwards run in (:attr:`autocast`): bf16 autocast, or no change."""
+        if self.autocast == "none":
+            return contextlib.nullcontext()
+        device = next(self.lm.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 @dataclass

@@ -61,6 +61,7 @@ class ModelSpec:
     curve_every: int = 0  # > 0: greedy F1 of the SFT model every this many steps on curve_episodes evaluation
     # episodes (train-pool questions on evaluation seeds), off the budget clock: the SFT learning curve
     curve_episodes: int = 50
+    warmup: int | None = None  # SFT learning-rate warm-up steps (None: a tenth of sft_steps, at most 100)
 
 def _finite(name: str, value: Any, low: float | None = None, high: float | None = None,
             strict_low: bool = False) -> None:
@@ -83,6 +84,9 @@ class ExperimentConfig:
     # system prompt its folder carries. ``hidden``, ``heads``, ``vocab`` and ``tokenizer_episodes`` then do not
     # apply. None: tiny Qwen2 models trained from scratch. See :func:`pretrained_config` for sizes that fit a CPU.
     model: str | None = None
+    # With ``model``: the system prompt the teacher and student are made with (saved with their checkpoints, so
+    # every later stage samples with it); None: the base folder's own.
+    system_prompt: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(ENV_KWARGS))
     heldout_fraction: float = 0.25  # share of the world's entities whose questions are held out
     teacher: ModelSpec = field(default_factory=ModelSpec)
@@ -114,6 +118,10 @@ class ExperimentConfig:
     # p99 0.26 against fp32, measured by benchmarks/arm_update_cost.py --teacher-check).
     teacher_packing: str | None = None
     teacher_dtype: str | None = None
+    # Every arm's training passes (PPOConfig.train_autocast; None: the trainer's default, fp32): the real-model
+    # preset runs the actor's and the reference's LM body in bf16 autocast where the host has it ("auto"), heads
+    # and losses fp32, old log-probs recomputed by that forward; sampling stays fp32.
+    train_autocast: str | None = None
     eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
@@ -146,6 +154,11 @@ class ExperimentConfig:
         _finite("temperature", self.temperature, 0, strict_low=True)
         _finite("student_start_f1", self.student_start_f1, 0, 1)
         _finite("heldout_fraction", self.heldout_fraction, 0.01, 0.99)
+        if self.system_prompt is not None and (not isinstance(self.system_prompt, str) or self.model is None):
+            raise ValueError("system_prompt must be a string, and applies to a pretrained base (model) only; got "
+                             f"{self.system_prompt!r} with model {self.model!r}")
+        if self.train_autocast not in (None, "auto", "none", "bf16"):
+            raise ValueError(f"train_autocast must be None, 'auto', 'none' or 'bf16', got {self.train_autocast!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
         for role, spec in (("teacher", self.teacher), ("student", self.student)):
@@ -162,6 +175,9 @@ class ExperimentConfig:
                                  f"{' (0: all of the base model)' if self.model else ''}, got {spec.layers!r}")
             if isinstance(spec.sft_worlds, bool) or not isinstance(spec.sft_worlds, int) or spec.sft_worlds < 0:
                 raise ValueError(f"{role} sft_worlds must be an integer >= 0, got {spec.sft_worlds!r}")
+            if spec.warmup is not None and (isinstance(spec.warmup, bool) or not isinstance(spec.warmup, int)
+                                            or spec.warmup < 0):
+                raise ValueError(f"{role} warmup must be an integer >= 0 or None, got {spec.warmup!r}")
 
 
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
@@ -210,22 +226,33 @@ PRETRAINED_QUICK = dict(teacher=ModelSpec(layers=4, sft_steps=20, sft_minutes=No
                         seen_eval_episodes=4, curve_every=1, curve_episodes=4, diagnose_episodes=2, num_envs=4)
 
 
+#: The real-model preset's system prompt: the protocol in one line. The base folder's (a worked example, ~200 of
+#: SmolLM2's tokens) teaches the format zero-shot; after SFT it only lengthens every invocation (~430 -> ~260
+#: tokens), and an SFT step's cost, which pays every token of every invocation, with it.
+SHORT_SYSTEM_PROMPT = ("You control a search engine with tags. Reply with one <memory> block, then one <search> or "
+                       "<answer> block, nothing else.")
+
+
 def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
     """The experiment on a pretrained base (``--model``): the teacher is the whole model after SFT, the student
     its first 6 decoder layers (SmolLM2-135M: 30 layers, 134.5M parameters -> ~50M, 28M of them the tied
-    embedding), learning rates for fine-tuning rather than training from scratch, 64-token actions (a protocol
-    action in SmolLM2's BPE is 25-60 tokens) and the three arms the claims need (GRPO alone, MemOPD, the matched
-    teacher-persistent control) x 5 seeds x 30 updates of 2 tasks x 4, 100 held-out episodes. Sized for a GPU,
-    not for a 2-core CPU: there ``--quick --model`` (a 2-layer student) took ~90 CPU-s per GRPO update (rollouts
-    ~50 s of it, every action at the 64-token cap). Measured at this preset (docs/results.md, ``--until
-    student``): the teacher's 60 CPU-min buy 63 SFT steps (held-out F1 0.335, seen 0.260), the student's 400
-    steps 73 CPU-min (start F1 0.000), and one arm update ~125 CPU-s, so the 450 updates would be ~16 CPU-hours
-    of training."""
-    base = dict(out=out, model=model,
-                teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=60.0, sft_episodes=600, lr=5e-5),
+    embedding), learning rates for fine-tuning rather than training from scratch, and the three arms the claims
+    need (GRPO alone, MemOPD, the matched teacher-persistent control) x 5 seeds x 30 updates of 2 tasks x 4, 100
+    held-out episodes.
+
+    Actions may be 96 tokens: in SmolLM2's BPE the oracle's final action (a memory holding both facts, then both
+    answers) reaches 85 tokens, and at the earlier 64-token cap 18% of the demonstrations' actions (about half of
+    the final answers) were cut before their answer, which capped the teacher's F1 (docs/results.md). The teacher's
+    SFT warms up over 10 steps (a CPU budget buys ~60-100 of them) and checkpoints every 10 steps (a run stopped
+    mid-way resumes from there); its greedy F1 is measured every 25 steps on 24 episodes (off the budget clock).
+    Sized for a GPU or for a run in parts on a CPU: one arm update costs ~120 CPU-s on 2 cores (docs/distill.md,
+    "Cost of one arm update")."""
+    base = dict(out=out, model=model, system_prompt=SHORT_SYSTEM_PROMPT,
+                teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=90.0, sft_episodes=600, lr=2e-4, warmup=10,
+                                  curve_every=25, curve_episodes=24),
                 student=ModelSpec(layers=6, sft_steps=40, sft_minutes=None, sft_episodes=600, lr=2e-4),
                 student_max_steps=400, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
-                teacher_packing="prefix_tree", teacher_dtype="native",
+                teacher_packing="prefix_tree", teacher_dtype="native", train_autocast="auto", max_new_tokens=96,
                 updates=30, tasks_per_update=2, lr=1e-5, kl_coef=0.02, eval_episodes=100,
                 seen_eval_episodes=50, curve_every=10, curve_episodes=50, num_envs=8, timing_rounds=1,
                 diagnose_episodes=4)
@@ -271,4 +298,4 @@ def check_settings(cfg: ExperimentConfig) -> None:
 
 __all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
-           "check_settings"]
+           "check_settings", "SHORT_SYSTEM_PROMPT"]

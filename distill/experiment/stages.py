@@ -87,14 +87,15 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
 
     return SFTConfig(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
                      episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
-                     lr=spec.lr, warmup=min(100, max(1, spec.sft_steps // 10)), autocast="auto", bucket=8,
+                     lr=spec.lr, warmup=spec.warmup if spec.warmup is not None else min(100, max(1, spec.sft_steps // 10)),
+                     autocast="auto", bucket=8,
                      schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
                      # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);
                      # a pretrained base needs no such pretraining.
                      prompt_loss_weight=0.0 if cfg.model else 1.0, prompt_loss_fraction=0.3, eval_every=spec.curve_every,
                      eval_episodes=spec.curve_episodes,
-                     save_every=250,
+                     save_every=10 if cfg.model else 250,  # a pretrained base's SFT step costs ~1 CPU-min
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
@@ -138,18 +139,21 @@ def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str) -> tupl
 
 def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
     """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
-    keeps every decoder layer, else its first ``layers`` layers saved (once) to ``folder``, tokenizer and prompt
-    settings included."""
+    keeps every decoder layer and ``cfg.system_prompt`` is unset, else (once) its first ``layers`` layers (all
+    when 0) saved to ``folder`` with the tokenizer and the prompt settings (``cfg.system_prompt`` when set)."""
     from agents.llm.models import load_pretrained, save_pretrained
     from agents.llm.pretrained import resolve, shrink
 
     base = resolve(cfg.model)
     depth = json.loads((base / "config.json").read_text()).get("num_hidden_layers")
-    if depth is None or layers == 0 or layers >= int(depth):
+    whole = depth is None or layers == 0 or layers >= int(depth)
+    if whole and cfg.system_prompt is None:
         return str(base)
     if not (folder / "config.json").exists():
         lm, tok = load_pretrained(base)
-        save_pretrained(shrink(lm, int(layers)), tok, folder)
+        if cfg.system_prompt is not None:
+            tok.memenv_prompt = {**(getattr(tok, "memenv_prompt", None) or {}), "system_prompt": cfg.system_prompt}
+        save_pretrained(lm if whole else shrink(lm, int(layers)), tok, folder)
     return str(folder)
 
 
@@ -255,12 +259,13 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
                   lr=cfg.lr, kl_coef=cfg.kl_coef, temperature=cfg.temperature, epochs=2, num_minibatches=2,
                   eval_every=0, save_every=1, keep_checkpoints=1, keep_every=curve_every,
                   max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, threads=cfg.threads,
-                  progress=cfg.progress, resume=True)
+                  progress=cfg.progress, resume=True,
+                  **({"train_autocast": cfg.train_autocast} if cfg.train_autocast is not None else {}))
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
-    # The actor keeps shared_prefix in fp32 (its log-probs reproduce sampling); the frozen teacher's scoring may use
-    # another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
+    # The actor keeps shared_prefix (in fp32 unless train_autocast says otherwise); the frozen teacher's scoring may
+    # use another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
     teacher_kw = {k: getattr(cfg, k) for k in ("teacher_packing", "teacher_dtype") if getattr(cfg, k) is not None}
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
                         attention_backend=cfg.attention_backend, **teacher_kw, **fields)
