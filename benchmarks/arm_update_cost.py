@@ -3,11 +3,17 @@ one run, 1 torch thread, into scratch folders (no run folder is touched).
 
 - **before**: the earlier update: left-padded prefill (``generation="padded"``), the teacher scoring on the actor's
   ``shared_prefix`` packing in fp32, the student's LM head applied separately (and checkpointed) for the PPO
-  log-probs and for the distillation loss;
+  log-probs and for the distillation loss, every training pass in fp32;
 - **after**: the arms' settings now (:func:`distill.experiment.stages.arm_config`): prefix-tree prefill
   (``generation="tree"``), the teacher on a ``prefix_tree`` packing in bf16 where the CPU computes bf16 natively
   (``teacher_dtype="native"``; fp32 elsewhere), the student's head applied once per chunk for both
-  (``fused_head``). The actor stays fp32 on ``shared_prefix``: its log-probs must reproduce sampling's.
+  (``fused_head``), and the training passes (actor, reference, recomputed old log-probs) under bf16 autocast
+  where the CPU has it (``train_autocast="auto"``: matmuls bf16, softmaxes, log-probs and losses fp32). Sampling
+  stays fp32 on both sides (the records' log-probs are exact); after, the PPO ratio divides by old log-probs the
+  bf16 forward recomputed, so the first minibatch's ratio is 1.
+
+Both sides run the same workload: the same episodes' shapes, the ``--base`` folder's (or the run's) system prompt,
+the preset's ``max_new_tokens``.
 
 Per side it prints this process's CPU seconds by part of the update (the trainer's ``*_cpu_s`` columns: rollout,
 reference/old log-prob scoring, the teacher (hook), actor forward + backward, optimizer, evaluation), the total

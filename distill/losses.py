@@ -146,8 +146,12 @@ def distill_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, cfg: Di
 # ---------------------------------------------------------------------- chunked application of the lm heads
 def head_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                   temperature: float = 1.0) -> torch.Tensor:
-    """``log_softmax(head(hidden) / temperature)`` in fp32."""
-    return torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    """``log_softmax(head(hidden) / temperature)`` in fp32 (bf16 logits, under an autocast, cast inside the
+    softmax: no separate fp32 copy; no division at temperature 1)."""
+    logits = head(hidden)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
 def chunked_distill_loss(student_head: Callable[[torch.Tensor], torch.Tensor], student_hidden: torch.Tensor,
@@ -238,15 +242,21 @@ class _FusedHeadReverseKL(torch.autograd.Function):
         logps, ents, kls, saved = [], [], [], []
         with torch.autocast(device, enabled=False):
             for i, logp_t in zip(range(0, hidden.shape[0], chunk), teacher_logp_chunks):
-                z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm).float()
-                logp_s = torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
+                z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm)  # bf16 under an autocast
+                scaled = z.float() / temperature if temperature != 1.0 else z
+                logp_s = torch.log_softmax(scaled, dim=-1, dtype=torch.float32)  # as head_logprobs, bit for bit
                 logps.append(logp_s.gather(-1, targets[i:i + chunk, None])[:, 0])
-                if same and bool(torch.isfinite(logp_t).all()):
+                kl = None
+                if same:
                     p = logp_s.exp()
                     ent = -_row_dot(p, logp_s)
                     kl = _row_dot(p, logp_s - logp_t)
+                    # a teacher log-prob of -inf gives inf or nan here (0 x inf where p is 0): the guarded path
+                    kl = kl if bool(torch.isfinite(kl).all()) else None
+                if kl is not None:
                     saved.append(("p", logp_s, logp_t, ent, kl))
                 else:
+                    z = z.float()
                     p = logp_s.exp()
                     ent = -(p * logp_s).sum(-1)
                     logq = logp_s if same else torch.log_softmax(z / distill_temperature, -1)
@@ -280,9 +290,9 @@ class _FusedHeadReverseKL(torch.autograd.Function):
             gkl = g_kl[rows] if g_kl is not None else zero
             if kind == "p":  # one temperature: dz = (p (a log p - b log p_t + c) + onehot g_lp) / T
                 logp_s = values
-                dz = logp_s * (gkl - gent)[:, None]
+                c = (-glp - gent * ent - gkl * kl)[:, None]
+                dz = torch.addcmul(c, logp_s, (gkl - gent)[:, None])  # c + a log p, one pass
                 dz.addcmul_(logp_t, -gkl[:, None])
-                dz.add_((-glp - gent * ent - gkl * kl)[:, None])
                 dz.mul_(logp_s.exp())
                 dz.scatter_add_(-1, targets[rows, None], glp[:, None])
                 if t_ppo != 1.0:
