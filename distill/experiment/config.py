@@ -245,8 +245,9 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
     the final answers) were cut before their answer, which capped the teacher's F1 (docs/results.md). The teacher's
     SFT warms up over 10 steps (a CPU budget buys ~60-100 of them) and checkpoints every 10 steps (a run stopped
     mid-way resumes from there); its greedy F1 is measured every 25 steps on 24 episodes (off the budget clock).
-    Sized for a GPU or for a run in parts on a CPU: one arm update costs ~120 CPU-s on 2 cores (docs/distill.md,
-    "Cost of one arm update")."""
+    The arms' training passes run under bf16 autocast where the host has it (``train_autocast="auto"``; sampling
+    fp32). Sized for a GPU or for a run in parts on a CPU: one arm update costs ~145 CPU-s at 1 thread when every
+    action reaches the cap (docs/distill.md, "Cost of one arm update")."""
     base = dict(out=out, model=model, system_prompt=SHORT_SYSTEM_PROMPT,
                 teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=90.0, sft_episodes=600, lr=2e-4, warmup=10,
                                   curve_every=25, curve_episodes=24),
