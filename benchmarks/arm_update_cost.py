@@ -20,9 +20,9 @@ reference/old log-prob scoring, the teacher (hook), actor forward + backward, op
 (teacher loading included), the first minibatch's ``approx_kl`` / ``clipfrac`` (~0: the actor's training log-probs
 reproduce the sampled ones), the ratio, and the host line. CPU seconds, not wall: the host may be shared.
 
-Models: ``--run`` takes a run's cached teacher and weak start (``memenv experiment memopd --until student``);
-``--base`` builds them straight from a prepared base model instead (teacher = the whole base, student = its first
-``student.layers`` layers, :func:`agents.llm.pretrained.shrink`), no SFT: the costs depend on shapes and on the
+Models: ``--run`` takes a run's cached teacher and weak start (``memenv experiment memopd --until student``; a
+teacher still training: its latest checkpoint, and the student's latest SFT checkpoint); ``--base`` builds them
+straight from a prepared base model instead (teacher = the whole base, student = its first ``student.layers`` layers, :func:`agents.llm.pretrained.shrink`), no SFT: the costs depend on shapes and on the
 actions' lengths, and an untrained model's actions are not an SFT'd model's (SmolLM2-Instruct, unprompted by
 demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of the action lengths; the printed
 ``response_tokens`` and ``turns`` say what each side sampled). With ``--teacher-check N`` it also rolls out N
@@ -125,7 +125,14 @@ def main(argv=None) -> int:
         saved = json.loads((run / "experiment.json").read_text())
         specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
         cfg = replace(ExperimentConfig(**{**saved, **specs}), updates=args.updates, curve_every=args.updates)
-        teacher = json.loads((run / "teacher" / "result.json").read_text())
+        result = run / "teacher" / "result.json"
+        if result.exists():
+            teacher = json.loads(result.read_text())
+        else:  # a run whose teacher is still training: its latest checkpoint
+            teacher_ckpt = latest_checkpoint(run / "teacher")
+            if teacher_ckpt is None:
+                raise SystemExit(f"{run / 'teacher'} has no checkpoint: run the experiment with --until teacher")
+            teacher = {"path": str(teacher_ckpt.resolve())}
         student_ckpt = latest_checkpoint(run / "student" / "sft")
         if student_ckpt is None:
             raise SystemExit(f"{run / 'student' / 'sft'} has no checkpoint: run the experiment with --until student")

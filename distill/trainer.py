@@ -175,10 +175,10 @@ class PackedActorForward:
         return out
 
     def _body(self, ac, records: Sequence[InvocationRecord], temperature: float, entropy: bool):
-        with ac.autocast_context():
-            return self._heads(ac, records, temperature, entropy)
+        with ac.autocast_context():  # PPOConfig.train_autocast: bf16 matmuls, fp32 log-probs and losses
+            return self._forward(ac, records, temperature, entropy)
 
-    def _heads(self, ac, records: Sequence[InvocationRecord], temperature: float, entropy: bool):
+    def _forward(self, ac, records: Sequence[InvocationRecord], temperature: float, entropy: bool):
         hidden, targets = records_action_hidden(ac.lm, records, self.layout, self.tokenizer, self.pad_id)
         head = ac.lm.get_output_embeddings()
         teacher_hidden = self.distill.scored(records) if self.distill is not None else None

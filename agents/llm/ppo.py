@@ -132,15 +132,15 @@ class PPOConfig(RunConfig):
     save_every: int = 20
     generation: str = "tree"  # the rollout sampler's prefill: agents.llm.policy.GENERATIONS (tree | padded)
     # The training passes' precision (agents.llm.precision.AUTOCAST_CHOICES): "none" fp32; "bf16" the actor's and
-    # the reference's LM body under bf16 autocast (weights, LM head, log-probs and losses fp32); "auto" bf16 where
-    # the device computes it natively. Sampling stays fp32, so the records' log-probs stay exact; under bf16 the
+    # the reference's forwards under bf16 autocast (the body's and the LM head's matmuls bf16; weights, softmaxes,
+    # log-probs and losses fp32; attention fp32 on CPU); "auto" bf16 where the device computes it natively.
+    # Sampling stays fp32, so the records' log-probs stay exact; under bf16 the
     # old log-probs are recomputed by the training forward (recompute_old_logprobs), so the first minibatch's
     # ratio is exactly 1 and the clip acts on the policy's movement, not on bf16 rounding.
     train_autocast: str = "none"
 
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
-
         from agents.llm.precision import AUTOCAST_CHOICES
 
         if self.train_autocast not in AUTOCAST_CHOICES:

@@ -10,7 +10,6 @@ the response (action) positions: the logits of response token t come from the hi
 from __future__ import annotations
 
 import contextlib
-
 import csv
 import json
 import os
