@@ -270,6 +270,7 @@ def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_c
     spread = dataclasses.replace(cfg, teacher=ModelSpec(sft_worlds=50))
     with pytest.raises(SettingsMismatchError, match="teacher"):
         check_settings(spread)
+    (tmp_path / "diagnostics.csv").write_text("")  # a stage after the weak start ran: its settings are guarded too
     with pytest.raises(SettingsMismatchError, match="diagnose_episodes 16 -> 3"):
         check_settings(dataclasses.replace(cfg, diagnose_episodes=3))
     with pytest.raises(ValueError, match="teacher sft_worlds must be an integer >= 0"):
@@ -314,6 +315,27 @@ def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_fir
         pretrained_config(str(out), "x", student=ModelSpec(layers=-1))
     with pytest.raises(ValueError, match="teacher layers must be an integer >= 1"):
         ExperimentConfig(teacher=ModelSpec(layers=0))
+
+
+def test_the_arms_settings_may_change_until_an_arm_has_run(tmp_path):
+    """With the teacher and the weak start cached but no arm run, the arms' size and settings may change (the
+    stages made are the same); the teacher's or the student's may not; once an arm exists, neither may."""
+    from distill.experiment.config import ARM_SETTINGS, SettingsMismatchError, check_settings
+
+    cfg = ExperimentConfig(out=str(tmp_path))
+    (tmp_path / "experiment.json").write_text(json.dumps(dataclasses.asdict(cfg), default=list))
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "student").mkdir()
+    resized = dataclasses.replace(cfg, updates=20, lr=1e-4, curve_every=10, train_autocast="auto")
+    assert {"updates", "lr", "curve_every", "train_autocast"} <= set(ARM_SETTINGS)
+    check_settings(resized)
+    with pytest.raises(SettingsMismatchError, match="eval_episodes 400 -> 100"):  # the teacher was evaluated on them
+        check_settings(dataclasses.replace(cfg, eval_episodes=100))
+    with pytest.raises(SettingsMismatchError, match="student"):
+        check_settings(dataclasses.replace(cfg, student=ModelSpec(layers=3)))
+    (tmp_path / "arms").mkdir()
+    with pytest.raises(SettingsMismatchError, match="updates 120 -> 20"):
+        check_settings(resized)
 
 
 def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(tmp_path):

@@ -22,7 +22,8 @@ evaluated question (nor any other question about its entity) was ever trained on
 ("seen") questions, on evaluation seeds, is reported beside it.
 
 Stages, each cached under ``OUT`` and skipped on a rerun when its ``result.json`` exists (resume; a rerun with
-other settings is refused, naming them; ``--until teacher`` or ``--until student`` stops after that stage, so
+other settings is refused, naming them, but the arms' own settings may change while no arm has run;
+``--until teacher`` or ``--until student`` stops after that stage, so
 the teacher's and the weak start's F1 can be read before the arms are paid for):
 
 1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories (:func:`agents.llm.sft.train_sft`);

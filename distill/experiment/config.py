@@ -36,6 +36,12 @@ ARMS = {
 DEFAULT_ARMS = ("rl", "memopd", "teacher_persistent", "flattening")
 #: Settings a rerun on a cached ``--out`` may change: how the run is executed, and which arms and seeds it adds.
 RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arms", "seeds")
+#: Settings only the stages after the weak start read (the arms, the actor timing, the diagnostics): a rerun may
+#: also change these while none of those stages has run in the output folder (size the arms once the teacher and
+#: the weak start are measured); once one has, they are guarded like the rest.
+ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "temperature", "distill_coef",
+                "attention_backend", "teacher_packing", "teacher_dtype", "train_autocast", "curve_every",
+                "curve_episodes", "timing_rounds", "diagnose_episodes")
 
 
 class SettingsMismatchError(ValueError):
@@ -272,8 +278,9 @@ def _config_record(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def check_settings(cfg: ExperimentConfig) -> None:
     """Refuse (:class:`SettingsMismatchError`, naming the settings) a rerun on an output folder whose
-    ``experiment.json`` records other settings than ``cfg``, except those of :data:`RERUN_MAY_CHANGE`: its
-    cached teacher, student and arms were made with them."""
+    ``experiment.json`` records other settings than ``cfg``, except those of :data:`RERUN_MAY_CHANGE` (and of
+    :data:`ARM_SETTINGS` while no arm, timing or diagnostics exists there): its cached stages were made with
+    them."""
     path = Path(cfg.out) / "experiment.json"
     if not path.exists() or not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
         return  # no stage made with those settings (a run that failed first): nothing to protect
@@ -289,7 +296,9 @@ def check_settings(cfg: ExperimentConfig) -> None:
     for role in ("teacher", "student"):
         if isinstance(old.get(role), dict):
             old[role] = {**default[role], **old[role]}
-    changed = sorted(k for k in set(old) | set(new) if k not in RERUN_MAY_CHANGE and old.get(k) != new.get(k))
+    later = any((Path(cfg.out) / name).exists() for name in ("arms", "timing.csv", "diagnostics.csv"))
+    free = RERUN_MAY_CHANGE + (() if later else ARM_SETTINGS)
+    changed = sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k))
     if changed:
         detail = ", ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in changed[:6])
         more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
@@ -297,6 +306,6 @@ def check_settings(cfg: ExperimentConfig) -> None:
                                     "--out (or the earlier settings) to keep its cached stages")
 
 
-__all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "SettingsMismatchError", "ModelSpec",
+__all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
            "check_settings", "SHORT_SYSTEM_PROMPT"]
