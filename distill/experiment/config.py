@@ -125,8 +125,9 @@ class ExperimentConfig:
     teacher_packing: str | None = None
     teacher_dtype: str | None = None
     # Every arm's training passes (PPOConfig.train_autocast; None: the trainer's default, fp32): the real-model
-    # preset runs the actor's and the reference's LM body in bf16 autocast where the host has it ("auto"), heads
-    # and losses fp32, old log-probs recomputed by that forward; sampling stays fp32.
+    # preset runs the actor's and the reference's forwards under bf16 autocast where the host has it ("auto"):
+    # body and head matmuls bf16, softmaxes, log-probs and losses fp32, old log-probs recomputed by that forward;
+    # sampling stays fp32.
     train_autocast: str | None = None
     eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
