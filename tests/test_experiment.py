@@ -366,7 +366,14 @@ def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(t
 
     sft = _sft_config(cfg, cfg.teacher, tmp_path / "sft", model=teacher)  # short warm-up, frequent checkpoints
     assert (sft.warmup, sft.save_every, sft.eval_every, sft.max_new_tokens) == (10, 10, 25, 96)
-    assert _sft_config(cfg, cfg.student, tmp_path / "sft", model=student).warmup == 4  # a tenth of its 40 steps
+    # The preset's student is the whole base after a short SFT (a cut did not learn the task on a CPU budget): its
+    # init folder is every layer with the short prompt, and its rounds of 5 steps keep the teacher's 10-step warm-up.
+    assert cfg.student.layers == 0 and cfg.student.sft_steps == 5 and cfg.student_max_steps == 40
+    same = _pretrained_init(cfg, cfg.student.layers, tmp_path / "s_whole")
+    w_lm, w_tok = load_pretrained(same)
+    assert w_lm.config.num_hidden_layers == 3 and w_tok.memenv_prompt == {"system_prompt": SHORT_SYSTEM_PROMPT}
+    assert all(torch.equal(w_lm.state_dict()[k], v) for k, v in lm.state_dict().items())
+    assert _sft_config(cfg, cfg.student, tmp_path / "sft", model=same).warmup == 10
     unset = dataclasses.replace(cfg, system_prompt=None)
     assert _pretrained_init(unset, 0, tmp_path / "u_init") == str(tmp_path / "base")
     assert not (tmp_path / "u_init").exists()

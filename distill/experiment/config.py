@@ -241,28 +241,35 @@ SHORT_SYSTEM_PROMPT = ("You control a search engine with tags. Reply with one <m
 
 
 def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
-    """The experiment on a pretrained base (``--model``): the teacher is the whole model after SFT, the student
-    its first 6 decoder layers (SmolLM2-135M: 30 layers, 134.5M parameters -> ~50M, 28M of them the tied
-    embedding), learning rates for fine-tuning rather than training from scratch, and the three arms the claims
-    need (GRPO alone, MemOPD, the matched teacher-persistent control) x 5 seeds x 30 updates of 2 tasks x 4, 100
-    held-out episodes.
+    """The experiment on a pretrained base (``--model``), sized for a 2-core CPU in parts: the teacher is the whole
+    model after SFT; the student is the same model after a *short* SFT (rounds of 5 steps until its probe F1 reaches
+    0.15), learning rates for fine-tuning rather than training from scratch, and the three arms the claims need
+    (GRPO alone, MemOPD, the matched teacher-persistent control) x 5 seeds x 4 updates of 2 tasks x 4, on 50
+    held-out episodes (the seed is the statistical unit).
+
+    Why a same-size student: a cut of the base (its first 6 layers, ~50M parameters) did not learn the task in the
+    SFT a CPU affords (probe F1 0.014 after 280 steps, ~70 CPU-min, docs/results.md), so GRPO would see no reward
+    and every arm would stay at 0. The whole model learns it in tens of steps (greedy F1 0.0 at step 20, ~0.3 at
+    25, ~0.85 at 50), so a student a few SFT steps in is a weak start (<= 0.4 of the teacher) that still reads and
+    writes the protocol; the gap to the teacher is training, not capacity. An arm update then costs ~340 CPU-s at 1
+    thread (the 30-layer actor's forward and backward ~200 of them), hence few updates at a fine-tuning learning
+    rate of 3e-5 (the arm settings may still change before any arm has run: :data:`ARM_SETTINGS`).
 
     Actions may be 96 tokens: in SmolLM2's BPE the oracle's final action (a memory holding both facts, then both
     answers) reaches 85 tokens, and at the earlier 64-token cap 18% of the demonstrations' actions (about half of
-    the final answers) were cut before their answer, which capped the teacher's F1 (docs/results.md). The teacher's
-    SFT warms up over 10 steps (a CPU budget buys ~60-100 of them) and checkpoints every 10 steps (a run stopped
-    mid-way resumes from there); its greedy F1 is measured every 25 steps on 24 episodes (off the budget clock).
-    The arms' training passes run under bf16 autocast where the host has it (``train_autocast="auto"``; sampling
-    fp32). Sized for a GPU or for a run in parts on a CPU: one arm update costs ~145 CPU-s at 1 thread when every
-    action reaches the cap (docs/distill.md, "Cost of one arm update")."""
+    the final answers) were cut before their answer, which capped the teacher's F1 (docs/results.md). SFT warms up
+    over 10 steps (a CPU budget buys ~60-140 of them) and checkpoints every 10 steps (a run stopped mid-way resumes
+    from there); the teacher's greedy F1 is measured every 25 steps on 24 episodes (off the budget clock). The
+    arms' training passes run under bf16 autocast where the host has it (``train_autocast="auto"``; sampling
+    fp32)."""
     base = dict(out=out, model=model, system_prompt=SHORT_SYSTEM_PROMPT,
                 teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=90.0, sft_episodes=600, lr=2e-4, warmup=10,
                                   curve_every=25, curve_episodes=24),
-                student=ModelSpec(layers=6, sft_steps=40, sft_minutes=None, sft_episodes=600, lr=2e-4),
-                student_max_steps=400, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
+                student=ModelSpec(layers=0, sft_steps=5, sft_minutes=None, sft_episodes=600, lr=2e-4, warmup=10),
+                student_max_steps=40, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
                 teacher_packing="prefix_tree", teacher_dtype="native", train_autocast="auto", max_new_tokens=96,
-                updates=30, tasks_per_update=2, lr=1e-5, kl_coef=0.02, eval_episodes=100,
-                seen_eval_episodes=50, curve_every=10, curve_episodes=50, num_envs=8, timing_rounds=1,
+                updates=4, tasks_per_update=2, lr=3e-5, kl_coef=0.02, eval_episodes=50,
+                seen_eval_episodes=16, curve_every=4, curve_episodes=16, num_envs=8, timing_rounds=1,
                 diagnose_episodes=4)
     return ExperimentConfig(**{**base, **overrides})
 
