@@ -24,8 +24,7 @@ Models: ``--run`` takes a run's cached teacher and weak start (``memenv experime
 teacher still training: its latest checkpoint, and the student's latest SFT checkpoint); ``--base`` builds them
 straight from a prepared base model instead (teacher = the whole base, student = its first ``student.layers``
 layers, :func:`agents.llm.pretrained.shrink`, or the whole base when that is 0, as in the preset), no SFT: the
-costs depend on shapes and on the
-actions' lengths, and an untrained model's actions are not an SFT'd model's (SmolLM2-Instruct, unprompted by
+costs depend on shapes and on the actions' lengths, and an untrained model's actions are not an SFT'd model's (SmolLM2-Instruct, unprompted by
 demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of the action lengths; the printed
 ``response_tokens`` and ``turns`` say what each side sampled). With ``--teacher-check N`` it also rolls out N
 episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32 on them.
@@ -109,6 +108,9 @@ def main(argv=None) -> int:
     source.add_argument("--base", help="a prepared base model folder: teacher = it, student = it or its first layers (the preset's student.layers)")
     parser.add_argument("--arm", choices=["rl", "memopd", "teacher_persistent"], default="memopd")
     parser.add_argument("--updates", type=int, default=1)
+    parser.add_argument("--student-layers", type=int, default=None, metavar="N",
+                        help="with --base: the student keeps the base's first N decoder layers (default: the preset's "
+                             "student.layers; 0 = the whole model)")
     parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
                         help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
     args = parser.parse_args(argv)
@@ -149,6 +151,10 @@ def main(argv=None) -> int:
         if not (base / "config.json").exists():
             raise SystemExit(f"--base {base}: not a prepared model folder (no config.json)")
         cfg = replace(pretrained_config("unused"), updates=args.updates, curve_every=args.updates)
+        if args.student_layers is not None:
+            if args.student_layers < 0:
+                raise SystemExit(f"--student-layers must be >= 0 (0: the whole model), got {args.student_layers}")
+            cfg = replace(cfg, student=replace(cfg.student, layers=args.student_layers))
         teacher, student = {"path": str(base)}, {"path": str(base)}
 
         def student_fn():

@@ -480,3 +480,22 @@ def test_arms_score_the_teacher_on_a_prefix_tree_in_the_hosts_native_dtype(tmp_p
         settings = _arm_settings(cfg, run)
         assert "generation" not in settings and "fused_head" not in settings and "teacher_packing" in settings
     assert arm_config(cfg, "rl", 0, {"path": "student"}, {"path": "teacher"}).generation == "tree"
+
+
+def test_the_weak_start_is_probed_at_its_schedule_or_every_round():
+    """The student's probe points: every ``student.sft_steps`` steps up to ``student_max_steps`` (the cap always a
+    point, as the rounds always ended there), or ``student_probes`` (the pretrained preset probes step by step
+    where SmolLM2 learns the task), those past the cap dropped; a bad schedule names the setting."""
+    from distill.experiment.config import pretrained_config
+    from distill.experiment.stages import _probe_schedule
+
+    rounds = ExperimentConfig(student=ModelSpec(sft_steps=150), student_max_steps=400)
+    assert _probe_schedule(rounds) == [150, 300, 400]
+    assert _probe_schedule(dataclasses.replace(rounds, student_max_steps=300)) == [150, 300]
+    explicit = dataclasses.replace(rounds, student_probes=(20, 21, 22, 500))
+    assert _probe_schedule(explicit) == [20, 21, 22, 400]
+    preset = pretrained_config("unused")
+    assert _probe_schedule(preset)[:6] == [20, 21, 22, 23, 24, 25] and _probe_schedule(preset)[-1] == 40
+    for bad in ((), (3, 2), (2, 2), (0, 1), (1.5,)):
+        with pytest.raises(ValueError, match="student_probes"):
+            ExperimentConfig(student_probes=bad)

@@ -103,6 +103,10 @@ class ExperimentConfig:
     # are spent. A start with no reward at all gives GRPO nothing to learn from.
     student_start_f1: float = 0.15
     student_max_steps: int = 3000
+    # The SFT step counts at which the weak start is probed (ascending; those past student_max_steps are dropped);
+    # None: every student.sft_steps steps. A pretrained base learns the task in a few steps, between two probes
+    # of a fixed round (SmolLM2: F1 0.06 after 20 steps, 0.56 after 25), so its preset probes step by step there.
+    student_probes: tuple[int, ...] | None = None
     probe_episodes: int = 100
     vocab: int = 8192
     tokenizer_episodes: int = 200
@@ -144,6 +148,13 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.arms = tuple(self.arms)
+        if self.student_probes is not None:
+            probes = tuple(self.student_probes)
+            if not probes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in probes) or \
+                    list(probes) != sorted(set(probes)):
+                raise ValueError("student_probes must be None or strictly ascending integers >= 1, got "
+                                 f"{self.student_probes!r}")
+            self.student_probes = probes
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms:
             raise ValueError(f"arms must be a non-empty subset of {list(ARMS)}, got {list(self.arms)}")
@@ -243,7 +254,7 @@ SHORT_SYSTEM_PROMPT = ("You control a search engine with tags. Reply with one <m
 def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
     """The experiment on a pretrained base (``--model``), sized for a 2-core CPU in parts: the teacher is the whole
     model after SFT; the student is the same model after a *short* SFT (rounds of 5 steps until its probe F1 reaches
-    0.15), learning rates for fine-tuning rather than training from scratch, and the three arms the claims need
+    0.15, probed at every step from 20 to 25, where it learns the task), learning rates for fine-tuning rather than training from scratch, and the three arms the claims need
     (GRPO alone, MemOPD, the matched teacher-persistent control) x 5 seeds x 4 updates of 2 tasks x 4, on 50
     held-out episodes (the seed is the statistical unit).
 
@@ -266,7 +277,8 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
                 teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=90.0, sft_episodes=600, lr=2e-4, warmup=10,
                                   curve_every=25, curve_episodes=24),
                 student=ModelSpec(layers=0, sft_steps=5, sft_minutes=None, sft_episodes=600, lr=2e-4, warmup=10),
-                student_max_steps=40, probe_episodes=24, arms=("rl", "memopd", "teacher_persistent"), seeds=5,
+                student_max_steps=40, student_probes=(20, 21, 22, 23, 24, 25, 30, 35, 40), probe_episodes=24,
+                arms=("rl", "memopd", "teacher_persistent"), seeds=5,
                 teacher_packing="prefix_tree", teacher_dtype="native", train_autocast="auto", max_new_tokens=96,
                 updates=4, tasks_per_update=2, lr=3e-5, kl_coef=0.02, eval_episodes=50,
                 seen_eval_episodes=16, curve_every=4, curve_episodes=16, num_envs=8, timing_rounds=1,

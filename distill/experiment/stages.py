@@ -195,6 +195,14 @@ def _train_draw_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, flo
     return {"train_draw_f1": float(drawn.f1.mean()), "train_draw_f1_se": standard_error(drawn.f1)}
 
 
+def _probe_schedule(cfg: ExperimentConfig) -> list[int]:
+    """The SFT step counts at which the weak start is probed: ``cfg.student_probes`` (else every
+    ``student.sft_steps`` steps), those past ``student_max_steps`` dropped, ending at ``student_max_steps``."""
+    cap = cfg.student_max_steps
+    points = cfg.student_probes or range(cfg.student.sft_steps, cap + 1, cfg.student.sft_steps)
+    return sorted({n for n in points if n < cap} | {cap})
+
+
 def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
     """A smaller model on the teacher's tokenizer, weakly SFT'd; its per-episode start evaluations are saved."""
     from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
@@ -214,11 +222,11 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
     probes_path = out / "probes.json"
     probes = json.loads(probes_path.read_text()) if probes_path.exists() else []
-    round_steps = cfg.student.sft_steps
     done = latest_checkpoint(out / "sft")
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
-    # A resumed run continues at the first round boundary at or after its last checkpoint.
-    steps = min(max(round_steps, -(-done_steps // round_steps) * round_steps), cfg.student_max_steps)
+    schedule = _probe_schedule(cfg)
+    # A resumed run continues at the first probe point at or after its last checkpoint.
+    steps = next((n for n in schedule if n >= done_steps), schedule[-1])
     while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
         spec = replace(cfg.student, sft_steps=steps)
         # A constant learning rate after warm-up (min_lr_ratio 1): a cosine over each round's end would spend
@@ -234,7 +242,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
                   f"{cfg.student_start_f1})")
         if probes[-1]["probe_f1"] >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
             break
-        steps = min(steps + round_steps, cfg.student_max_steps)
+        steps = next(n for n in schedule if n > steps)
     held, seen = _evaluate_both(lm, tok, cfg, out, "start")
     res = {"path": str(latest_checkpoint(out / "sft").resolve()), "steps": row.get("step"),
            "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(held.f1.mean()), "em": float(held.em.mean()),
