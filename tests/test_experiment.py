@@ -369,6 +369,7 @@ def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(t
     # The preset's student is the whole base after a short SFT (a cut did not learn the task on a CPU budget): its
     # init folder is every layer with the short prompt, and its rounds of 5 steps keep the teacher's 10-step warm-up.
     assert cfg.student.layers == 0 and cfg.student.sft_steps == 5 and cfg.student_max_steps == 40
+    assert cfg.workers == 1  # the 30-layer pair's update peaks at ~12 GB: one arm process at a time
     same = _pretrained_init(cfg, cfg.student.layers, tmp_path / "s_whole")
     w_lm, w_tok = load_pretrained(same)
     assert w_lm.config.num_hidden_layers == 3 and w_tok.memenv_prompt == {"system_prompt": SHORT_SYSTEM_PROMPT}
