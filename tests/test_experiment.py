@@ -500,3 +500,11 @@ def test_the_weak_start_is_probed_at_its_schedule_or_every_round():
     for bad in ((), (3, 2), (2, 2), (0, 1), (1.5,)):
         with pytest.raises(ValueError, match="student_probes"):
             ExperimentConfig(student_probes=bad)
+
+
+def test_arm_runs_go_seed_by_seed_so_a_partial_run_is_paired():
+    from distill.experiment.run import arm_jobs
+
+    cfg = ExperimentConfig(arms=("rl", "memopd", "teacher_persistent"), seeds=2)
+    assert arm_jobs(cfg) == [("rl", 0), ("memopd", 0), ("teacher_persistent", 0), ("rl", 1), ("memopd", 1),
+                             ("teacher_persistent", 1)]

@@ -67,6 +67,12 @@ def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict,
     return results
 
 
+def arm_jobs(cfg: ExperimentConfig) -> list[tuple[str, int]]:
+    """Every (arm, seed) run, seed-major: a run cut short or made in parts (one worker) holds every arm of its
+    first seeds, already paired, rather than every seed of its first arms."""
+    return [(arm, s) for s in range(cfg.seeds) for arm in cfg.arms]
+
+
 #: Where ``run_experiment(until=...)`` / ``--until`` may stop: after the teacher's or the student's stage.
 STAGES = ("teacher", "student")
 
@@ -102,7 +108,7 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
     start = pd.read_csv(out / "student" / "start_eval.csv")
     start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
     timing = actor_timing(cfg, student)
-    jobs = [(arm, s) for arm in cfg.arms for s in range(cfg.seeds)]
+    jobs = arm_jobs(cfg)
     results = _run_arms(cfg, jobs, student, teacher)
     runs = {arm: [results[(arm, s)] for s in range(cfg.seeds)] for arm in cfg.arms}
     read = lambda arm, name: [pd.read_csv(out / "arms" / arm / f"seed{s}" / name)  # noqa: E731
@@ -128,4 +134,4 @@ def stage_summary(stages: dict[str, dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame([{"stage": name, **{k: res.get(k) for k in keys}} for name, res in stages.items()])
 
 
-__all__ = ["STAGES", "run_experiment", "stage_summary"]
+__all__ = ["STAGES", "arm_jobs", "run_experiment", "stage_summary"]
