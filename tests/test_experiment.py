@@ -508,3 +508,17 @@ def test_arm_runs_go_seed_by_seed_so_a_partial_run_is_paired():
     cfg = ExperimentConfig(arms=("rl", "memopd", "teacher_persistent"), seeds=2)
     assert arm_jobs(cfg) == [("rl", 0), ("memopd", 0), ("teacher_persistent", 0), ("rl", 1), ("memopd", 1),
                              ("teacher_persistent", 1)]
+
+
+def test_the_host_line_says_how_the_arms_train():
+    """The experiment's host line (printed and written into results.md) names the arms' training precision:
+    fp32 unless train_autocast resolves to bf16 on this host; sampling is fp32 either way."""
+    pytest.importorskip("torch")
+    from agents.llm.precision import native_bf16
+    from distill.experiment.run import _rl_precision
+
+    assert _rl_precision(ExperimentConfig()).endswith("sampling fp32, training passes fp32")
+    assert _rl_precision(ExperimentConfig(train_autocast="none")).endswith("training passes fp32")
+    assert _rl_precision(ExperimentConfig(train_autocast="bf16")).endswith("training passes bf16 autocast")
+    auto = _rl_precision(ExperimentConfig(train_autocast="auto"))
+    assert auto.endswith("bf16 autocast" if native_bf16("cpu") else "training passes fp32")

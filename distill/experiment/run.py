@@ -77,6 +77,16 @@ def arm_jobs(cfg: ExperimentConfig) -> list[tuple[str, int]]:
 STAGES = ("teacher", "student")
 
 
+def _rl_precision(cfg: ExperimentConfig) -> str:
+    """What the host line says of the arms' arithmetic: sampling is always fp32; their training passes follow
+    ``cfg.train_autocast`` (bf16 autocast where it resolves to it on this host)."""
+    from agents.llm.precision import resolve_autocast
+
+    train = resolve_autocast(cfg.train_autocast) if cfg.train_autocast is not None else "none"
+    passes = "bf16 autocast" if train == "bf16" else "fp32"
+    return f"SFT: autocast as shown; RL and distillation: sampling fp32, training passes {passes}"
+
+
 def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFrame:
     """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``.
 
@@ -93,7 +103,7 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    host = host_line(resolve_autocast("auto")) + " (SFT: autocast as shown; RL and distillation: fp32)"
+    host = host_line(resolve_autocast("auto")) + f" ({_rl_precision(cfg)})"
     _log(cfg, host)
     write_text_atomic(out / "experiment.json", json.dumps(_config_record(cfg), indent=2))
     teacher = build_teacher(cfg)
