@@ -24,8 +24,9 @@ Models: ``--run`` takes a run's cached teacher and weak start (``memenv experime
 teacher still training: its latest checkpoint, and the student's latest SFT checkpoint); ``--base`` builds them
 straight from a prepared base model instead (teacher = the whole base, student = its first ``student.layers``
 layers, :func:`agents.llm.pretrained.shrink`, or the whole base when that is 0, as in the preset), no SFT: the
-costs depend on shapes and on the actions' lengths, and an untrained model's actions are not an SFT'd model's (SmolLM2-Instruct, unprompted by
-demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of the action lengths; the printed
+costs depend on shapes and on the actions' lengths, and an untrained model's actions are not an SFT'd model's
+(SmolLM2-Instruct, unprompted by demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of
+the action lengths; the printed
 ``response_tokens`` and ``turns`` say what each side sampled). With ``--teacher-check N`` it also rolls out N
 episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32 on them.
 
@@ -105,7 +106,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="the experiment's --out folder (teacher and student built)")
-    source.add_argument("--base", help="a prepared base model folder: teacher = it, student = it or its first layers (the preset's student.layers)")
+    source.add_argument("--base", help="a prepared base model folder: teacher = it, student = it or its first "
+                                       "layers (the preset's student.layers, or --student-layers)")
     parser.add_argument("--arm", choices=["rl", "memopd", "teacher_persistent"], default="memopd")
     parser.add_argument("--updates", type=int, default=1)
     parser.add_argument("--student-layers", type=int, default=None, metavar="N",

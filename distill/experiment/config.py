@@ -253,10 +253,11 @@ SHORT_SYSTEM_PROMPT = ("You control a search engine with tags. Reply with one <m
 
 def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
     """The experiment on a pretrained base (``--model``), sized for a 2-core CPU in parts: the teacher is the whole
-    model after SFT; the student is the same model after a *short* SFT (rounds of 5 steps until its probe F1 reaches
-    0.15, probed at every step from 20 to 25, where it learns the task), learning rates for fine-tuning rather than training from scratch, and the three arms the claims need
-    (GRPO alone, MemOPD, the matched teacher-persistent control) x 5 seeds x 4 updates of 2 tasks x 4, on 50
-    held-out episodes (the seed is the statistical unit).
+    model after SFT; the student is the same model after a *short* SFT, stopped at the first probe F1 >= 0.15 of
+    those at steps 20-25, 30, 35 and 40 (``student_probes``: it learns the task between steps 20 and 25); learning
+    rates for fine-tuning rather than training from scratch, and the three arms the claims need (GRPO alone,
+    MemOPD, the matched teacher-persistent control) x 5 seeds x 4 updates of 2 tasks x 4, on 50 held-out episodes
+    (the seed is the statistical unit).
 
     Why a same-size student: a cut of the base (its first 6 layers, ~50M parameters) did not learn the task in the
     SFT a CPU affords (probe F1 0.014 after 280 steps, ~70 CPU-min, docs/results.md), so GRPO would see no reward

@@ -204,7 +204,8 @@ def _probe_schedule(cfg: ExperimentConfig) -> list[int]:
 
 
 def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
-    """A smaller model on the teacher's tokenizer, weakly SFT'd; its per-episode start evaluations are saved."""
+    """The student on the teacher's tokenizer (a tiny model, a cut of the pretrained base, or the whole base),
+    weakly SFT'd until a probe reaches the start target; its per-episode start evaluations are saved."""
     from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
     from agents.llm.sft import train_sft
     from agents.llm.training import latest_checkpoint, load_trainer_state
