@@ -186,8 +186,10 @@ def compare_arms(a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame], metric: s
         raise ValueError(f"arms to compare need the same training seeds, got {len(a)} and {len(b)}")
     seeds = list(a[0]["seed"])
     ea, eb = _frame_scores(a, metric, seeds), _frame_scores(b, metric, seeds)
-    return {**paired_difference(ea, eb), **two_level_bootstrap(ea - eb),
-            "ratio": float(ea.mean() / eb.mean()) if eb.mean() > 0 else math.nan}
+    # An arm that ends at 0 (a collapsed control) is below any positive arm by an unbounded ratio: inf, not
+    # "undefined"; only 0 / 0 has no ratio.
+    ratio = ea.mean() / eb.mean() if eb.mean() > 0 else (math.inf if ea.mean() > 0 else math.nan)
+    return {**paired_difference(ea, eb), **two_level_bootstrap(ea - eb), "ratio": float(ratio)}
 
 
 __all__ = ["INFERENCE", "standard_error", "seed_level", "per_seed_gains", "paired_gain", "paired_difference",

@@ -522,3 +522,25 @@ def test_the_host_line_says_how_the_arms_train():
     assert _rl_precision(ExperimentConfig(train_autocast="bf16")).endswith("training passes bf16 autocast")
     auto = _rl_precision(ExperimentConfig(train_autocast="auto"))
     assert auto.endswith("bf16 autocast" if native_bf16("cpu") else "training passes fp32")
+
+
+def test_report_names_a_pretrained_models_own_shape_and_an_unbounded_ratio_to_a_collapsed_control(tmp_path):
+    """A pretrained stage's spec says layers=0 ("all of the base's"): the report reads the shape from the
+    checkpoint's config.json; without one, the spec's. A control at F1 0 against a positive MemOPD arm meets the
+    1.07x target when t > 3 (ratio unbounded), not "MISSED (ratio nan)"."""
+    import json
+
+    from distill.experiment.report import model_shape, targets
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"hidden_size": 576, "num_hidden_layers": 30}))
+    assert model_shape({"path": str(tmp_path / "ckpt"), "hidden": 128, "layers": 0}) == "d=576 x 30 layers"
+    assert model_shape({"path": str(tmp_path / "missing"), "hidden": 128, "layers": 4}) == "d=128 x 4 layers"
+    table = pd.DataFrame([{"arm": "memopd", "gain_f1": 0.4, "gain_f1_se": 0.016, "gain_f1_t": 25.0, "gain_f1_df": 4}])
+    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.664, "se": 0.016, "t": 41.5,
+                                 "df": 4, "p": 2e-6, "ratio": math.inf}])
+    goals = {g["target"]: g for g in targets(table, comparisons)}
+    ratio = goals["aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE"]
+    assert ratio["met"] and ratio["detail"] == "ratio unbounded (the control ends at F1 0), t 41.5"
+    weak = {g["target"]: g for g in targets(table, comparisons.assign(t=2.0))}
+    assert not weak["aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE"]["met"]

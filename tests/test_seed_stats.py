@@ -100,3 +100,15 @@ def test_arm_summary_is_seed_level():
         arm_summary(start, [ends[0].assign(seed=[7, 8, 10])])
     c = compare_arms(ends, [start, start])  # paired by training seed: the gains again
     assert c["mean"] == pytest.approx(g.mean()) and c["se"] == pytest.approx(out["gain_f1_se"])
+
+
+def test_ratio_to_an_arm_that_ends_at_zero_is_unbounded_and_zero_over_zero_undefined():
+    """A collapsed control (every end F1 0) against a positive arm: ratio inf (the 1.07x target is met when t > 3),
+    not NaN; two arms at 0 have no ratio."""
+    zero = [pd.DataFrame({"seed": [1, 2], "f1": [0.0, 0.0], "em": [0, 0]}) for _ in range(2)]
+    some = [pd.DataFrame({"seed": [1, 2], "f1": [0.5, 1.0], "em": [0, 1]}),
+            pd.DataFrame({"seed": [1, 2], "f1": [1.0, 0.5], "em": [1, 0]})]
+    assert compare_arms(some, zero)["ratio"] == math.inf
+    assert math.isnan(compare_arms(zero, zero)["ratio"])
+    assert compare_arms(zero, some)["ratio"] == 0.0
+    assert compare_arms(some, some)["ratio"] == pytest.approx(1.0)

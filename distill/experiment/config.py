@@ -284,8 +284,8 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
                 updates=4, tasks_per_update=2, lr=3e-5, kl_coef=0.02, eval_episodes=50,
                 seen_eval_episodes=16, curve_every=4, curve_episodes=16, num_envs=8, timing_rounds=1,
                 diagnose_episodes=4,
-                # One arm process at a time: an update of the 30-layer pair peaks at ~12 GB resident, and two such
-                # processes exceed a 24 GB machine (--workers still overrides).
+                # One arm process at a time: a run of the 30-layer pair peaks at 10-13.4 GB resident; two fit a
+                # 24 GB machine only with nothing else on it (1.4 GB left at worst in issue 33's run; --workers 2).
                 workers=1)
     return ExperimentConfig(**{**base, **overrides})
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,9 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
                               f"df {int(c['df'])}, p {c['p']:.3g})" + _seen_detail(c, "seen_diff", "seen_se")})
         out.append({"target": "aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE", "value": c["ratio"],
                     "met": bool(c["ratio"] >= 1.07 and c["t"] > 3),
-                    "detail": f"ratio {c['ratio']:.3f}, t {c['t']:.1f}"})
+                    "detail": (f"ratio {c['ratio']:.3f}" if math.isfinite(c["ratio"]) else
+                               "ratio unbounded (the control ends at F1 0)" if c["ratio"] > 0 else "ratio undefined")
+                              + f", t {c['t']:.1f}"})
     if {"memopd", "rl"} <= set(by.index):
         g_m, g_r = by.loc["memopd", "gain_f1"], by.loc["rl", "gain_f1"]
         significant = bool(by.loc["memopd", "gain_f1_t"] > 3)
@@ -159,6 +162,19 @@ def _f(v: float, fmt: str = ".3f", signed: bool = False) -> str:
     return format(v, ("+" if signed else "") + fmt)
 
 
+def model_shape(stage: dict) -> str:
+    """``d=H x L layers`` of a stage's model: from its checkpoint's ``config.json`` where it is there (a pretrained
+    base keeps its own shape, which the stage's :class:`ModelSpec` does not hold: ``layers=0`` there means "all of
+    the base's"), else from the spec's ``hidden`` and ``layers``."""
+    config = Path(str(stage.get("path", ""))) / "config.json"
+    try:
+        arch = json.loads(config.read_text())
+        hidden, layers = arch["hidden_size"], arch["num_hidden_layers"]
+    except (OSError, ValueError, KeyError):
+        hidden, layers = stage["hidden"], stage["layers"]
+    return f"d={hidden} x {layers} layers"
+
+
 def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict,
                     student: dict, timing: pd.DataFrame, diagnostics: pd.DataFrame | None, host: str,
                     goals: list[dict]) -> str:
@@ -168,10 +184,10 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
              f"questions: the world's entities split before training, {cfg.heldout_fraction:.0%} held out: "
              "SFT, probes and GRPO episodes draw train-pool questions only; **held-out** = questions about "
              "held-out entities (never trained on), **seen** = train-pool questions on evaluation seeds",
-             f"teacher: d={teacher['hidden']} x {teacher['layers']} layers ({teacher['parameters']:,} parameters), "
+             f"teacher: {model_shape(teacher)} ({teacher['parameters']:,} parameters), "
              f"{teacher['steps']} SFT steps, held-out F1 {teacher['f1']:.3f} ± {teacher['f1_se']:.3f}, "
              f"EM {teacher['em']:.3f}; seen F1 {teacher.get('seen_f1', math.nan):.3f}",
-             f"student start: d={student['hidden']} x {student['layers']} layers ({student['parameters']:,} "
+             f"student start: {model_shape(student)} ({student['parameters']:,} "
              f"parameters, teacher's tokenizer), {student['steps']} SFT steps, held-out F1 {student['f1']:.3f} ± "
              f"{student['f1_se']:.3f}, EM {student['em']:.3f}; seen F1 {student.get('seen_f1', math.nan):.3f}",
              f"arms: {cfg.updates} GRPO updates x {cfg.tasks_per_update * cfg.group_size} episodes "
