@@ -14,6 +14,9 @@ records' ``response_logprobs``; run it with the model that sampled them, else po
 tokens whose ratio ``exp(recomputed - recorded)`` leaves ``[1 - clip, 1 + clip]`` (a PPO update would clip them
 before any learning); ``action_tokens``: tokens scored; ``tokens``: real tokens run through the model;
 ``slots``: tokens run including padding; ``saved_vs_padded``: ``1 - slots / slots(aligned)``.
+
+:func:`teacher_next_actions` shows where each reconstruction points the student: the teacher's greedy next action
+under the aligned view and under the persistent transcript of the same invocations (:func:`teacher_views`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from agents.llm.policy import DEFAULT_STOP
 from distill import DIAGNOSE_METHODS
 from distill.scoring import score_records
 
@@ -78,3 +82,62 @@ def diagnose(records, model, tokenizer=None, clip: float = 0.2, methods: Sequenc
             "saved_vs_padded": 1.0 - scored["slots"] / padded_slots,
         })
     return pd.DataFrame(rows)
+
+
+def teacher_views(records, tokenizer) -> list[dict]:
+    """What the teacher is shown before each sampled action, under each reconstruction: one dict per invocation,
+    in episode and turn order, with ``record`` (its index in ``records``), ``turn`` (0-based, in its episode),
+    ``aligned`` (the prompt ids the student sampled under: its memory state) and ``persistent`` (the flattened
+    transcript's ids up to that action, :func:`distill.reconstruct.persistent`). At turn 0 both are the first
+    prompt; they part from turn 1 on."""
+    from distill.reconstruct import persistent
+
+    return [{"record": seg.record, "turn": turn, "aligned": list(records[seg.record].prompt_ids),
+             "persistent": list(seq.input_ids[:seg.start])}
+            for seq in persistent(records, tokenizer) for turn, seg in enumerate(seq.segments)]
+
+
+#: Where the policy stops an action.
+STOP_STRINGS = DEFAULT_STOP
+
+
+def action_kind(text: str, stop: Sequence[str] = STOP_STRINGS) -> str:
+    """The kind of action ``text`` is, as the policy would have sent it (cut after its first stop string, like
+    :class:`agents.llm.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where the
+    protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
+    from memenv.protocol import parse_action
+
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    parsed = parse_action(text[:min(ends)] if ends else text)
+    return parsed.tool if parsed.valid else "invalid"
+
+
+def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96, min_turn: int = 1,
+                         progress: bool = False):
+    """Where each reconstruction points the student: the teacher's greedy next action under the aligned view and
+    under the persistent view (:func:`teacher_views`) of every invocation from turn ``min_turn`` on (turn 0's
+    views are the same prompt). A :class:`pandas.DataFrame`, one row per invocation and view: ``record``,
+    ``turn``, ``view``, ``context_tokens``, ``kind`` (:func:`action_kind`) and ``text``. A teacher trained on
+    memory-state prompts that acts otherwise on the flattened transcript distils that other behaviour into the
+    student under the persistent control; ``pd.crosstab(table.view, table.kind)`` shows it."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    if min_turn < 0 or max_new_tokens < 1:
+        raise ValueError(f"min_turn must be >= 0 and max_new_tokens >= 1, got {min_turn} and {max_new_tokens}")
+    views = [v for v in teacher_views(records, tokenizer) if v["turn"] >= min_turn]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows = []
+    with torch.no_grad():
+        for v in tqdm(views, desc="teacher next actions", disable=not progress, leave=False):
+            for view in ("aligned", "persistent"):
+                ids = torch.tensor([v[view]])
+                # stopped where the policy would stop (the kind reads only up to there; greedy, so the text up to
+                # the stop is the same as without it)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                     do_sample=False, pad_token_id=pad, stop_strings=list(STOP_STRINGS),
+                                     tokenizer=tokenizer)
+                text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                rows.append({"record": v["record"], "turn": v["turn"], "view": view, "context_tokens": ids.shape[1],
+                             "kind": action_kind(text), "text": text})
+    return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text"])

@@ -349,3 +349,58 @@ def test_sdpa_blocks_over_several_rows_with_padding_matches_the_dense_mask_with_
     # ~2 * 32 eps times the gradient's largest entry (~18 here): ~1.3e-4; seen 5.7e-6 (AVX2), 3.8e-6 (AVX512).
     tol = 2 * 32 * torch.finfo(torch.float32).eps * float(out["sdpa"][1].abs().max())
     assert torch.allclose(out["sdpa"][1], out["sdpa_blocks"][1], rtol=0, atol=tol)
+
+
+def test_teacher_views_part_after_the_first_turn_and_next_actions_are_greedy_under_each():
+    """Turn 0's aligned and persistent views are the same prompt; from turn 1 the persistent view is the flattened
+    transcript (the first prompt, then the sampled ids, then the env's reply) and the aligned one the record's own
+    prompt. The teacher's next action under a view is its greedy continuation of exactly those ids."""
+    from distill.diagnose import action_kind, teacher_next_actions, teacher_views
+
+    model, tok, records = _rollout_records()
+    views = teacher_views(records, tok)
+    assert sorted(v["record"] for v in views) == list(range(len(records)))
+    later = [v for v in views if v["turn"] > 0]
+    assert later, "the rollout must have episodes of two or more turns"
+    for v in views:
+        r = records[v["record"]]
+        assert v["aligned"] == list(r.prompt_ids)
+        if v["turn"] == 0:
+            assert v["persistent"] == v["aligned"]
+    for v in later:
+        first = next(u for u in views if u["turn"] == 0 and u["record"] < v["record"]
+                     and records[u["record"]].episode_id == records[v["record"]].episode_id)
+        prev = next(u for u in views if u["turn"] == v["turn"] - 1
+                    and records[u["record"]].episode_id == records[v["record"]].episode_id)
+        # the transcript holds the first prompt, then the previous action's sampled ids exactly, then more text
+        assert v["persistent"][:len(first["aligned"])] == first["aligned"]
+        sampled = list(records[prev["record"]].response_ids)
+        assert v["persistent"][len(prev["persistent"]):len(prev["persistent"]) + len(sampled)] == sampled
+        assert len(v["persistent"]) > len(prev["persistent"]) + len(sampled)
+    table = teacher_next_actions(model, tok, records, max_new_tokens=6)
+    assert len(table) == 2 * len(later) and set(table["turn"]) == {v["turn"] for v in later}
+    row = table.iloc[1]  # the persistent view of the first later invocation
+    ids = torch.tensor([later[0]["persistent"]])
+    greedy = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    full = tok.decode(greedy[0, ids.shape[1]:], skip_special_tokens=True)
+    # generation stops after the policy's first stop string, the text up to it unchanged
+    assert full.startswith(row["text"]) and (row["text"] == full or row["text"].endswith(("</search>", "</answer>")))
+    assert row["view"] == "persistent" and row["context_tokens"] == ids.shape[1]
+    assert set(table["kind"]) <= {"search", "answer", "invalid"}
+    with pytest.raises(ValueError, match="min_turn"):
+        teacher_next_actions(model, tok, records, min_turn=-1)
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("<memory>a: 1</memory><search>b</search>then more text", "search"),
+    ("<memory>a: 1</memory><answer>1; 2</answer></answer><memory>x</memory>", "answer"),
+    ("<memory>a</memory><search>b</search></search>1991</search><answer>x</answer>", "search"),
+    ("<search>b</search>", "invalid"),  # no memory rewrite first
+    ("<memory>a</memory>", "invalid"),  # no tool call
+    ("The answer is 5", "invalid"),
+])
+def test_action_kind_reads_the_action_as_the_policy_would_have_cut_it(text, kind):
+    from distill.diagnose import action_kind
+
+    assert action_kind(text) == kind

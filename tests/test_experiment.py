@@ -544,3 +544,44 @@ def test_report_names_a_pretrained_models_own_shape_and_an_unbounded_ratio_to_a_
     assert ratio["met"] and ratio["detail"] == "ratio unbounded (the control ends at F1 0), t 41.5"
     weak = {g["target"]: g for g in targets(table, comparisons.assign(t=2.0))}
     assert not weak["aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE"]["met"]
+
+
+def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, capsys):
+    """benchmarks/teacher_views.py on a run folder of tiny models: the start student's episodes, then the teacher's
+    greedy next action under both views of every later invocation (the rows come in aligned/persistent pairs over
+    the same invocations); a run without its stages is named, not a traceback."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models import save_pretrained
+    from distill.experiment.config import _config_record
+
+    spec = importlib.util.spec_from_file_location(
+        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match="teacher/result.json is missing"):
+        script.main(["--run", str(run)])
+    tok = memqa_tokenizer()
+    for stage, seed in (("teacher", 1), ("student", 2)):
+        save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
+        (run / stage).mkdir(parents=True)
+        (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
+    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    assert script.main(["--run", str(run), "--episodes", "4", "--csv", str(tmp_path / "views.csv")]) == 0
+    rows = pd.read_csv(tmp_path / "views.csv")
+    assert len(rows) > 0 and (rows["turn"] >= 1).all()
+    assert rows["view"].tolist() == ["aligned", "persistent"] * (len(rows) // 2)
+    pairs = rows.groupby("record")
+    assert (pairs.size() == 2).all()
+    assert (pairs["context_tokens"].max() > pairs["context_tokens"].min()).all()  # the transcript is longer
+    out = capsys.readouterr().out
+    assert f"{len(rows) // 2} invocations after an episode's first turn" in out and "persistent" in out
+    with pytest.raises(SystemExit, match="--episodes must be >= 1"):
+        script.main(["--run", str(run), "--episodes", "0"])

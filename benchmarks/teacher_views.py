@@ -1,0 +1,70 @@
+"""Where each reconstruction points the student: the teacher's greedy next action under the aligned view (the
+student's memory state, as sampled) and under the persistent view (the episode flattened into one transcript, the
+teacher-persistent control's) of the same invocations, on one GRPO-shaped batch of the start student's episodes
+at the training temperature (what the arms' first update sees). Prints the counts of each kind of action (search,
+answer, invalid) per view, for the invocations after each episode's first (turn 0's two views are one prompt),
+and the host line; ``--csv`` writes every row (the texts too).
+
+    python benchmarks/teacher_views.py --run runs/memopd_smol [--episodes 32] [--csv views.csv]
+
+``--run`` is a ``memenv experiment memopd`` output folder with its teacher and weak start built (``--until
+student``). 1 torch thread; greedy decoding, so the figures depend only on the run's models and the episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="the experiment's --out folder (teacher and student built)")
+    parser.add_argument("--episodes", type=int, default=32, help="episodes sampled (groups of the run's group size)")
+    parser.add_argument("--csv", default=None, help="write every row here (atomically)")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
+    run = Path(args.run)
+    paths = {}
+    for stage in ("teacher", "student"):
+        result = run / stage / "result.json"
+        if not result.exists():
+            raise SystemExit(f"{result} is missing: run the experiment with --until student first")
+        paths[stage] = json.loads(result.read_text())["path"]
+
+    import pandas as pd
+    import torch
+
+    from agents.files import write_atomic
+    from agents.llm.models import load_pretrained
+    from agents.llm.precision import host_line
+    from distill.diagnose import teacher_next_actions
+    from distill.experiment.config import ExperimentConfig, ModelSpec
+    from distill.experiment.stages import _sample_records  # the arms' batch shape, seeds and temperature
+
+    torch.set_num_threads(1)
+    saved = json.loads((run / "experiment.json").read_text())
+    specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
+    cfg = replace(ExperimentConfig(**{**saved, **specs}), out=str(run))
+    print(host_line(), f"| {args.episodes} episodes of the start student at temperature {cfg.temperature}, "
+          f"teacher greedy, {cfg.max_new_tokens}-token cap", flush=True)
+    student, tok = load_pretrained(paths["student"])
+    records = _sample_records(student, tok, cfg, args.episodes)
+    del student
+    teacher, teacher_tok = load_pretrained(paths["teacher"])
+    if teacher_tok.get_vocab() != tok.get_vocab():
+        raise SystemExit("the teacher's tokenizer differs from the student's: the views would not be the same ids")
+    table = teacher_next_actions(teacher, tok, records, max_new_tokens=cfg.max_new_tokens, progress=True)
+    counts = pd.crosstab(table["view"], table["kind"])
+    print(f"{len(table) // 2} invocations after an episode's first turn, in {len(records)} records")
+    print(counts.to_string())
+    if args.csv:
+        write_atomic(Path(args.csv), lambda tmp: table.to_csv(tmp, index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
