@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     from distill.diagnose import teacher_next_actions
     from distill.experiment.config import ExperimentConfig, ModelSpec
     from distill.experiment.stages import _sample_records  # the arms' batch shape, seeds and temperature
+    from distill.teacher import VocabularyMismatchError, check_vocabulary
 
     torch.set_num_threads(1)
     saved = json.loads((run / "experiment.json").read_text())
@@ -55,8 +56,10 @@ def main(argv=None) -> int:
     records = _sample_records(student, tok, cfg, args.episodes)
     del student
     teacher, teacher_tok = load_pretrained(paths["teacher"])
-    if teacher_tok.get_vocab() != tok.get_vocab():
-        raise SystemExit("the teacher's tokenizer differs from the student's: the views would not be the same ids")
+    try:  # the views are the student's ids: the teacher must read them as the same tokens
+        check_vocabulary(teacher_tok, tok, teacher)
+    except VocabularyMismatchError as err:
+        raise SystemExit(f"error: {err}") from None
     table = teacher_next_actions(teacher, tok, records, max_new_tokens=cfg.max_new_tokens, progress=True)
     counts = pd.crosstab(table["view"], table["kind"])
     print(f"{len(table) // 2} invocations after an episode's first turn, in {len(records)} records")

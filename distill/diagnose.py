@@ -97,11 +97,7 @@ def teacher_views(records, tokenizer) -> list[dict]:
             for seq in persistent(records, tokenizer) for turn, seg in enumerate(seq.segments)]
 
 
-#: Where the policy stops an action.
-STOP_STRINGS = DEFAULT_STOP
-
-
-def action_kind(text: str, stop: Sequence[str] = STOP_STRINGS) -> str:
+def action_kind(text: str, stop: Sequence[str] = DEFAULT_STOP) -> str:
     """The kind of action ``text`` is, as the policy would have sent it (cut after its first stop string, like
     :class:`agents.llm.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where the
     protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
@@ -135,7 +131,7 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
                 # stopped where the policy would stop (the kind reads only up to there; greedy, so the text up to
                 # the stop is the same as without it)
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                     do_sample=False, pad_token_id=pad, stop_strings=list(STOP_STRINGS),
+                                     do_sample=False, pad_token_id=pad, stop_strings=list(DEFAULT_STOP),
                                      tokenizer=tokenizer)
                 text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
                 rows.append({"record": v["record"], "turn": v["turn"], "view": view, "context_tokens": ids.shape[1],
