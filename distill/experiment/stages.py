@@ -60,10 +60,12 @@ PROBE_SEED_BASE = 2 * 10**7
 
 
 def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
-                      pool: str = "heldout", episodes: int | None = None) -> pd.DataFrame:
+                      pool: str = "heldout", episodes: int | None = None, view: str = "memory") -> pd.DataFrame:
     """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
     ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
-    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts)."""
+    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts).
+    ``view``: what the model is shown (:func:`agents.llm.rollouts.rollout`): the memory state (default) or the
+    flattened transcript the teacher-persistent control scores in."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
@@ -72,7 +74,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
     envs = [env_fn() for _ in range(cfg.num_envs)]
     seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
     eps = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
-                  progress=cfg.progress)
+                  progress=cfg.progress, view=view)
     for env in envs:
         env.close()
     return pd.DataFrame({"seed": seeds, "f1": [ep.f1 for ep in eps],
@@ -99,7 +101,8 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
-                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress,
+                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress, views=spec.sft_views,
+                     demo_env_overrides=dict(spec.sft_env),
                      # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
                      # layers: OOM at ~24 GB), so they are recomputed in the backward
                      gradient_checkpointing=bool(cfg.model), **overrides)
@@ -128,13 +131,29 @@ def _sft_finished(out: Path, spec: ModelSpec) -> dict[str, Any] | None:
     return rows[rows["step"] <= int(state["step"])].iloc[-1].to_dict()
 
 
-def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Held-out and seen evaluations of ``lm``, written to ``out/{name}_eval.csv`` and ``{name}_eval_seen.csv``."""
-    held = evaluate_per_seed(lm, tok, cfg, pool="heldout")
-    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes)
+def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str,
+                   view: str = "memory") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out and seen evaluations of ``lm`` acting in ``view``, written to ``out/{name}_eval.csv`` and
+    ``{name}_eval_seen.csv`` (``{name}_persistent_eval.csv`` ... in the persistent view)."""
+    held = evaluate_per_seed(lm, tok, cfg, pool="heldout", view=view)
+    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes, view=view)
+    name = name if view == "memory" else f"{name}_{view}"
     write_atomic(out / f"{name}_eval.csv", lambda tmp: held.to_csv(tmp, index=False))
     write_atomic(out / f"{name}_eval_seen.csv", lambda tmp: seen.to_csv(tmp, index=False))
     return held, seen
+
+
+def _persistent_view_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, float]:
+    """The teacher's greedy F1 *acting* in the flattened transcript (the view the teacher-persistent control scores
+    it in), on the same held-out and seen episodes as in the memory view: a control that changes one thing needs a
+    teacher about as good in both (``view_gap``: memory-view minus persistent-view held-out F1)."""
+    held, seen = _evaluate_both(lm, tok, cfg, out, "teacher", view="persistent")
+    memory = pd.read_csv(out / "teacher_eval.csv")
+    return {"persistent_f1": float(held.f1.mean()), "persistent_f1_se": standard_error(held.f1),
+            "persistent_seen_f1": float(seen.f1.mean()), "persistent_seen_f1_se": standard_error(seen.f1),
+            "view_gap": float(memory.f1.mean() - held.f1.mean()),
+            "view_gap_se": standard_error(memory.f1.to_numpy() - held.f1.to_numpy()),
+            "persistent_turns": float(held.turns.mean())}
 
 
 def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
@@ -164,9 +183,13 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
 
     out = Path(cfg.out) / "teacher"
     if (res := _done(out)) is not None:
-        if cfg.env_kwargs.get("fresh_facts") and "train_draw_f1" not in res:  # cached before this figure existed
+        missing = {"train_draw_f1": bool(cfg.env_kwargs.get("fresh_facts")), "persistent_f1": True}
+        if any(on and key not in res for key, on in missing.items()):  # cached before these figures existed
             lm, tok = _trained(out)
-            res.update(_train_draw_eval(lm, tok, cfg, out))
+            if missing["train_draw_f1"] and "train_draw_f1" not in res:
+                res.update(_train_draw_eval(lm, tok, cfg, out))
+            if "persistent_f1" not in res:
+                res.update(_persistent_view_eval(lm, tok, cfg, out))
             _write_json(out / "result.json", res)
         return res
     timer = Timer()
@@ -181,6 +204,7 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
            "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.teacher)}
     if cfg.env_kwargs.get("fresh_facts"):
         res.update(_train_draw_eval(lm, tok, cfg, out))
+    res.update(_persistent_view_eval(lm, tok, cfg, out))
     _write_json(out / "result.json", res)
     return res
 
