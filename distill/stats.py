@@ -12,10 +12,15 @@ training seed:
   arms' seed ``s`` share their rollout seeds and their start) and by episode;
 - the **headline**: ``mean_s g_s`` with the standard error across seeds ``sd_s(g_s) / sqrt(n)`` (``ddof=1``),
   ``t = mean / se`` on ``n - 1`` degrees of freedom, its two-sided p-value and a t confidence interval
-  (:func:`seed_level`);
+  (:func:`seed_level`); per-seed values with no spread (every seed the same difference) get no t: ``t``, its p
+  and its interval are nan and ``zero_variance`` is True;
+- an **exact sign-flip p** (:func:`sign_flip_test`): under "no difference" each seed's paired difference is as
+  likely negated, so the p-value counts the sign flips whose mean is at least as far from 0 as the observed one;
+  it assumes no normality, and with ``n`` seeds it cannot go below ``2 / 2**n`` (0.0625 with 5 seeds, 0.002
+  with 10), which is reported beside it;
 - a **two-level bootstrap** (:func:`two_level_bootstrap`) resamples training seeds and, inside, evaluation
   episodes (the same resampled episodes for every seed, keeping the pairing): its interval also carries the
-  sampling error of the fixed evaluation set, which the seed-level t holds fixed.
+  sampling error of the fixed evaluation set, which the seed-level t holds fixed. A target is judged on it.
 
 :func:`arm_summary` and :func:`compare_arms` apply these to the experiment's evaluation frames (one per training
 seed, rows ``seed, f1, em`` on the same evaluation episodes); :func:`paired_stats` compares two models on one
@@ -26,6 +31,7 @@ Pure numpy/scipy (frames are read, pandas is not imported); no torch.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import TYPE_CHECKING, Sequence
 
@@ -34,8 +40,18 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-INFERENCE = ("seed-level: per training seed the paired gain over the same evaluation episodes; mean over seeds, "
-             "SE across seeds, t on n_seeds - 1 degrees of freedom")
+INFERENCE = ("seed-level: per training seed the paired difference over the same evaluation episodes; mean over "
+             "seeds, SE across seeds, t on n_seeds - 1 degrees of freedom (none where the seeds do not differ), an "
+             "exact sign-flip p over the seeds, and a 95% interval from a two-level bootstrap (training seeds x "
+             "evaluation episodes)")
+#: Up to this many seeds :func:`sign_flip_test` enumerates every sign flip (2**16 = 65,536 of them, well under a
+#: second); beyond, a seeded Monte Carlo of :data:`SIGN_FLIP_DRAWS` flips. scipy's enumeration of 2**20 flips takes
+#: ~6 s on a 2-core CPU, and a report computes a few dozen of these p-values.
+SIGN_FLIP_EXACT_MAX = 16
+SIGN_FLIP_DRAWS = 2 ** 16
+#: Per-seed values whose range is below this fraction of their largest magnitude (or of 1) count as equal:
+#: ``b + 0.05`` minus ``b`` differs from 0.05 by rounding, and its t would be ~1e15, not a measurement.
+_ZERO_SPREAD = 1e-12
 
 
 def _matrix(x, name: str) -> np.ndarray:
@@ -55,11 +71,51 @@ def standard_error(values) -> float:
     return float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
 
 
+def sign_flip_test(per_seed_values: Sequence[float], max_exact: int = SIGN_FLIP_EXACT_MAX,
+                   draws: int = SIGN_FLIP_DRAWS, seed: int = 0) -> dict[str, float]:
+    """Two-sided sign-flip (permutation) test of "the per-seed paired differences are symmetric about 0": the
+    statistic is their mean, and ``p`` is the share of the ``2**n`` sign assignments whose mean is at least as far
+    from 0 as the observed one (ties count; scipy's ``permutation_test``, ``permutation_type="samples"``).
+
+    For ``n <= max_exact`` (or ``2**n <= draws``) every assignment is enumerated: the p is exact, ``draws`` is 0 and ``p_min`` is
+    ``2 / 2**n``, the smallest p any data of ``n`` seeds can give (the observed signs and their negation always
+    count). Beyond, ``draws`` sign assignments are drawn at random from ``seed`` (reproducible) and the p is
+    scipy's Monte Carlo one, ``2 * (1 + hits on the observed side) / (1 + draws)`` (valid: the observed
+    assignment counts once), so ``p_min`` is ``2 / (1 + draws)`` and the returned ``draws`` says how many were
+    drawn. A single seed, or differences that are
+    all 0, give ``p = 1``. Returns ``p``, ``p_min``, ``draws`` and ``n``."""
+    from scipy import stats
+
+    d = np.asarray(per_seed_values, dtype=np.float64).ravel()
+    if d.size < 1 or not np.isfinite(d).all():
+        raise ValueError(f"sign_flip_test needs >= 1 finite value per training seed, got {list(d)}")
+    if max_exact < 1 or draws < 1:
+        raise ValueError(f"sign_flip_test needs max_exact >= 1 and draws >= 1, got {max_exact} and {draws}")
+    n = int(d.size)
+    if n == 1:  # one value and its negation: both as far from 0
+        return {"p": 1.0, "p_min": 1.0, "draws": 0, "n": 1}
+    exact = n <= max_exact or 2 ** n <= draws  # enumerating is then no more work than drawing
+    # scipy enumerates every assignment when n_resamples >= 2**n, and otherwise draws n_resamples of them
+    n_resamples = math.inf if exact else draws
+    generator = np.random.default_rng(seed)
+    rng_kw = "rng" if "rng" in inspect.signature(stats.permutation_test).parameters else "random_state"
+    res = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis), permutation_type="samples",
+                                 vectorized=True, n_resamples=n_resamples, alternative="two-sided",
+                                 **{rng_kw: generator})
+    return {"p": float(min(1.0, res.pvalue)), "p_min": min(1.0, 2.0 / (2 ** n if exact else 1 + draws)),
+            "draws": 0 if exact else int(draws), "n": n}
+
+
 def seed_level(per_seed: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
     """Inference over seeds from one value per training seed: ``mean``, ``se`` (``sd(ddof=1)/sqrt(n)``), ``t``,
     ``df = n - 1``, two-sided ``p``, the t interval ``ci_low``/``ci_high`` at ``confidence``, ``n_seeds``,
-    ``seed_sd``. One seed: ``se``, ``t``, ``p`` and the interval are nan (no spread to measure). A zero ``se``
-    with a nonzero mean gives ``t = ±inf``, ``p = 0``."""
+    ``seed_sd``, and the exact sign-flip ``p_exact`` with ``p_exact_min`` (the smallest it can be for these
+    seeds) and ``p_exact_draws`` (0: every sign flip enumerated; see :func:`sign_flip_test`).
+
+    One seed: ``se``, ``t``, ``p`` and the interval are nan (no spread to measure). Per-seed values that are all
+    equal (``zero_variance`` True; up to rounding): ``se`` and ``seed_sd`` are 0 and ``t``, ``p`` and the t
+    interval are nan: a t of a difference without variance is not a number to report (the sign-flip p and the
+    two-level bootstrap still measure it)."""
     from scipy import stats
 
     g = np.asarray(per_seed, dtype=np.float64).ravel()
@@ -68,20 +124,21 @@ def seed_level(per_seed: Sequence[float], confidence: float = 0.95) -> dict[str,
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     n, mean = int(g.size), float(g.mean())
+    flips = sign_flip_test(g)
     out = {"mean": mean, "n_seeds": n, "df": n - 1, "se": math.nan, "seed_sd": math.nan, "t": math.nan,
-           "p": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+           "p": math.nan, "ci_low": math.nan, "ci_high": math.nan, "zero_variance": False,
+           "p_exact": flips["p"], "p_exact_min": flips["p_min"], "p_exact_draws": flips["draws"]}
     if n < 2:
+        return out
+    if float(np.ptp(g)) <= _ZERO_SPREAD * max(1.0, float(np.abs(g).max())):
+        out.update(se=0.0, seed_sd=0.0, zero_variance=True)
         return out
     sd = float(g.std(ddof=1))
     se = sd / math.sqrt(n)
-    out.update(se=se, seed_sd=sd)
-    if se > 0:
-        t = mean / se
-        q = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
-        out.update(t=t, p=float(2 * stats.t.sf(abs(t), n - 1)), ci_low=mean - q * se, ci_high=mean + q * se)
-    else:
-        out.update(t=math.copysign(math.inf, mean) if mean else math.nan, p=0.0 if mean else math.nan,
-                   ci_low=mean, ci_high=mean)
+    t = mean / se
+    q = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
+    out.update(se=se, seed_sd=sd, t=t, p=float(2 * stats.t.sf(abs(t), n - 1)), ci_low=mean - q * se,
+               ci_high=mean + q * se)
     return out
 
 
@@ -96,13 +153,15 @@ def per_seed_gains(start, ends) -> np.ndarray:
 
 
 def paired_gain(start, ends, confidence: float = 0.95) -> dict[str, float]:
-    """Seed-level inference on an arm's gain (:func:`per_seed_gains`, :func:`seed_level`)."""
+    """Seed-level inference on an arm's gain (:func:`per_seed_gains`, :func:`seed_level`: t, the exact
+    sign-flip p, the zero-variance flag)."""
     return seed_level(per_seed_gains(start, ends), confidence)
 
 
 def paired_difference(a, b, confidence: float = 0.95) -> dict[str, float]:
     """Seed-level inference on arm ``a`` minus arm ``b``, paired by training seed (row ``s`` of both) and by
-    evaluation episode (column ``e``): ``d_s = mean_e(a[s, e] - b[s, e])``."""
+    evaluation episode (column ``e``): ``d_s = mean_e(a[s, e] - b[s, e])`` (:func:`seed_level`: t, the exact
+    sign-flip p, the zero-variance flag)."""
     a, b = _matrix(a, "a"), _matrix(b, "b")
     if a.shape != b.shape:
         raise ValueError(f"arms to compare need the same [seeds, episodes] shape, got {a.shape} and {b.shape}")
@@ -112,19 +171,28 @@ def paired_difference(a, b, confidence: float = 0.95) -> dict[str, float]:
 def two_level_bootstrap(diff, n_boot: int = 4000, seed: int = 0, confidence: float = 0.95) -> dict[str, float]:
     """Percentile interval of ``mean(diff)`` (``diff``: ``[seeds, episodes]`` paired differences) under a
     two-level bootstrap: each replicate draws ``seeds`` training seeds with replacement and ``episodes``
-    evaluation episodes with replacement (the same episodes for every seed). Returns ``mean``, ``boot_se``
-    (sd of the replicates), ``boot_low``, ``boot_high``; with one seed only the episodes are resampled."""
+    evaluation episodes with replacement, the same episodes for every seed (the seeds were evaluated on the same
+    episodes, so an episode's difficulty is shared and resampled once), and takes the mean over the drawn seeds
+    of each drawn seed's mean over the drawn episodes. Returns ``mean``, ``boot_se`` (sd of the replicates),
+    ``boot_low``, ``boot_high`` and ``boot_draws`` (``n_boot``); the same ``seed`` gives the same interval.
+    With one seed only the episodes are resampled; values that are all equal give the degenerate interval at
+    that value."""
     d = _matrix(diff, "diff")
+    if n_boot < 2:
+        raise ValueError(f"n_boot must be >= 2, got {n_boot}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     n_seeds, n_eps = d.shape
     rng = np.random.default_rng(seed)
     seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n_boot) if n_seeds > 1 \
-        else np.ones((n_boot, 1))
+        else np.ones((n_boot, 1))  # [B, S] how often each seed is drawn
     ep_w = rng.multinomial(n_eps, np.full(n_eps, 1 / n_eps), size=n_boot)  # [B, E] counts
     per_seed = d @ ep_w.T / n_eps  # [S, B]: each seed's mean over the replicate's episodes
     reps = (seed_w * per_seed.T).sum(axis=1) / n_seeds
     alpha = (1 - confidence) / 2
     return {"mean": float(d.mean()), "boot_se": float(reps.std(ddof=1)),
-            "boot_low": float(np.quantile(reps, alpha)), "boot_high": float(np.quantile(reps, 1 - alpha))}
+            "boot_low": float(np.quantile(reps, alpha)), "boot_high": float(np.quantile(reps, 1 - alpha)),
+            "boot_draws": int(n_boot)}
 
 
 def episode_level_se(start, ends) -> float:
@@ -159,7 +227,8 @@ def _frame_scores(frames: Sequence[pd.DataFrame], metric: str, seeds: Sequence[i
 def arm_summary(start: pd.DataFrame, ends: Sequence[pd.DataFrame], prefix: str = "") -> dict[str, float]:
     """Start vs end of one arm, with seed-level inference (:func:`paired_gain`, :func:`two_level_bootstrap`). Every
     frame has ``seed, f1, em`` rows on the same evaluation episodes (checked). Keys ``{prefix}gain_f1``,
-    ``..._se`` (across training seeds), ``_t``, ``_df``, ``_p``, ``_ci_low/high`` (t), ``_boot_low/high``
+    ``..._se`` (across training seeds), ``_t``, ``_df``, ``_p``, ``_ci_low/high`` (t; nan where
+    ``_zero_variance``), ``_p_exact``, ``_p_exact_min`` (exact sign-flip), ``_boot_low/high``, ``_boot_se``
     (two-level bootstrap), ``_episode_se`` (seeds averaged first: what that leaves out), ``end_f1_seed_sd`` ..."""
     out: dict[str, float] = {}
     for metric in ("f1", "em"):
@@ -167,21 +236,24 @@ def arm_summary(start: pd.DataFrame, ends: Sequence[pd.DataFrame], prefix: str =
         ends_m = _frame_scores(ends, metric, list(start["seed"]))
         g = paired_gain(s0, ends_m)
         boot = two_level_bootstrap(ends_m - s0[None, :])
+        gain = f"{prefix}gain_{metric}"
         out.update({f"{prefix}start_{metric}": float(s0.mean()), f"{prefix}end_{metric}": float(ends_m.mean()),
                     f"{prefix}end_{metric}_seed_sd": float(ends_m.mean(axis=1).std(ddof=1)) if len(ends) > 1
                     else math.nan,
-                    f"{prefix}gain_{metric}": g["mean"], f"{prefix}gain_{metric}_se": g["se"],
-                    f"{prefix}gain_{metric}_t": g["t"], f"{prefix}gain_{metric}_df": g["df"],
-                    f"{prefix}gain_{metric}_p": g["p"], f"{prefix}gain_{metric}_ci_low": g["ci_low"],
-                    f"{prefix}gain_{metric}_ci_high": g["ci_high"], f"{prefix}gain_{metric}_boot_low": boot["boot_low"],
-                    f"{prefix}gain_{metric}_boot_high": boot["boot_high"],
-                    f"{prefix}gain_{metric}_episode_se": episode_level_se(s0, ends_m)})
+                    gain: g["mean"], f"{gain}_se": g["se"], f"{gain}_t": g["t"], f"{gain}_df": g["df"],
+                    f"{gain}_p": g["p"], f"{gain}_ci_low": g["ci_low"], f"{gain}_ci_high": g["ci_high"],
+                    f"{gain}_zero_variance": g["zero_variance"], f"{gain}_p_exact": g["p_exact"],
+                    f"{gain}_p_exact_min": g["p_exact_min"], f"{gain}_boot_low": boot["boot_low"],
+                    f"{gain}_boot_high": boot["boot_high"], f"{gain}_boot_se": boot["boot_se"],
+                    f"{gain}_episode_se": episode_level_se(s0, ends_m)})
     return out
 
 
 def compare_arms(a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame], metric: str = "f1") -> dict[str, float]:
-    """End of arm ``a`` minus end of arm ``b``, paired by training seed (the i-th frame of each) and episode;
-    seed-level inference (:func:`paired_difference`) and the two-level bootstrap."""
+    """End of arm ``a`` minus end of arm ``b``, paired by training seed (the i-th frame of each) and episode:
+    seed-level inference (:func:`paired_difference`: ``mean``, ``se``, ``t``, ``df``, ``p``, ``ci_low/high``,
+    ``zero_variance``, ``p_exact``, ``p_exact_min``, ``p_exact_draws``), the two-level bootstrap (``boot_low/high``,
+    ``boot_se``) and ``ratio``, end F1 a / b (information, never a verdict)."""
     if len(a) != len(b):
         raise ValueError(f"arms to compare need the same training seeds, got {len(a)} and {len(b)}")
     seeds = list(a[0]["seed"])
@@ -192,5 +264,6 @@ def compare_arms(a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame], metric: s
     return {**paired_difference(ea, eb), **two_level_bootstrap(ea - eb), "ratio": float(ratio)}
 
 
-__all__ = ["INFERENCE", "standard_error", "seed_level", "per_seed_gains", "paired_gain", "paired_difference",
-           "two_level_bootstrap", "episode_level_se", "paired_stats", "arm_summary", "compare_arms"]
+__all__ = ["INFERENCE", "SIGN_FLIP_EXACT_MAX", "SIGN_FLIP_DRAWS", "standard_error", "sign_flip_test", "seed_level",
+           "per_seed_gains", "paired_gain", "paired_difference", "two_level_bootstrap", "episode_level_se",
+           "paired_stats", "arm_summary", "compare_arms"]
