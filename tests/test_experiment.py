@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from distill.experiment.config import ARMS, DEFAULT_ARMS, ExperimentConfig, ModelSpec
-from distill.experiment.report import RESULT_COLUMNS
+from distill.experiment.report import INFERENCE_COLUMN, RESULT_COLUMNS
 
 from memenv.cli import main
 from tasks.world import question_pool
@@ -55,7 +55,7 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     saved = pd.read_csv(out / "results.csv")
     assert list(saved.columns) == RESULT_COLUMNS and list(saved.arm) == list(DEFAULT_ARMS)
     assert (saved.seeds == 2).all() and (saved.updates == 2).all() and (saved.eval_episodes == 4).all()
-    assert (saved.seen_eval_episodes == 3).all() and (saved.inference == "seed-level t").all()
+    assert (saved.seen_eval_episodes == 3).all() and (saved.inference == INFERENCE_COLUMN).all()
     start = pd.read_csv(out / "student" / "start_eval.csv")
     assert list(start.seed) == eval_seeds(4)
     seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
@@ -98,7 +98,8 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     assert diag.loc["aligned", "p99_abs_dlogp"] <= 1e-4 < diag.loc["persistent", "p99_abs_dlogp"]
     md = (out / "results.md").read_text()
     assert all(ARMS[arm][0] in md for arm in DEFAULT_ARMS) and "Targets:" in md and "seed-level" in md
-    assert "teacher-persistent control separated" in md
+    assert "MemOPD (aligned) above the teacher-persistent control: paired difference > 0" in md
+    assert "| memopd | teacher_persistent | 2 | " in md and "with 2 seeds no p below 0.5" in md
     assert (out / "learning_curves.png").stat().st_size > 0
     # resume: every stage is cached, nothing is retrained
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
@@ -388,25 +389,112 @@ def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(t
         dataclasses.replace(cfg, teacher=ModelSpec(layers=0, warmup=-1))
 
 
-def test_targets_judge_held_out_questions_and_give_the_seen_figures_beside():
+def test_targets_judge_paired_differences_on_held_out_questions_and_give_the_seen_figures_beside():
+    """A target is met when its paired difference is above 0 with its bootstrap 95% interval above 0; GRPO alone's
+    gain being <= 0 no longer meets "MemOPD beats GRPO alone", and no ratio decides anything."""
     from distill.experiment.report import targets
 
     table = pd.DataFrame([
         {"arm": "rl", "gain_f1": -0.02, "gain_f1_se": 0.01, "gain_f1_t": -2.0, "gain_f1_df": 4,
          "seen_gain_f1": -0.03, "seen_gain_f1_se": 0.01},
         {"arm": "memopd", "gain_f1": 0.012, "gain_f1_se": 0.003, "gain_f1_t": 4.0, "gain_f1_df": 4,
-         "seen_gain_f1": 0.08, "seen_gain_f1_se": 0.004}])
-    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.001, "se": 0.002, "t": 0.5,
-                                 "df": 4, "p": 0.64, "ratio": 1.05, "seen_diff": 0.12, "seen_se": 0.01}])
+         "gain_f1_boot_low": 0.004, "gain_f1_boot_high": 0.02, "gain_f1_p_exact": 0.0625,
+         "gain_f1_p_exact_min": 0.0625, "seeds": 5, "seen_gain_f1": 0.08, "seen_gain_f1_se": 0.004}])
+    comparisons = pd.DataFrame([
+        {"a": "memopd", "b": "teacher_persistent", "seeds": 5, "diff": 0.001, "se": 0.002, "t": 0.5, "df": 4,
+         "p": 0.64, "boot_low": -0.003, "boot_high": 0.005, "p_exact": 0.81, "p_exact_min": 0.0625, "ratio": 1.05,
+         "seen_diff": 0.12, "seen_se": 0.01},
+        # MemOPD's gain is positive and GRPO's negative (the old rule: met), but the paired difference's bootstrap
+        # interval reaches below 0: not met
+        {"a": "memopd", "b": "rl", "seeds": 5, "diff": 0.032, "se": 0.02, "t": 1.6, "df": 4, "p": 0.18,
+         "boot_low": -0.01, "boot_high": 0.07, "p_exact": 0.19, "p_exact_min": 0.0625, "ratio": 1.1}])
     goals = {g["target"]: g for g in targets(table, comparisons)}
-    control = goals["MemOPD vs teacher-persistent control separated beyond 3 seed-level SE"]
-    assert not control["met"]  # held-out decides, however large the seen difference
-    assert control["detail"].endswith("; seen questions: +0.120 ± 0.010 (t 12.0)")
-    gain = goals["MemOPD gain > 3 SE and >= 2x GRPO alone's gain"]
-    assert gain["met"] and "GRPO alone's gain not positive" in gain["detail"]
-    assert "seen questions MemOPD: +0.080 ± 0.004 (t 20.0); seen questions GRPO alone: -0.030 ± 0.010 (t -3.0)" \
-        in gain["detail"]
-    assert goals["memopd: gain > 3 SE"]["met"] and "rl: gain > 3 SE" not in goals
+    control = goals["MemOPD (aligned) above the teacher-persistent control: paired difference > 0, bootstrap 95% CI "
+                    "above 0"]
+    assert not control["met"] and control["value"] == 0.001  # held-out decides, however large the seen difference
+    assert control["detail"] == ("end F1 difference +0.001 ± 0.002 (seed SE), t 0.50 (df 4), bootstrap 95% CI "
+                                 "[-0.003, +0.005], exact sign-flip p 0.81; "
+                                 "seen questions: +0.120 ± 0.010 (t 12.0)")
+    rl = goals["MemOPD above GRPO alone: paired difference > 0, bootstrap 95% CI above 0"]
+    assert not rl["met"] and "gains +0.012 vs -0.020" in rl["detail"] and "ratio" not in rl["detail"]
+    gain = goals["MemOPD gain (end - start, paired) > 0, bootstrap 95% CI above 0"]
+    assert gain["met"] and "seen questions: +0.080 ± 0.004 (t 20.0)" in gain["detail"]
+    assert not any("2x" in g or "1.07x" in g or "rl: gain" in g for g in goals)
+    # the same difference with its interval above 0 is met, and a positive GRPO gain prints the ratio, as
+    # information only
+    separated = comparisons.assign(boot_low=[0.0005, 0.004])
+    goals = {g["target"]: g for g in targets(table.assign(gain_f1=[0.004, 0.012]), separated)}
+    assert all(g["met"] for g in goals.values())
+    assert "gains +0.012 vs +0.004 (ratio 3.00, information only)" in \
+        goals["MemOPD above GRPO alone: paired difference > 0, bootstrap 95% CI above 0"]["detail"]
+    # a negative difference is never met, whatever its interval
+    assert not any(g["met"] for g in targets(table.iloc[:1], separated.assign(diff=-0.01)))
+
+
+def _frames(scores: np.ndarray, episodes: list[int]) -> list[pd.DataFrame]:
+    """One evaluation frame per training seed (rows of ``scores``) on the same episodes."""
+    return [pd.DataFrame({"seed": episodes, "f1": row, "em": (row > 0.5).astype(float),
+                          "peak_context_tokens": 100.0}) for row in scores]
+
+
+def test_report_compares_memopd_with_every_arm_that_ran_on_paired_differences(tmp_path):
+    """The report from evaluation frames (no training): MemOPD against each other arm present (the matched control
+    first, the equal-CPU SFT arms included), each row with the difference, its seed SE, t or "no spread across
+    seeds: no t", the bootstrap interval and the exact p; a difference that is the same on every seed gets no t
+    but is judged by its interval; results.md shows every comparison."""
+    from distill.experiment.config import ExperimentConfig
+    from distill.experiment.report import (comparison_pairs, comparisons_table, format_markdown, results_table,
+                                           targets)
+
+    assert comparison_pairs(["rl", "memopd", "seqkd", "flattening", "teacher_persistent", "sft_continued"]) == [
+        ("memopd", "teacher_persistent"), ("memopd", "rl"), ("memopd", "flattening"), ("memopd", "sft_continued"),
+        ("memopd", "seqkd"), ("teacher_persistent", "rl"), ("flattening", "rl")]
+    assert comparison_pairs(["memopd", "memopd_himpo"]) == [("memopd_himpo", "memopd")]
+    assert comparison_pairs(["rl", "seqkd"]) == []  # no MemOPD, no claim about it
+    rng = np.random.default_rng(0)
+    seeds, episodes = 10, list(range(100, 130))
+    start_f1 = rng.uniform(0.2, 0.6, len(episodes))
+    memopd = start_f1 + 0.05 + rng.normal(0, 0.01, (seeds, 1)) + rng.normal(0, 0.02, (seeds, len(episodes)))
+    ends_f1 = {"rl": np.tile(start_f1 - 0.02, (seeds, 1)),  # every seed loses 0.02: a gain without spread
+               "memopd": memopd,
+               "teacher_persistent": memopd - 0.03,  # below MemOPD by 0.03 on every seed and episode
+               "sft_continued": memopd + 0.02 + rng.normal(0, 0.01, (seeds, 1)),  # above MemOPD
+               "seqkd": memopd + rng.normal(0, 0.05, (seeds, len(episodes)))}  # the same, up to noise
+    start = _frames(start_f1[None, :], episodes)[0]
+    ends = {arm: _frames(f1, episodes) for arm, f1 in ends_f1.items()}
+    cfg = ExperimentConfig(out=str(tmp_path), seeds=seeds, arms=tuple(ends))
+    runs = {arm: [{"update_s": 1.0, "train_cpu_seconds": 60.0}] * seeds for arm in ends}
+    timing = pd.DataFrame({"reconstruction": ["aligned", "persistent"], "peak_scored_tokens": [100, 300]})
+    table = results_table(cfg, start, ends, runs, timing, start, ends)
+    comparisons = comparisons_table(ends, ends)
+    assert list(zip(comparisons.a, comparisons.b)) == [("memopd", "teacher_persistent"), ("memopd", "rl"),
+                                                       ("memopd", "sft_continued"), ("memopd", "seqkd"),
+                                                       ("teacher_persistent", "rl")]
+    vs = comparisons[comparisons.a == "memopd"].set_index("b")  # MemOPD minus each other arm
+    c = vs.loc["teacher_persistent"]
+    assert c["diff"] == pytest.approx(0.03) and c["zero_variance"] and math.isnan(c["t"]) and c["seeds"] == 10
+    assert c["boot_low"] == pytest.approx(0.03) and c["p_exact"] == pytest.approx(2 / 1024)
+    rl = table.set_index("arm").loc["rl"]
+    assert rl["gain_f1_zero_variance"] and math.isnan(rl["gain_f1_t"]) and rl["gain_f1"] == pytest.approx(-0.02)
+    teacher = {"f1": 0.7, "f1_se": 0.02, "em": 0.6, "seen_f1": 0.8, "parameters": 1000, "steps": 10, "hidden": 32,
+               "layers": 1}
+    student = {**teacher, "f1": 0.25}
+    goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons, teacher, student)}
+    assert goals["MemOPD (aligned) above the teacher-persistent control"]["met"]
+    assert "no spread across seeds: no t" in goals["MemOPD (aligned) above the teacher-persistent control"]["detail"]
+    assert goals["MemOPD above GRPO alone"]["met"] and goals["MemOPD gain (end - start, paired) > 0, bootstrap 95% CI "
+                                                             "above 0"]["met"]
+    assert not goals["MemOPD above continued SFT on oracle demonstrations"]["met"]  # MemOPD is below it
+    seqkd = vs.loc["seqkd"]
+    assert goals["MemOPD above sequence-level distillation"]["met"] == (seqkd["diff"] > 0 and seqkd["boot_low"] > 0)
+    md = format_markdown(cfg, table, comparisons, teacher, student, timing, None, "host", list(goals.values()))
+    assert "| memopd | teacher_persistent | 10 | +0.030 ± 0.000 | no spread across seeds: no t | [+0.030, +0.030] | " \
+           "0.00195 |" in md
+    assert "with 10 seeds no p below 0.00195" in md
+    for b in ("rl", "sft_continued", "seqkd"):
+        row = vs.loc[b]
+        assert f"| memopd | {b} | 10 | {row['diff']:+.3f} ± {row.se:.3f} | t {row.t:.2f} (df 9) | " \
+               f"[{row.boot_low:+.3f}, {row.boot_high:+.3f}] | {row.p_exact:.3g} |" in md
 
 
 def test_an_interrupted_arm_resumes_from_its_last_update_and_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
@@ -524,10 +612,10 @@ def test_the_host_line_says_how_the_arms_train():
     assert auto.endswith("bf16 autocast" if native_bf16("cpu") else "training passes fp32")
 
 
-def test_report_names_a_pretrained_models_own_shape_and_an_unbounded_ratio_to_a_collapsed_control(tmp_path):
+def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_control_by_the_difference(tmp_path):
     """A pretrained stage's spec says layers=0 ("all of the base's"): the report reads the shape from the
-    checkpoint's config.json; without one, the spec's. A control at F1 0 against a positive MemOPD arm meets the
-    1.07x target when t > 3 (ratio unbounded), not "MISSED (ratio nan)"."""
+    checkpoint's config.json; without one, the spec's. A control at F1 0 against a positive MemOPD arm is judged on
+    the paired difference and its bootstrap interval, not on the (unbounded) ratio."""
     import json
 
     from distill.experiment.report import model_shape, targets
@@ -537,13 +625,15 @@ def test_report_names_a_pretrained_models_own_shape_and_an_unbounded_ratio_to_a_
     assert model_shape({"path": str(tmp_path / "ckpt"), "hidden": 128, "layers": 0}) == "d=576 x 30 layers"
     assert model_shape({"path": str(tmp_path / "missing"), "hidden": 128, "layers": 4}) == "d=128 x 4 layers"
     table = pd.DataFrame([{"arm": "memopd", "gain_f1": 0.4, "gain_f1_se": 0.016, "gain_f1_t": 25.0, "gain_f1_df": 4}])
-    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.664, "se": 0.016, "t": 41.5,
-                                 "df": 4, "p": 2e-6, "ratio": math.inf}])
-    goals = {g["target"]: g for g in targets(table, comparisons)}
-    ratio = goals["aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE"]
-    assert ratio["met"] and ratio["detail"] == "ratio unbounded (the control ends at F1 0), t 41.5"
-    weak = {g["target"]: g for g in targets(table, comparisons.assign(t=2.0))}
-    assert not weak["aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE"]["met"]
+    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "seeds": 5, "diff": 0.664, "se": 0.016,
+                                 "t": 41.5, "df": 4, "p": 2e-6, "boot_low": 0.63, "boot_high": 0.69,
+                                 "p_exact": 0.0625, "p_exact_min": 0.0625, "ratio": math.inf}])
+    goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons)}
+    control = goals["MemOPD (aligned) above the teacher-persistent control"]
+    assert control["met"] and "ratio" not in control["detail"]
+    assert "exact sign-flip p 0.0625 (the smallest 5 seeds allow)" in control["detail"]
+    wide = {g["target"].split(":")[0]: g for g in targets(table, comparisons.assign(boot_low=-0.01))}
+    assert not wide["MemOPD (aligned) above the teacher-persistent control"]["met"]
 
 
 def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The experiment's report, from the stages' outputs: one row per arm (:func:`results_table`), the arm pairs
-(:func:`comparisons_table`), MemOPD's claims as targets (:func:`targets`), ``results.md``
+(:func:`comparisons_table`: MemOPD against every other arm that ran, then :data:`COMPARISONS`), MemOPD's claims as
+targets (:func:`targets`, each judged on a paired difference and its two-level bootstrap interval), ``results.md``
 (:func:`format_markdown`) and the learning curves (:func:`plot_curves`). The statistics are
 :mod:`distill.stats`'."""
 
@@ -15,22 +16,46 @@ import pandas as pd
 
 from agents.files import write_atomic
 from distill.experiment.config import ARMS, ENV_ID, ExperimentConfig
-from distill.stats import INFERENCE, arm_summary, compare_arms, standard_error
+from distill.stats import INFERENCE, arm_summary, compare_arms, sign_flip_test, standard_error
 
 
 _GAIN = ["gain_f1", "gain_f1_se", "gain_f1_t", "gain_f1_df", "gain_f1_p", "gain_f1_ci_low", "gain_f1_ci_high",
-         "gain_f1_boot_low", "gain_f1_boot_high", "gain_f1_episode_se"]
+         "gain_f1_zero_variance", "gain_f1_p_exact", "gain_f1_p_exact_min", "gain_f1_boot_low", "gain_f1_boot_high",
+         "gain_f1_boot_se", "gain_f1_episode_se"]
 RESULT_COLUMNS = (["arm", "label", "seeds", "updates", "eval_episodes", "seen_eval_episodes", "inference",
                    "start_f1", "end_f1", "end_f1_seed_sd", *_GAIN,
                    "seen_start_f1", "seen_end_f1", "seen_gain_f1", "seen_gain_f1_se", "seen_gain_f1_t",
+                   "seen_gain_f1_zero_variance", "seen_gain_f1_p_exact", "seen_gain_f1_boot_low",
+                   "seen_gain_f1_boot_high",
                    "start_em", "end_em", "gain_em", "gain_em_se", "gain_em_t",
                    "peak_context_tokens", "peak_scored_tokens", "approx_kl_first", "clipfrac_first",
                    "credit_share", "flat_credited_tokens", "distill_loss", "update_s", "train_cpu_min"])
-COMPARISON_COLUMNS = ["a", "b", "seeds", "diff", "se", "t", "df", "p", "ci_low", "ci_high", "boot_low",
-                      "boot_high", "ratio", "seen_diff", "seen_se", "seen_t"]
-#: (a, b) pairs compared when both arms ran: the matched control first
-COMPARISONS = [("memopd", "teacher_persistent"), ("memopd", "rl"), ("memopd", "flattening"),
-               ("teacher_persistent", "rl"), ("flattening", "rl"), ("memopd_himpo", "memopd")]
+COMPARISON_COLUMNS = ["a", "b", "seeds", "diff", "se", "t", "df", "p", "ci_low", "ci_high", "zero_variance",
+                      "p_exact", "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio",
+                      "seen_diff", "seen_se", "seen_t", "seen_zero_variance", "seen_p_exact", "seen_boot_low",
+                      "seen_boot_high"]
+#: the arm whose claims the targets are: it is compared with every other arm that ran
+HEADLINE_ARM = "memopd"
+#: further (a, b) pairs compared when both arms ran, after MemOPD against every other arm
+COMPARISONS = [("teacher_persistent", "rl"), ("flattening", "rl"), ("memopd_himpo", "memopd")]
+#: the arm MemOPD is compared with first: the matched control (one thing changed: the teacher's view)
+MATCHED_CONTROL = "teacher_persistent"
+INFERENCE_COLUMN = "seed-level t, exact sign-flip p, two-level bootstrap (seeds x episodes)"
+
+
+def comparison_pairs(arms) -> list[tuple[str, str]]:
+    """The (a, b) pairs :func:`comparisons_table` compares among ``arms`` (those that ran): :data:`HEADLINE_ARM`
+    minus every other arm (the matched control first, then in :data:`ARMS` order; an arm that a pair of
+    :data:`COMPARISONS` already sets against MemOPD is left to that pair), then :data:`COMPARISONS` whose arms
+    both ran."""
+    present = list(arms)
+    order = {arm: i for i, arm in enumerate(ARMS)}
+    pairs = []
+    if HEADLINE_ARM in present:
+        others = [b for b in present if b != HEADLINE_ARM and (b, HEADLINE_ARM) not in COMPARISONS]
+        others.sort(key=lambda b: (b != MATCHED_CONTROL, order.get(b, len(order)), b))
+        pairs = [(HEADLINE_ARM, b) for b in others]
+    return pairs + [(a, b) for a, b in COMPARISONS if a in present and b in present and (a, b) not in pairs]
 
 
 def _peak_scored(timing: pd.DataFrame, reconstructions: set[str]) -> float:
@@ -55,7 +80,7 @@ def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, li
         fields = ARMS[arm][1] or {}
         layouts = {fields.get("reconstruction", "aligned"), fields.get("teacher_reconstruction") or "aligned"}
         row = {"arm": arm, "label": ARMS[arm][0], "seeds": len(arm_ends), "updates": cfg.updates,
-               "eval_episodes": len(start), "inference": "seed-level t",
+               "eval_episodes": len(start), "inference": INFERENCE_COLUMN,
                **arm_summary(start, arm_ends),
                "peak_context_tokens": float(np.mean([e.peak_context_tokens.max() for e in arm_ends])),
                "peak_scored_tokens": _peak_scored(timing, layouts if fields else {"aligned"}),
@@ -72,38 +97,101 @@ def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, li
 
 def comparisons_table(ends: dict[str, list[pd.DataFrame]],
                       ends_seen: dict[str, list[pd.DataFrame]] | None = None) -> pd.DataFrame:
-    """Every pair of :data:`COMPARISONS` whose arms both ran: end F1 of ``a`` minus ``b`` on held-out questions,
-    paired by training seed and episode (columns :data:`COMPARISON_COLUMNS`)."""
+    """Every pair of :func:`comparison_pairs` among the arms that ran: end F1 of ``a`` minus ``b`` on held-out
+    questions, paired by training seed and episode (columns :data:`COMPARISON_COLUMNS`): the difference, its
+    seed-level SE, t (nan where the seeds do not differ: ``zero_variance``), df, the exact sign-flip p, the
+    two-level bootstrap interval, and the end-F1 ratio (information only)."""
     rows = []
-    for a, b in COMPARISONS:
-        if a in ends and b in ends:
-            c = compare_arms(ends[a], ends[b])
-            row = {"a": a, "b": b, "seeds": c["n_seeds"], "diff": c["mean"], "se": c["se"], "t": c["t"],
-                   "df": c["df"], "p": c["p"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
-                   "boot_low": c["boot_low"], "boot_high": c["boot_high"], "ratio": c["ratio"]}
-            if ends_seen is not None:
-                s = compare_arms(ends_seen[a], ends_seen[b])
-                row.update(seen_diff=s["mean"], seen_se=s["se"], seen_t=s["t"])
-            rows.append(row)
+    for a, b in comparison_pairs(ends):
+        c = compare_arms(ends[a], ends[b])
+        row = {"a": a, "b": b, "seeds": c["n_seeds"], "diff": c["mean"],
+               **{k: c[k] for k in ("se", "t", "df", "p", "ci_low", "ci_high", "zero_variance", "p_exact",
+                                    "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio")}}
+        if ends_seen is not None:
+            s = compare_arms(ends_seen[a], ends_seen[b])
+            row.update(seen_diff=s["mean"], seen_se=s["se"], seen_t=s["t"], seen_zero_variance=s["zero_variance"],
+                       seen_p_exact=s["p_exact"], seen_boot_low=s["boot_low"], seen_boot_high=s["boot_high"])
+        rows.append(row)
     return pd.DataFrame(rows).reindex(columns=COMPARISON_COLUMNS)
 
 
-def _seen_detail(row, value: str, se: str, who: str = "") -> str:
-    """``; seen questions{who}: +x ± se (t t)``: the same figure on seen questions, beside the headline."""
-    v, e = row.get(value, math.nan), row.get(se, math.nan)
-    if v is None or e is None or not (math.isfinite(v) and math.isfinite(e)):
+def _get(row, key: str, default: Any = math.nan) -> Any:
+    """``row[key]``, or ``default`` where the row has no such field or it is empty (a table of fewer columns)."""
+    v = row.get(key, default)
+    return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _flag(v: Any) -> bool:
+    """A boolean column's value: True only for a true boolean (an empty cell, nan, is not)."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def t_text(t: float, df: Any, zero_variance: Any = False) -> str:
+    """``t 3.10 (df 9)``; for per-seed values that do not differ, ``no spread across seeds: no t`` (their t would
+    be a division by zero, not a measurement); ``no t`` without one (a single seed)."""
+    if _flag(zero_variance):
+        return "no spread across seeds: no t"
+    if not _finite(t):
+        return "no t"
+    return f"t {t:.2f} (df {int(df)})" if _finite(df) else f"t {t:.2f}"
+
+
+def _exact_p_text(p: float, p_min: float, seeds: Any) -> str:
+    """``exact sign-flip p 0.03``, saying so where it is the smallest p these seeds can give."""
+    if not _finite(p):
         return ""
-    t = v / e if e > 0 else math.nan
-    return f"; seen questions{who}: {v:+.3f} ± {e:.3f} (t {t:.1f})"
+    at_floor = _finite(p_min) and p <= p_min * (1 + 1e-9)
+    floor = f" (the smallest {int(seeds)} seeds allow)" if at_floor and _finite(seeds) else \
+        " (the smallest these seeds allow)" if at_floor else ""
+    return f"exact sign-flip p {p:.3g}{floor}"
+
+
+def _interval(low: float, high: float) -> str:
+    return f"[{_f(low, '+.3f')}, {_f(high, '+.3f')}]"
+
+
+def above_zero(diff: float, boot_low: float) -> bool:
+    """A target's verdict: the paired difference is positive and its two-level bootstrap 95% interval lies
+    above 0 (excludes 0). A missing interval (nan) is not met."""
+    return bool(_finite(diff) and _finite(boot_low) and diff > 0 and boot_low > 0)
+
+
+def _claim_detail(diff: float, se: float, t: float, df: Any, zero_variance: Any, boot_low: float,
+                  boot_high: float, p_exact: float, p_exact_min: float, seeds: Any) -> str:
+    """``+0.030 ± 0.008 (seed SE), t 3.75 (df 9), bootstrap 95% CI [+0.012, +0.047], exact sign-flip p 0.002``..."""
+    parts = [f"{_f(diff, signed=True)} ± {_f(se)} (seed SE)", t_text(t, df, zero_variance),
+             f"bootstrap 95% CI {_interval(boot_low, boot_high)}", _exact_p_text(p_exact, p_exact_min, seeds)]
+    return ", ".join(p for p in parts if p)
+
+
+def _seen_detail(row, value: str, se: str, zero_variance: str) -> str:
+    """``; seen questions: +x ± se (t t)``: the same figure on seen questions, beside the headline."""
+    v, e = _get(row, value), _get(row, se)
+    if not (_finite(v) and _finite(e)):
+        return ""
+    t = "no spread across seeds: no t" if e == 0 or _flag(_get(row, zero_variance, False)) else f"t {v / e:.1f}"
+    return f"; seen questions: {v:+.3f} ± {e:.3f} ({t})"
+
+
+def _short_label(arm: str) -> str:
+    label = ARMS[arm][0] if arm in ARMS else arm
+    return label.split(" (")[0].split(":")[0]
 
 
 def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None = None,
             student: dict | None = None) -> list[dict[str, Any]]:
-    """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool, ``value``
-    the figure). A gain or a difference counts only beyond 3 seed-level standard errors (|t| > 3); a ratio to a
-    gain that is not positive is undefined."""
-    by = table.set_index("arm")
-    pairs = comparisons.set_index(["a", "b"]) if len(comparisons) else None
+    """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool,
+    ``value`` the figure, ``detail`` the inference). Every claim is a paired difference, judged by
+    :func:`above_zero`: positive, with its two-level bootstrap 95% interval (training seeds x evaluation episodes)
+    above 0; the seed-level SE, t (or "no spread across seeds: no t") and the exact sign-flip p stand beside it.
+    The claims: MemOPD's end F1 above every other arm's that ran (paired by training seed: with a common start,
+    the difference of the two gains), the matched control first, and MemOPD's gain above 0. A ratio of gains is
+    printed as information only, and only when the denominator gain is positive."""
+    by = table.set_index("arm") if len(table) else pd.DataFrame()
     out = []
     if teacher is not None:
         out.append({"target": "teacher held-out F1 >= 0.6", "value": teacher["f1"], "met": teacher["f1"] >= 0.6,
@@ -112,36 +200,33 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
     if student is not None:
         out.append({"target": "student start held-out F1 <= 0.3", "value": student["f1"],
                     "met": student["f1"] <= 0.3, "detail": f"± {student['f1_se']:.3f} (episodes)"})
-    if pairs is not None and ("memopd", "teacher_persistent") in pairs.index:
-        c = pairs.loc[("memopd", "teacher_persistent")]
-        sign = "aligned above" if c["diff"] > 0 else ("aligned below" if c["diff"] < 0 else "no difference")
-        out.append({"target": "MemOPD vs teacher-persistent control separated beyond 3 seed-level SE",
-                    "value": c["t"], "met": bool(abs(c["t"]) > 3),
-                    "detail": f"{sign}: end F1 difference {c['diff']:+.3f} ± {c['se']:.3f} (t {c['t']:.1f}, "
-                              f"df {int(c['df'])}, p {c['p']:.3g})" + _seen_detail(c, "seen_diff", "seen_se")})
-        out.append({"target": "aligned end F1 >= 1.07x teacher-persistent, beyond 3 SE", "value": c["ratio"],
-                    "met": bool(c["ratio"] >= 1.07 and c["t"] > 3),
-                    "detail": (f"ratio {c['ratio']:.3f}" if math.isfinite(c["ratio"]) else
-                               "ratio unbounded (the control ends at F1 0)" if c["ratio"] > 0 else "ratio undefined")
-                              + f", t {c['t']:.1f}"})
-    if {"memopd", "rl"} <= set(by.index):
-        g_m, g_r = by.loc["memopd", "gain_f1"], by.loc["rl", "gain_f1"]
-        significant = bool(by.loc["memopd", "gain_f1_t"] > 3)
-        ratio = g_m / g_r if g_r > 0 else math.nan
-        out.append({"target": "MemOPD gain > 3 SE and >= 2x GRPO alone's gain", "value": ratio,
-                    "met": significant and (g_r <= 0 or ratio >= 2),
-                    "detail": f"gains {g_m:+.3f} ± {by.loc['memopd', 'gain_f1_se']:.3f} vs {g_r:+.3f} ± "
-                              f"{by.loc['rl', 'gain_f1_se']:.3f} (seed-level SE)"
-                              + ("" if g_r > 0 else "; GRPO alone's gain not positive: ratio undefined")
-                              + ("" if significant else "; MemOPD gain not > 3 SE")
-                              + _seen_detail(by.loc["memopd"], "seen_gain_f1", "seen_gain_f1_se", " MemOPD")
-                              + _seen_detail(by.loc["rl"], "seen_gain_f1", "seen_gain_f1_se", " GRPO alone")})
-    for arm, row in by.iterrows():
-        if row["gain_f1"] > 0:
-            out.append({"target": f"{arm}: gain > 3 SE", "value": row["gain_f1_t"],
-                        "met": bool(row["gain_f1_t"] > 3),
-                        "detail": f"{row['gain_f1']:+.3f} ± {row['gain_f1_se']:.3f}, t {row['gain_f1_t']:.1f} "
-                                  f"(df {int(row['gain_f1_df'])})"})
+    rows = comparisons[comparisons["a"] == HEADLINE_ARM] if len(comparisons) else comparisons
+    for _, c in rows.iterrows():
+        b = c["b"]
+        name = ("MemOPD (aligned) above the teacher-persistent control" if b == MATCHED_CONTROL
+                else f"MemOPD above {_short_label(b)}")
+        detail = "end F1 difference " + _claim_detail(
+            c["diff"], _get(c, "se"), _get(c, "t"), _get(c, "df"), _get(c, "zero_variance", False),
+            _get(c, "boot_low"), _get(c, "boot_high"), _get(c, "p_exact"), _get(c, "p_exact_min"),
+            _get(c, "seeds"))
+        if {HEADLINE_ARM, b} <= set(by.index):
+            g_a, g_b = by.loc[HEADLINE_ARM, "gain_f1"], by.loc[b, "gain_f1"]
+            detail += f"; gains {g_a:+.3f} vs {g_b:+.3f}"
+            if _finite(g_b) and g_b > 0:
+                detail += f" (ratio {g_a / g_b:.2f}, information only)"
+        detail += _seen_detail(c, "seen_diff", "seen_se", "seen_zero_variance")
+        out.append({"target": f"{name}: paired difference > 0, bootstrap 95% CI above 0", "value": c["diff"],
+                    "met": above_zero(c["diff"], _get(c, "boot_low")), "detail": detail})
+    if HEADLINE_ARM in by.index:
+        r = by.loc[HEADLINE_ARM]
+        detail = "gain " + _claim_detail(
+            r["gain_f1"], _get(r, "gain_f1_se"), _get(r, "gain_f1_t"), _get(r, "gain_f1_df"),
+            _get(r, "gain_f1_zero_variance", False), _get(r, "gain_f1_boot_low"), _get(r, "gain_f1_boot_high"),
+            _get(r, "gain_f1_p_exact"), _get(r, "gain_f1_p_exact_min"), _get(r, "seeds"))
+        detail += _seen_detail(r, "seen_gain_f1", "seen_gain_f1_se", "seen_gain_f1_zero_variance")
+        out.append({"target": "MemOPD gain (end - start, paired) > 0, bootstrap 95% CI above 0",
+                    "value": r["gain_f1"], "met": above_zero(r["gain_f1"], _get(r, "gain_f1_boot_low")),
+                    "detail": detail})
     return out
 
 
@@ -175,6 +260,14 @@ def model_shape(stage: dict) -> str:
     return f"d={hidden} x {layers} layers"
 
 
+def _sign_flip_note(seeds: int) -> str:
+    """What the exact p can say with ``seeds`` training seeds: its floor, and whether every flip was counted."""
+    flips = sign_flip_test(np.ones(max(1, seeds)))  # all flips agree: the smallest p these seeds allow
+    how = "every one of the 2^n sign flips counted" if flips["draws"] == 0 else \
+        f"{flips['draws']:,} sign flips drawn at random (seed 0)"
+    return f"{how}; with {seeds} seeds no p below {flips['p_min']:.3g}"
+
+
 def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict,
                     student: dict, timing: pd.DataFrame, diagnostics: pd.DataFrame | None, host: str,
                     goals: list[dict]) -> str:
@@ -195,35 +288,39 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
              f"{cfg.temperature}, lambda {cfg.distill_coef}; {seeds} training seeds; evaluation: "
              f"{int(table.eval_episodes.max())} held-out and {cfg.seen_eval_episodes} seen episodes (greedy), the "
              "same episodes at the start and the end", "",
-             f"Inference: {INFERENCE} (df = {seeds - 1}); the 95% CI is the t interval, the bootstrap interval a "
-             "two-level bootstrap over training seeds and evaluation episodes; 'episode SE' averages the seeds "
-             "first and is shown only to compare (it leaves out the training-seed variance).", "",
-             "| arm | held-out F1 start | end (± sd over seeds) | gain ± SE (seeds) | t | p | 95% CI (t) | "
+             f"Inference ({seeds} training seeds, df = {seeds - 1}): {INFERENCE}. A claim is met when its paired difference is above 0 "
+             "and its 95% bootstrap interval (training seeds, and inside them the same resampled evaluation "
+             "episodes for every seed) lies above 0; the exact p flips the signs of the per-seed differences "
+             f"({_sign_flip_note(seeds)}); seeds whose differences are all equal get no t. 'episode SE' averages "
+             "the seeds first and is shown only to compare (it leaves out the training-seed variance).", "",
+             "| arm | held-out F1 start | end (± sd over seeds) | gain ± SE (seeds) | t | exact p | "
              "95% CI (bootstrap) | episode SE | seen F1 end | seen gain ± SE | EM gain ± SE | approx-KL update 1 | "
              "credit share / tokens credited in flat groups | s/update | CPU-min |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in table.itertuples():
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for _, r in table.iterrows():
         lines.append(
             f"| {r.label} | {r.start_f1:.3f} | {r.end_f1:.3f} ± {_f(r.end_f1_seed_sd)} | "
-            f"{_f(r.gain_f1, signed=True)} ± {_f(r.gain_f1_se)} | {_f(r.gain_f1_t, '.1f')} | "
-            f"{_f(r.gain_f1_p, '.3g')} | "
-            f"[{_f(r.gain_f1_ci_low, '+.3f')}, {_f(r.gain_f1_ci_high, '+.3f')}] | "
-            f"[{_f(r.gain_f1_boot_low, '+.3f')}, {_f(r.gain_f1_boot_high, '+.3f')}] | "
+            f"{_f(r.gain_f1, signed=True)} ± {_f(r.gain_f1_se)} | "
+            f"{t_text(r.gain_f1_t, r.gain_f1_df, _get(r, 'gain_f1_zero_variance', False))} | "
+            f"{_f(r.gain_f1_p_exact, '.3g')} | {_interval(r.gain_f1_boot_low, r.gain_f1_boot_high)} | "
             f"{_f(r.gain_f1_episode_se)} | {_f(r.seen_end_f1)} | {_f(r.seen_gain_f1, signed=True)} ± "
             f"{_f(r.seen_gain_f1_se)} | {_f(r.gain_em, signed=True)} ± {_f(r.gain_em_se)} | "
             f"{_f(r.approx_kl_first, '.4f')} | {_f(r.credit_share, '.2f')} / {_f(r.flat_credited_tokens, '.0f')} | "
             f"{_f(r.update_s, '.1f')} | "
             f"{_f(r.train_cpu_min, '.1f')} |")
     if len(comparisons):
-        lines += ["", "Comparisons (held-out end F1 of a minus b, paired by training seed and episode; seed-level "
-                      "SE, t on df; ratio = end F1 a / b):", "",
-                  "| a | b | difference ± SE | t | df | p | 95% CI (t) | 95% CI (bootstrap) | ratio | "
+        lines += ["", "Comparisons (held-out end F1 of a minus b, paired by training seed and episode; with a common "
+                      "start, the difference of the two gains): the difference with its SE across seeds, t on df "
+                      "(or none: no spread across seeds), the two-level bootstrap 95% CI, the exact sign-flip p; "
+                      "the end-F1 ratio a / b is information, never a verdict:", "",
+                  "| a | b | seeds | difference ± SE (seeds) | t | 95% CI (bootstrap) | exact p | ratio a / b | "
                   "seen difference ± SE |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for c in comparisons.itertuples():
-            lines.append(f"| {c.a} | {c.b} | {_f(c.diff, signed=True)} ± {_f(c.se)} | {_f(c.t, '.1f')} | "
-                         f"{int(c.df)} | {_f(c.p, '.3g')} | [{_f(c.ci_low, '+.3f')}, {_f(c.ci_high, '+.3f')}] | "
-                         f"[{_f(c.boot_low, '+.3f')}, {_f(c.boot_high, '+.3f')}] | {_f(c.ratio)} | "
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for _, c in comparisons.iterrows():
+            ratio = c["ratio"] if _finite(c["ratio"]) else math.nan  # b ends at F1 0: no ratio to print
+            lines.append(f"| {c.a} | {c.b} | {int(c.seeds)} | {_f(c['diff'], signed=True)} ± {_f(c.se)} | "
+                         f"{t_text(c.t, c.df, _get(c, 'zero_variance', False))} | "
+                         f"{_interval(c.boot_low, c.boot_high)} | {_f(c.p_exact, '.3g')} | {_f(ratio)} | "
                          f"{_f(c.seen_diff, signed=True)} ± {_f(c.seen_se)} |")
     lines += ["", "Actor timing on one update's records (start student; see timing.csv):", "",
               markdown_table(timing, ".3f")]
@@ -234,7 +331,7 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
                       "(|d log-prob| vs the sampled log-probs; clip_share: tokens whose ratio against the sampled "
                       "log-probs leaves [0.8, 1.2]; that arm recomputes its old log-probs, so its own ratio starts "
                       "at 1):", "", markdown_table(diagnostics[cols], ".4f")]
-    lines += ["", "Targets:", ""] + [f"- {g['target']}: {_f(g['value'], '.2f')} — {'met' if g['met'] else 'MISSED'} "
+    lines += ["", "Targets:", ""] + [f"- {g['target']}: {_f(g['value'], '.3f')} — {'met' if g['met'] else 'MISSED'} "
                                     f"({g['detail']})" for g in goals]
     return "\n".join(lines) + "\n"
 
@@ -298,5 +395,6 @@ def plot_curves(cfg: ExperimentConfig, path: Path, start: pd.DataFrame | None = 
     plt.close(fig)
 
 
-__all__ = ["RESULT_COLUMNS", "COMPARISON_COLUMNS", "COMPARISONS", "results_table", "comparisons_table", "targets",
-           "markdown_table", "format_markdown", "curve_frame", "plot_curves"]
+__all__ = ["RESULT_COLUMNS", "COMPARISON_COLUMNS", "HEADLINE_ARM", "MATCHED_CONTROL", "COMPARISONS",
+           "INFERENCE_COLUMN", "comparison_pairs", "results_table", "comparisons_table", "above_zero", "t_text",
+           "targets", "markdown_table", "format_markdown", "curve_frame", "plot_curves"]
