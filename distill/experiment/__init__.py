@@ -47,9 +47,11 @@ the teacher's and the weak start's F1 can be read before the arms are paid for):
 Statistics (:mod:`distill.stats`): the start and every arm's end are evaluated on the same episodes, and each
 arm is trained from ``seeds`` training seeds. Per training seed, the gain is the paired mean
 ``g_s = mean_e(F1_end(s, e) - F1_start(e))``; the headline is ``mean_s g_s`` with the standard error across
-seeds and t on ``seeds - 1`` degrees of freedom (p, 95% CI); a two-level bootstrap over seeds and episodes
-gives a second interval that also carries the evaluation set's sampling error. Comparisons between arms are
-paired by training seed (seed s of two arms shares its rollout seeds and its start) and by episode.
+seeds and t on ``seeds - 1`` degrees of freedom (none where the seeds do not differ), an exact sign-flip p over
+the seeds, and a 95% interval from a two-level bootstrap over seeds and episodes that also carries the evaluation
+set's sampling error. Comparisons between arms are paired by training seed (seed s of two arms shares its
+rollout seeds and its start) and by episode: MemOPD against every other arm that ran. A target is a paired
+difference, met when it and its bootstrap interval are above 0.
 
 Defaults, sized for ~3 CPU-hours on a 2-core CPU (2 arm processes of 1 thread), and measured at that: the
 teacher's SFT 71 CPU-min, the student's 4.5 CPU-min plus probes, the 20 arm runs 96 CPU-min of training
