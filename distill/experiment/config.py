@@ -42,7 +42,7 @@ ARMS = {
 SFT_ARMS = tuple(a for a, (_, f) in ARMS.items() if f is not None and "sft_data" in f)
 DEFAULT_ARMS = ("rl", "memopd", "teacher_persistent", "flattening")
 #: Settings a rerun on a cached ``--out`` may change: how the run is executed, and which arms and seeds it adds.
-RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arms", "seeds", "arm_seeds")
+RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arms", "seeds")
 #: Settings only the stages after the weak start read (the arms, the actor timing, the diagnostics): a rerun may
 #: also change these while none of those stages has run in the output folder (size the arms once the teacher and
 #: the weak start are measured); once one has, they are guarded like the rest.
@@ -167,8 +167,6 @@ class ExperimentConfig:
     equal_cpu_arm: str = "memopd"
     # seqkd: at most this share of that CPU samples the teacher's episodes; the rest trains on them.
     seqkd_sample_share: float = 0.5
-    # Seeds of the arm runs, when not range(seeds): e.g. the seeds a worker of a run made in parts takes on.
-    arm_seeds: tuple[int, ...] | None = None
     eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
@@ -192,10 +190,6 @@ class ExperimentConfig:
         _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
         if isinstance(self.warmup_updates, bool) or not isinstance(self.warmup_updates, int) or self.warmup_updates < 0:
             raise ValueError(f"warmup_updates must be an integer >= 0, got {self.warmup_updates!r}")
-        if self.arm_seeds is not None:
-            self.arm_seeds = tuple(self.arm_seeds)
-            if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.arm_seeds):
-                raise ValueError(f"arm_seeds must be None or integers >= 0, got {self.arm_seeds!r}")
         if self.student_probes is not None:
             probes = tuple(self.student_probes)
             if not probes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in probes) or \
