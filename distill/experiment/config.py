@@ -252,6 +252,10 @@ class ExperimentConfig:
                 raise ValueError(f"{role} sft_env must be a dict of env kwargs, got {spec.sft_env!r}")
 
 
+#: ``--quick``'s arms: every GRPO-trained one (the SFT arms' pipeline is covered by tests/test_fair_experiment.py).
+QUICK_ARMS = tuple(a for a in ARMS if a not in SFT_ARMS)
+
+
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
     """The ``--quick`` smoke run (~8 CPU-minutes alone on 2 cores; more CPU time when other jobs share them):
     small models, 2 seeds, 4 updates, every arm, 100 held-out episodes. Its teacher learns little in 3 minutes
@@ -260,7 +264,7 @@ def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
                                            sft_episodes=300), student_max_steps=400, probe_episodes=16,
                 # 400 steps: the student's actions are mostly valid (memory writes that credit can score)
                 student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=200, sft_minutes=None, sft_episodes=300),
-                vocab=2048, tokenizer_episodes=60, arms=tuple(ARMS), seeds=2, updates=4, tasks_per_update=2,
+                vocab=2048, tokenizer_episodes=60, arms=QUICK_ARMS, seeds=2, updates=4, tasks_per_update=2,
                 eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
                 diagnose_episodes=8)
     return ExperimentConfig(**{**base, **overrides})
