@@ -179,6 +179,15 @@ def use_float32_attention(model) -> None:
     model.set_attn_implementation(FLOAT32_SDPA)
 
 
+def model_limits(model) -> tuple[int, int | None]:
+    """``(vocabulary size, max positions or None)`` of a transformers causal LM: the rows of its input embedding
+    (ids at or above it have no embedding) and its config's ``max_position_embeddings``."""
+    emb = model.get_input_embeddings()
+    vocab = int(getattr(emb, "num_embeddings", None) or emb.weight.shape[0])
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return vocab, (int(max_pos) if max_pos else None)
+
+
 class NonFiniteWeightsError(RuntimeError):
     """A model holds NaN or infinite weights: it is not saved (a checkpoint that cannot be trained or run)."""
 
