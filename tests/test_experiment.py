@@ -585,3 +585,56 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
     assert f"{len(rows) // 2} invocations after an episode's first turn" in out and "persistent" in out
     with pytest.raises(SystemExit, match="--episodes must be >= 1"):
         script.main(["--run", str(run), "--episodes", "0"])
+
+
+def test_a_damaged_stage_file_or_a_dangling_out_link_is_one_line(tmp_path, capsys):
+    """Before: a result.json cut short was a JSONDecodeError traceback, and a dangling symlink as --out a
+    FileExistsError traceback."""
+    from distill.experiment.config import _config_record, quick_config
+
+    out = tmp_path / "out"
+    (out / "teacher").mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(_config_record(quick_config(str(out), progress=False))))
+    (out / "teacher" / "result.json").write_text('{"path": "/x", "f1": 0.2, "em')  # cut short
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--until", "teacher", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{out / 'teacher' / 'result.json'} is damaged (JSONDecodeError: Unterminated string" in err
+    assert "delete it to redo that stage's result" in err
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--out", str(link)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {link}: is a symbolic link to {tmp_path / 'nowhere'}, which " \
+        "does not exist" in err, err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_moved_run_folder_resumes_and_a_cut_probes_file_is_named(tmp_path):
+    """Before: the stages stored absolute checkpoint paths, so a moved run folder failed to resume (and its arms'
+    settings no longer matched); a probes.json cut short was a traceback."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from distill.experiment.run import run_experiment
+
+    cfg = _tiny(tmp_path / "exp", seeds=1)
+    first = run_experiment(cfg, until="student")
+    moved = tmp_path / "elsewhere" / "exp"
+    moved.parent.mkdir()
+    (tmp_path / "exp").rename(moved)
+    again = run_experiment(dataclasses.replace(cfg, out=str(moved)), until="student")
+    assert list(again.f1) == list(first.f1)  # the cached stages, not redone
+    assert all(str(p).startswith(str(moved)) for p in again.path)
+    from distill.experiment.stages import StageFileError, _same_settings
+
+    old = {"model": str(tmp_path / "exp" / "student" / "sft" / "checkpoint-0000004"), "lr": 1.0,
+           "teacher": str(tmp_path / "exp" / "teacher" / "checkpoint-0000003")}
+    new = {"model": str(moved / "student" / "sft" / "checkpoint-0000004"), "lr": 1.0,
+           "teacher": str(moved / "teacher" / "checkpoint-0000003")}
+    assert _same_settings(old, new) and not _same_settings(old, {**new, "lr": 2.0})
+    (moved / "student" / "result.json").unlink()
+    probes = moved / "student" / "probes.json"
+    probes.write_text(probes.read_text()[:-3])
+    with pytest.raises(StageFileError, match=r"probes.json is damaged \(JSONDecodeError: .*delete it to redo the "
+                                             r"weak start's probes"):
+        run_experiment(dataclasses.replace(cfg, out=str(moved)), until="student")
