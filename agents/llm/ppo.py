@@ -82,6 +82,7 @@ from agents.llm.training import (
     MetricsLog,
     RunConfig,
     Timer,
+    check_finite_step,
     collate,
     enable_activation_checkpointing,
     evaluate_off_budget,
@@ -644,6 +645,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
                         sums[k] = sums.get(k, 0.0) + float(v.detach()) * w
                 with cpu("optimizer"):
                     grad_norm, value_grad_norm = clip_gradients(lm_params, head, cfg.grad_clip)
+                    check_finite_step(grad_norm + (value_grad_norm or 0.0), f"update {update + 1}")
                     optimizer.step()
                 if head:
                     stats.setdefault("value_grad_norm", []).append(value_grad_norm)

@@ -32,6 +32,7 @@ from agents.llm.training import (
     MetricsLog,
     RunConfig,
     Timer,
+    check_finite_step,
     collate,
     enable_activation_checkpointing,
     evaluate_off_budget,
@@ -287,6 +288,7 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        check_finite_step(grad_norm, f"step {step + 1}")
         optimizer.step()
         tokens += int(batch.attention_mask.sum())
         loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens

@@ -34,12 +34,64 @@ def _done(path: Path) -> dict[str, Any] | None:
     f = path / "result.json"
     if not f.exists():
         return None
-    res = json.loads(f.read_text())
+    res = read_stage_json(f, "that stage's result")
     missing = [key for key in ("f1", "em", "seen_f1") if not isinstance(res, dict) or key not in res]
     if missing:
         raise SettingsMismatchError(f"{f} was made by another version of the experiment (no {', '.join(missing)}); "
                                     f"use another --out, or delete {path} to make that stage again")
-    return res
+    return relocated(res, path)
+
+
+class StageFileError(SettingsMismatchError):
+    """A cached stage's file cannot be read (cut short, not JSON) or names a checkpoint that is gone: one line
+    naming the file; the stage is redone only when the user deletes what the message names."""
+
+
+def read_stage_json(path: Path, what: str) -> Any:
+    """The JSON of a stage's file, or :class:`StageFileError` naming it (a file cut short by a full disk or a
+    copy, or edited by hand): the run stops there rather than redoing a stage the user may want to keep."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise StageFileError(f"{path} is damaged ({type(exc).__name__}: {reason}): delete it to redo {what} "
+                             "(the stage's checkpoints are kept), or restore it") from None
+
+
+def _under_stage(stored: str, stage: Path) -> Path | None:
+    """Where ``stored`` (an absolute path written by a stage in ``stage``'s folder, before the run folder was
+    moved or copied) is now: its part after the last folder named like ``stage``, under ``stage``."""
+    parts = Path(stored).parts
+    if stage.name not in parts:
+        return None
+    tail = parts[len(parts) - parts[::-1].index(stage.name):]
+    return stage.joinpath(*tail)
+
+
+def relocated(res: dict[str, Any], stage: Path) -> dict[str, Any]:
+    """``res`` with its checkpoint ``path`` re-resolved under ``stage`` when the stored absolute path is gone (the
+    run folder was moved or copied: a rerun resumes from where the folder is now); a path found nowhere is a
+    :class:`StageFileError` naming it."""
+    stored = res.get("path")
+    if not isinstance(stored, str) or Path(stored).exists():
+        return res
+    moved = _under_stage(stored, stage)
+    if moved is None or not moved.exists():
+        raise StageFileError(f"{stage / 'result.json'} names the checkpoint {stored}, which is gone (and is not "
+                             f"under {stage} either): delete {stage / 'result.json'} to redo that stage's evaluation")
+    return {**res, "path": str(moved.resolve())}
+
+
+def _portable(settings: dict[str, Any]) -> dict[str, Any]:
+    """Arm settings with the checkpoint paths of this run's own stages (``model``: the student's, ``teacher``:
+    the teacher's) reduced to their part under the run folder, so that a moved run folder still matches."""
+    out = dict(settings)
+    for key, name in (("model", "student"), ("teacher", "teacher")):
+        value = out.get(key)
+        if isinstance(value, str) and name in Path(value).parts:
+            parts = Path(value).parts
+            out[key] = str(Path(*parts[len(parts) - 1 - parts[::-1].index(name):]))
+    return out
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -250,7 +302,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
                                          heads=cfg.student.heads), tok, init)
     probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
     probes_path = out / "probes.json"
-    probes = json.loads(probes_path.read_text()) if probes_path.exists() else []
+    probes = read_stage_json(probes_path, "the weak start's probes") if probes_path.exists() else []
     done = latest_checkpoint(out / "sft")
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
     schedule = _probe_schedule(cfg)
@@ -330,10 +382,11 @@ _ADDED_LATER = {"warmup_updates": 0}
 
 def _same_settings(old: dict[str, Any], settings: dict[str, Any]) -> bool:
     old = {**{k: v for k, v in _ADDED_LATER.items() if k in settings}, **old}
-    return {k: v for k, v in old.items() if k not in _NOT_SETTINGS} == settings
+    return _portable({k: v for k, v in old.items() if k not in _NOT_SETTINGS}) == _portable(settings)
 
 
 def _settings_mismatch(path: Path, old: dict[str, Any], settings: dict[str, Any], what: str) -> SettingsMismatchError:
+    old, settings = _portable(old), _portable(settings)
     changed = sorted(k for k in (set(settings) | set(old)) - set(_NOT_SETTINGS) if old.get(k) != settings.get(k))
     return SettingsMismatchError(f"{path} {what} with other settings ({', '.join(changed)}): use another --out, "
                                  "or delete that folder to retrain it")
@@ -362,7 +415,7 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
         return res
     started = out / "settings.json"
     if checkpoints(out):
-        old = json.loads(started.read_text()) if started.exists() else None
+        old = read_stage_json(started, "this arm's run from its start") if started.exists() else None
         if old is None:  # a partial run from before resumable arms (no settings kept): train it again from the start
             for path in checkpoints(out).values():
                 shutil.rmtree(path)
@@ -477,11 +530,11 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
                 "evaluation": {k: getattr(cfg, k) for k in ("eval_episodes", "seen_eval_episodes", "heldout_fraction")}}
     settings = json.loads(json.dumps(settings))
     if (res := _done(out)) is not None:
-        if res.get("settings", settings) != settings:
+        if _portable(res.get("settings", settings)) != _portable(settings):
             raise _settings_mismatch(out / "result.json", res["settings"], settings, "was trained")
         return res
     started = out / "settings.json"
-    if started.exists() and json.loads(started.read_text()) != settings:
+    if started.exists() and _portable(json.loads(started.read_text())) != _portable(settings):
         raise _settings_mismatch(started, json.loads(started.read_text()), settings, "began a run")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(started, settings)
@@ -540,8 +593,16 @@ def run_sweep_point(cfg: ExperimentConfig, lr: float, seed: int, student: dict[s
 
     out = Path(cfg.out) / "sweep" / f"lr{lr:g}" / f"seed{seed}"
     run_cfg = replace(arm_config(replace(cfg, rl_lr=lr), "rl", seed, student, {}), out_dir=str(out), keep_every=0)
+    settings = {**_arm_settings(cfg, run_cfg), "probe_episodes": cfg.probe_episodes}
     if (res := _done(out)) is not None:
+        if not _same_settings(res.get("settings", settings), settings):
+            raise _settings_mismatch(out / "result.json", res["settings"], settings, "was trained")
         return res
+    started = out / "settings.json"
+    if started.exists() and not _same_settings(json.loads(started.read_text()), settings):
+        raise _settings_mismatch(started, json.loads(started.read_text()), settings, "began a run")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(started, settings)
     lm, tok = load_pretrained(student["path"])
     train_rl(run_cfg, model=lm, tokenizer=tok)
     lm, tok = load_pretrained(checkpoints(out)[cfg.updates])
@@ -549,7 +610,8 @@ def run_sweep_point(cfg: ExperimentConfig, lr: float, seed: int, student: dict[s
     metrics = pd.read_csv(out / "metrics.csv")
     res = {"lr": lr, "seed": seed, "f1": float(probe.f1.mean()), "em": float(probe.em.mean()), "seen_f1": math.nan,
            "probe_episodes": cfg.probe_episodes, "train_cpu_seconds": float(metrics["cpu_seconds"].iloc[-1]),
-           "approx_kl_first": float(metrics["approx_kl"].iloc[0]) if "approx_kl" in metrics else math.nan}
+           "approx_kl_first": float(metrics["approx_kl"].iloc[0]) if "approx_kl" in metrics else math.nan,
+           "settings": settings}
     _write_json(out / "result.json", res)
     return res
 
