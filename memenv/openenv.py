@@ -38,6 +38,7 @@ naming the URL and the reason, on that call and every later one, as it does when
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -328,6 +329,7 @@ class MemenvToolsEnvironment(MCPEnvironment):
                              "it has no tools (memory_mode='tools')")
         server = FastMCP(f"memenv {env_id}")
         functions = _tool_functions(self._play)
+        self._functions = {name: functions[name] for name in self.tools}
         for name in self.tools:
             server.tool(functions[name])
         self._last_step: dict[str, Any] | None = None
@@ -350,6 +352,10 @@ class MemenvToolsEnvironment(MCPEnvironment):
         argument or the reason. Anything else is :class:`MemenvEnvironment`'s."""
         if not isinstance(action, CallToolAction):
             return super().step(action, timeout_s=timeout_s, **kwargs)
+        refused = tool_argument_error(self._functions.get(action.tool_name), action.tool_name, action.arguments)
+        if refused is not None:
+            return CallToolObservation(tool_name=action.tool_name, result=None, reward=None, done=self.core._done,
+                                       error=ToolError(error_type=ToolErrorType.INVALID_ARGS, message=refused))
         self._last_step = None
         observation = super().step(action, timeout_s=timeout_s, **kwargs)
         step, self._last_step = self._last_step, None
@@ -411,6 +417,7 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
         logging.getLogger("fastmcp").setLevel(logging.ERROR)
     _replace_http_reset(app, factory)
     _answer_http_errors_in_one_line(app)
+    _guard_http(app, factory)
     return app
 
 
@@ -438,18 +445,17 @@ def _replace_http_reset(app: Any, factory: Any) -> None:
 
     async def reset(request: Request) -> dict:
         body = await request.body()
-        try:
-            data = json.loads(body) if body.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"the request body is not valid JSON ({exc.msg} at character {exc.pos})") from None
+        data = request_json_body(body) if body.strip() else {}
         if not isinstance(data, dict):
             raise RequestError(f"the request body must be a JSON object (seed, options, episode_id), "
                                f"got {_json_kind(data)}")
 
         def fresh_reset() -> dict:
-            env = factory()
+            with env_unavailable_as_503():
+                env = factory()
             try:
-                return wire_observation(env.reset(**data))
+                with env_unavailable_as_503():
+                    return wire_observation(env.reset(**data))
             finally:
                 env.close()
 
@@ -489,6 +495,162 @@ def _answer_http_errors_in_one_line(app: Any) -> None:
 
     app.add_exception_handler(RequestError, refused)
     app.add_exception_handler(RequestValidationError, invalid)
+
+
+#: The largest HTTP request body the server reads (``POST /reset``, ``POST /mcp``; a tool call's text fits many
+#: times over): a longer one is answered 413 after at most this many bytes were read, whatever its
+#: Content-Length says (WebSocket frames have their own cap, uvicorn's ``ws_max_size``).
+MAX_HTTP_BODY_BYTES = 1 << 20
+
+#: Seconds a ``/health`` answer is reused: each one makes an env and resets it (cheap, but not free).
+HEALTH_TTL_S = 5.0
+
+
+def request_json_body(body: bytes) -> Any:
+    """The JSON value of an HTTP request body, or a :class:`RequestError` of one line: not UTF-8 (JSON text is
+    UTF-8; other bytes raised UnicodeDecodeError, a 500) or not JSON."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not UTF-8 text (byte {exc.start}); send JSON as UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON ({exc.msg} at character {exc.pos})") from None
+
+
+@contextlib.contextmanager
+def env_unavailable_as_503():
+    """Turn a failure to make or reset the env that is not the request's fault (a data file the env reads, now
+    damaged or gone: :class:`tasks.types.DataFormatError`, ``OSError``) into a :class:`RequestError` of status
+    503 (one line)."""
+    from tasks.types import DataFormatError
+
+    try:
+        yield
+    except RequestError:
+        raise
+    except (DataFormatError, OSError) as exc:
+        raise RequestError(f"the env cannot reset: {type(exc).__name__}: {exc}".splitlines()[0],
+                                  "EXECUTION_ERROR", status=503) from exc
+
+
+def tool_argument_error(function: Any, tool: str, arguments: Any) -> str | None:
+    """One line refusing a tool call whose arguments are not of their JSON types exactly (``id`` an integer,
+    never a boolean, a float or a numeric string; every text a string), or None. FastMCP's validation coerces
+    (``true`` became entry 1), where the action text in-process has no such reading. Unknown tools and missing
+    or unknown arguments are left to FastMCP, whose messages name them."""
+    if function is None or not isinstance(arguments, dict):
+        return None
+    import inspect
+
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name not in arguments:
+            continue
+        value, wanted = arguments[name], parameter.annotation
+        if wanted in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{tool}: argument {name!r}: must be a JSON integer, got {_json_kind(value)} {json.dumps(value)[:40]}"
+        if wanted in ("str", str) and not isinstance(value, str):
+            return f"{tool}: argument {name!r}: Input should be a valid string, got {_json_kind(value)}"
+    return None
+
+
+class _BodyLimit:
+    """ASGI middleware: an HTTP request body longer than ``max_bytes`` is answered 413 (one-line JSON), whether
+    or not a Content-Length announced it; a shorter one is passed on whole. Past the limit the rest of the body
+    is read and dropped chunk by chunk (so that the client, still sending, gets the answer rather than a reset
+    connection), so a request holds at most ``max_bytes`` of body in memory (the endpoints read bodies whole)."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_HTTP_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, int(max_bytes)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        over = declared is not None and (not declared.strip().isdigit() or int(declared) > self.max_bytes)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nothing to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            over = over or size > self.max_bytes
+            if over:
+                chunks.clear()  # dropped: only the answer is left to give
+            else:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        if over:
+            await self._refuse(send, declared)
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Any, declared: bytes | None) -> None:
+        said = f" (Content-Length {declared.decode('latin-1')[:20]})" if declared is not None else ""
+        body = json.dumps({"detail": f"the request body is over the server's limit of {self.max_bytes} bytes"
+                                     f"{said}"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _guard_http(app: Any, factory: Any, max_body_bytes: int = MAX_HTTP_BODY_BYTES) -> None:
+    """What keeps the HTTP side bounded and truthful: request bodies capped (:class:`_BodyLimit`), any failure
+    that escapes an endpoint answered as one-line JSON (500, the traceback in the server's log only), and
+    ``GET /health`` answering 200 only while a fresh env can be made and reset (else 503 naming why; the
+    answer is reused for :data:`HEALTH_TTL_S` seconds)."""
+    import asyncio
+
+    from fastapi.responses import JSONResponse
+
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+
+    async def failed(request: Any, exc: Exception) -> JSONResponse:
+        _log.error("memenv serve: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": f"{request.url.path} failed on the server: {type(exc).__name__}: {exc}"
+                             .splitlines()[0]}, status_code=500)
+
+    app.add_exception_handler(Exception, failed)
+    last: dict[str, Any] = {"at": -math.inf, "problem": None}
+
+    def probe() -> str | None:
+        try:
+            with env_unavailable_as_503():
+                env = factory()
+                try:
+                    env.reset(seed=0)
+                finally:
+                    env.close()
+        except Exception as exc:  # noqa: BLE001 - whatever stops a reset makes the server unhealthy
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
+
+    async def health():  # no annotation: FastAPI would read it as a response model
+        now = time.monotonic()
+        if now - last["at"] > HEALTH_TTL_S:
+            last["problem"] = await asyncio.get_running_loop().run_in_executor(None, probe)
+            last["at"] = time.monotonic()
+        if last["problem"] is None:
+            return JSONResponse({"status": "healthy"})
+        return JSONResponse({"status": "unhealthy", "detail": last["problem"]}, status_code=503)
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+    app.add_api_route("/health", health, methods=["GET"], tags=["Health"], response_model=None,
+                      summary="200 while a fresh env can be made and reset, else 503 naming why")
 
 
 #: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
@@ -663,11 +825,10 @@ class SessionHub:
     async def serve_rpc(self, request: Request) -> dict:
         """``POST /mcp``: one JSON-RPC request, answered with status 200 and a JSON-RPC reply (an error reply
         for a request that is not JSON-RPC: one line naming the field)."""
-        body = await request.body()
         try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            return _rpc_error(None, -32700, f"the request body is not JSON ({exc.msg} at character {exc.pos})")
+            data = request_json_body(await request.body())
+        except RequestError as exc:
+            return _rpc_error(None, -32700, str(exc))
         return await self._rpc(data, None)
 
     async def _rpc(self, data: Any, session: _Session | None) -> dict:
@@ -685,6 +846,8 @@ class SessionHub:
             return _rpc_error(rid, -32600, "a JSON-RPC request needs \"jsonrpc\": \"2.0\" and a string \"method\"")
         if not isinstance(params, dict):
             return _rpc_error(rid, -32602, f"'params' must be a JSON object, got {_json_kind(params)}")
+        if "session_id" in params and not isinstance(params["session_id"], str):  # a list would be unhashable
+            return _rpc_error(rid, -32602, f"'session_id' must be a string, got {_json_kind(params['session_id'])}")
         if method == "openenv/session/create":
             if session is not None:
                 return _rpc_ok(rid, {"session_id": session.id})

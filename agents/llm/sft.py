@@ -32,6 +32,7 @@ from agents.llm.training import (
     MetricsLog,
     RunConfig,
     Timer,
+    check_finite_step,
     collate,
     enable_activation_checkpointing,
     evaluate_off_budget,
@@ -61,6 +62,7 @@ class SFTConfig(RunConfig):
     # "memory", one example per invocation (the prompt the policy samples in); "persistent", one example per episode,
     # the flattened transcript distill.reconstruct.persistent scores (loss on every action). Both: a teacher at home
     # in the memory state and in the teacher-persistent control's transcript
+    demo_seed_base: int = 0  # demonstrations play task seeds demo_seed_base .. + episodes - 1
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
     gradient_checkpointing: bool = False  # recompute the body's activations in the backward: a 30-layer
@@ -204,8 +206,11 @@ def length_buckets(lengths, batch_size: int, bucket: int, rng: np.random.Generat
             yield idx[b * batch_size:(b + 1) * batch_size]
 
 
-def train_sft(cfg: SFTConfig) -> dict[str, Any]:
-    """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
+def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> dict[str, Any]:
+    """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun.
+
+    ``data``: the examples to train on (e.g. a teacher's own episodes: sequence-level distillation); default the
+    oracle's demonstrations on seeds ``demo_seed_base .. demo_seed_base + episodes - 1``."""
     from tqdm.auto import tqdm
 
 
@@ -240,7 +245,11 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     if dist.enabled:
         train_model = torch.nn.parallel.DistributedDataParallel(model)
     sampler = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
-    data = expert_data(sampler, cfg, range(cfg.episodes))
+    if data is None:
+        data = expert_data(sampler, cfg, range(cfg.demo_seed_base, cfg.demo_seed_base + cfg.episodes))
+    elif not data:
+        raise ValueError("train_sft: data holds no example")
+    data = list(data)
     envs = make_envs(cfg)
     log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
     log.truncate("step", start)
@@ -279,6 +288,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        check_finite_step(grad_norm, f"step {step + 1}")
         optimizer.step()
         tokens += int(batch.attention_mask.sum())
         loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens

@@ -11,7 +11,7 @@ from typing import Any
 
 from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
-                                       WORLDS, check_settings, fair_config, pretrained_config, quick_config,
+                                       WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
                                        world_config)
 from distill.experiment.run import STAGES, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
@@ -96,7 +96,7 @@ def register_cli(subparsers) -> None:
     m.add_argument("--curve-episodes", dest="curve_episodes", type=positive_int, default=None,
                    help="held-out episodes per learning-curve point (default 200; quick 50)")
     m.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
-                   help=f"default: {' '.join(DEFAULT_ARMS)} (quick: all)")
+                   help=f"default: {' '.join(DEFAULT_ARMS)} (quick: every GRPO-trained arm; --fair: {' '.join(FAIR_ARMS)})")
     m.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default 1)")
     m.add_argument("--workers", type=positive_int, default=None,
                    help="arm runs in parallel processes (default: one per core)")
