@@ -444,13 +444,15 @@ def test_report_compares_memopd_with_every_arm_that_ran_on_paired_differences(tm
     but is judged by its interval; results.md shows every comparison."""
     from distill.experiment.config import ExperimentConfig
     from distill.experiment.report import (comparison_pairs, comparisons_table, format_markdown, results_table,
-                                           targets)
+                                           t_text, targets)
 
     assert comparison_pairs(["rl", "memopd", "seqkd", "flattening", "teacher_persistent", "sft_continued"]) == [
         ("memopd", "teacher_persistent"), ("memopd", "rl"), ("memopd", "flattening"), ("memopd", "sft_continued"),
         ("memopd", "seqkd"), ("teacher_persistent", "rl"), ("flattening", "rl")]
     assert comparison_pairs(["memopd", "memopd_himpo"]) == [("memopd_himpo", "memopd")]
     assert comparison_pairs(["rl", "seqkd"]) == []  # no MemOPD, no claim about it
+    assert t_text(2.5, 9) == "t 2.50 (df 9)" and t_text(math.nan, 9, True) == "no spread across seeds: no t"
+    assert t_text(math.nan, 0) == "no t: one seed" and t_text(math.nan, 4, math.nan) == "no t"  # nan: not a flag
     rng = np.random.default_rng(0)
     seeds, episodes = 10, list(range(100, 130))
     start_f1 = rng.uniform(0.2, 0.6, len(episodes))
@@ -631,7 +633,7 @@ def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_contr
     goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons)}
     control = goals["MemOPD (aligned) above the teacher-persistent control"]
     assert control["met"] and "ratio" not in control["detail"]
-    assert "exact sign-flip p 0.0625 (the smallest 5 seeds allow)" in control["detail"]
+    assert "exact sign-flip p 0.0625 (the least 5 seeds can give)" in control["detail"]
     wide = {g["target"].split(":")[0]: g for g in targets(table, comparisons.assign(boot_low=-0.01))}
     assert not wide["MemOPD (aligned) above the teacher-persistent control"]["met"]
 

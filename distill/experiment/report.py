@@ -136,17 +136,18 @@ def t_text(t: float, df: Any, zero_variance: Any = False) -> str:
     if _flag(zero_variance):
         return "no spread across seeds: no t"
     if not _finite(t):
-        return "no t"
+        return "no t: one seed" if _finite(df) and df < 1 else "no t"
     return f"t {t:.2f} (df {int(df)})" if _finite(df) else f"t {t:.2f}"
 
 
 def _exact_p_text(p: float, p_min: float, seeds: Any) -> str:
-    """``exact sign-flip p 0.03``, saying so where it is the smallest p these seeds can give."""
+    """``exact sign-flip p 0.03``, saying so where it is the least p these seeds can give."""
     if not _finite(p):
         return ""
     at_floor = _finite(p_min) and p <= p_min * (1 + 1e-9)
-    floor = f" (the smallest {int(seeds)} seeds allow)" if at_floor and _finite(seeds) else \
-        " (the smallest these seeds allow)" if at_floor else ""
+    n = int(seeds) if _finite(seeds) else None
+    floor = "" if not at_floor else " (the least these seeds can give)" if n is None else \
+        f" (the least {n} seed{'s' if n != 1 else ''} can give)"
     return f"exact sign-flip p {p:.3g}{floor}"
 
 
