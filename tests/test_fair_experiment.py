@@ -88,7 +88,26 @@ def test_miniature_fair_run_sweep_warmup_and_equal_cpu_sft_arms(tmp_path):
     episodes = json.loads((out / "arms" / "seqkd" / "seed0" / "teacher_episodes.json").read_text())
     assert episodes["episodes"] > 0 and episodes["demonstrations"]
     assert SFT_ARM_SEED_BASE["oracle"] != SFT_ARM_SEED_BASE["teacher"]
+    report = (out / "results.md").read_text()
+    assert "GRPO alone's learning rate (sweep" in report and f"chosen **{sweep['chosen_lr']:g}**" in report
+    assert "teacher acting in the flattened transcript" in report and "within 0.05" in report
+    assert "lr warm-up over 2 updates" in report
     # a rerun reads every cached run (nothing retrained)
     stamp = (out / "arms" / "seqkd" / "seed0" / "result.json").stat().st_mtime_ns
     run_experiment(cfg)
     assert (out / "arms" / "seqkd" / "seed0" / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_teacher_view_target_judges_the_gap_between_the_views():
+    from distill.experiment.report import targets
+
+    base = {"f1": 0.90, "f1_se": 0.01, "seen_f1": 0.97, "persistent_seen_f1": 0.96, "persistent_f1_se": 0.01,
+            "view_gap_se": 0.01}
+    empty = pd.DataFrame(columns=["a", "b"])
+    for persistent, met in ((0.87, True), (0.95, True), (0.84, False), (0.96, False)):
+        teacher = {**base, "persistent_f1": persistent, "view_gap": 0.90 - persistent}
+        (goal,) = [g for g in targets(pd.DataFrame(), empty, teacher) if "both views" in g["target"]]
+        assert goal["met"] is met and goal["value"] == pytest.approx(0.90 - persistent)
+        assert f"persistent {persistent:.3f}" in goal["detail"]
+    # a teacher measured in the memory view only (an earlier run) gets no such target
+    assert not [g for g in targets(pd.DataFrame(), empty, base) if "both views" in g["target"]]
