@@ -58,7 +58,7 @@ import memenv.search.remote
 from agents.files import write_atomic, write_text_atomic
 from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, env_family, make_strategy
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
-from agents.scripted.bench_tables import format_benchmark_tables, official_columns
+from agents.scripted.bench.tables import format_benchmark_tables, official_columns
 from agents.served import ServedPolicy, ServedSpec, ServerError, ServerUnreachableError, is_served
 from memenv.cli_common import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_int,
                                positive_int, prepare_out_dir, user_input)
