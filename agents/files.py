@@ -21,13 +21,18 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared like any file
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; results are meant to be shared like any file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -37,7 +42,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
     """``fill(tmp_dir)`` writes a folder's contents into a temporary sibling folder, which then replaces
     ``path`` (an existing folder ``path`` is moved aside first and removed after the swap; if the swap is
-    interrupted, the earlier folder is put back). A ``path`` that is a file is not replaced: ``FileExistsError``."""
+    interrupted, the earlier folder is put back). A ``path`` that is a file is not replaced: ``FileExistsError``.
+    The folder gets the mode a folder made by ``mkdir`` would (the umask's), not ``mkdtemp``'s 0700. A process
+    killed mid-fill leaves its temporary sibling (``.NAME.tmp-*``); :func:`remove_stale_temporaries` removes
+    such siblings where the caller knows no other writer is at work (under a lock)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path} is a file, not a folder: not replaced")
@@ -45,6 +53,7 @@ def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], objec
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     old: Path | None = None
     try:
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; a checkpoint is shared like any folder
         fill(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -59,3 +68,17 @@ def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], objec
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary siblings a killed :func:`write_directory_atomic` of ``path`` left behind
+    (``.NAME.tmp-*``, ``.NAME.old-*``). Only call it while no other process can be writing ``path`` (a lock):
+    a live writer's temporary folder has the same name. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    for pattern in (f".{path.name}.tmp-*", f".{path.name}.old-*"):
+        for stale in path.parent.glob(pattern):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    return removed

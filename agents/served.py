@@ -195,9 +195,9 @@ class CompletionsClient:
         except (HTTPStatusError, BadReplyError) as err:  # names the URL, the status and an excerpt of the body
             raise ServerError(str(err)) from err
         except UnreachableError as err:
-            raise self._unreachable(err) from err
+            raise self.unreachable(err) from err
 
-    def _unreachable(self, err: UnreachableError) -> ServerUnreachableError:
+    def unreachable(self, err: UnreachableError) -> ServerUnreachableError:
         return ServerUnreachableError(f"OpenAI-compatible server at {self.spec.url} is not answering ({err.url}: {err.reason}; "
                            f"{err.attempts} attempts): start it (e.g. `vllm serve {self.spec.model}`) or fix the URL")
 
@@ -213,7 +213,7 @@ class CompletionsClient:
         except BadReplyError as err:
             raise ServerError(f"{err} (is this an OpenAI-compatible API?)") from err
         except UnreachableError as err:
-            raise self._unreachable(err) from err
+            raise self.unreachable(err) from err
 
     def complete(self, prompt: str | Sequence[int], *, token_ids: bool = False) -> Completion:
         """One completion of ``prompt`` (text, or a list of token ids); a reply that is not an OpenAI completions

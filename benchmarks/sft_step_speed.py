@@ -40,12 +40,12 @@ def main() -> int:
     model = ActorCritic(lm)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = np.random.default_rng(0)
-    batches = length_buckets([len(p) + len(a) for p, a, _ in data], 16, 8, rng)
+    batches = length_buckets([len(d.prompt_ids) + len(d.response_ids) for d in data], 16, 8, rng)
 
     def step() -> float:
         idx = next(batches)
         start = time.process_time()
-        batch = collate([(data[i][0], data[i][1]) for i in idx], tok.pad_token_id, include_prompt=True)
+        batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], tok.pad_token_id, include_prompt=True)
         batch = batch.select_targets(~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))) < 0.3))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp, _, _ = model(**batch.inputs())

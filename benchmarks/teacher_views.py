@@ -14,9 +14,57 @@ student``). 1 torch thread; greedy decoding, so the figures depend only on the r
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from dataclasses import replace
 from pathlib import Path
+
+
+def _refuse(message: str) -> SystemExit:
+    """One line on stderr, exit status 2 (as ``memenv`` commands refuse a user's input)."""
+    print(f"teacher_views.py: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def check_inputs(run: Path, csv: str | None) -> tuple[dict[str, str], dict]:
+    """Everything the benchmark reads and writes, checked before any model is loaded (as ``memenv distill
+    diagnose`` does): the run folder, each stage's ``result.json`` and the checkpoint it names (re-resolved
+    under the run folder if the folder was moved), ``experiment.json``, and that ``--csv`` can be written.
+    Returns the two checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the
+    first problem otherwise."""
+    from agents.llm.cli import check_checkpoint
+    from distill.experiment.stages import StageFileError, read_stage_json, relocated
+    from memenv.cli_common import CommandError, check_out_dir
+
+    if not run.is_dir():
+        raise _refuse(f"--run {run}: no such folder (a memenv experiment memopd --out folder)")
+    if csv is not None:
+        target = Path(csv)
+        if target.is_dir():
+            raise _refuse(f"--csv {csv}: is a folder, not a file")
+        try:
+            check_out_dir(target.parent if str(target.parent) else ".", f"--csv {csv}: its folder")
+        except CommandError as err:
+            raise _refuse(str(err)) from None
+    paths = {}
+    try:
+        for stage in ("teacher", "student"):
+            result = run / stage / "result.json"
+            if not result.exists():
+                raise _refuse(f"{result} is missing: run the experiment with --until student first")
+            saved = read_stage_json(result, "that stage's result")
+            if not isinstance(saved, dict) or not isinstance(saved.get("path"), str):
+                raise _refuse(f"{result}: no checkpoint path in it (not a stage result of memenv experiment)")
+            paths[stage] = relocated(saved, run / stage)["path"]
+            check_checkpoint(paths[stage], f"the {stage} checkpoint named by {result}")
+        settings = run / "experiment.json"
+        if not settings.exists():
+            raise _refuse(f"{settings} is missing: not a memenv experiment memopd folder")
+        saved = read_stage_json(settings, "nothing (it is the run's settings: restore it)")
+    except (StageFileError, CommandError) as err:
+        raise _refuse(str(err)) from None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), dict) for k in ("teacher", "student")):
+        raise _refuse(f"{settings}: not the settings of a memenv experiment (no teacher and student specs)")
+    return paths, saved
 
 
 def main(argv=None) -> int:
@@ -26,14 +74,9 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", default=None, help="write every row here (atomically)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
-        raise SystemExit(f"--episodes must be >= 1, got {args.episodes}")
+        raise _refuse(f"--episodes must be >= 1, got {args.episodes}")
     run = Path(args.run)
-    paths = {}
-    for stage in ("teacher", "student"):
-        result = run / stage / "result.json"
-        if not result.exists():
-            raise SystemExit(f"{result} is missing: run the experiment with --until student first")
-        paths[stage] = json.loads(result.read_text())["path"]
+    paths, saved = check_inputs(run, args.csv)
 
     import pandas as pd
     import torch
@@ -47,9 +90,11 @@ def main(argv=None) -> int:
     from distill.teacher import VocabularyMismatchError, check_vocabulary
 
     torch.set_num_threads(1)
-    saved = json.loads((run / "experiment.json").read_text())
-    specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
-    cfg = replace(ExperimentConfig(**{**saved, **specs}), out=str(run))
+    try:
+        specs = {k: ModelSpec(**saved.pop(k)) for k in ("teacher", "student")}
+        cfg = replace(ExperimentConfig(**{**saved, **specs}), out=str(run))
+    except (TypeError, ValueError) as err:  # a setting this version does not know, or out of its range
+        raise _refuse(f"{run / 'experiment.json'}: {err}") from None
     print(host_line(), f"| {args.episodes} episodes of the start student at temperature {cfg.temperature}, "
           f"teacher greedy, {cfg.max_new_tokens}-token cap", flush=True)
     student, tok = load_pretrained(paths["student"])
@@ -59,7 +104,7 @@ def main(argv=None) -> int:
     try:  # the views are the student's ids: the teacher must read them as the same tokens
         check_vocabulary(teacher_tok, tok, teacher)
     except VocabularyMismatchError as err:
-        raise SystemExit(f"error: {err}") from None
+        raise _refuse(str(err)) from None
     table = teacher_next_actions(teacher, tok, records, max_new_tokens=cfg.max_new_tokens, progress=True)
     counts = pd.crosstab(table["view"], table["kind"])
     print(f"{len(table) // 2} invocations after an episode's first turn, in {len(records)} records")

@@ -103,6 +103,7 @@ def _run(args: argparse.Namespace) -> int:
         check_run_out(args.out, args.resume)
     cfg = build_config(args)
     check_model_options(cfg, (("dtype", "attn_implementation"), ("teacher_dtype", "teacher_attn_implementation")))
+    from agents.llm.models import NonFiniteWeightsError
     from distill.teacher import VocabularyMismatchError
     from distill.trainer import train_memopd
 
@@ -115,6 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
     except DataFormatError as exc:  # a data file of the user's, damaged past what the set-up check reads
         raise _fail(f"{exc}; {interrupted_note(cfg.out_dir)}") from exc
+    except NonFiniteWeightsError as exc:  # a diverged run: stopped before any non-finite checkpoint
+        raise _fail(f"{exc}; {interrupted_note(cfg.out_dir)}") from None
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
     print(json.dumps(shown))
     print(f"wrote {cfg.out_dir}/metrics.csv, {cfg.out_dir}/learning_curve.png and checkpoints in {cfg.out_dir}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from agents.llm.models import model_limits
 from agents.llm.records import tokenizer_fingerprint
 from distill.attention import hidden_states
 from distill.packing import PackedBatch, pack, unpack
@@ -49,14 +50,6 @@ def action_logprobs(model, batch: PackedBatch, temperature=1.0, chunk: int = 102
 
 
 # --------------------------------------------------------------------------------------------- input checks
-def model_limits(model) -> tuple[int, int | None]:
-    """``(vocabulary size, max positions or None)`` of a transformers causal LM."""
-    emb = model.get_input_embeddings()
-    vocab = int(getattr(emb, "num_embeddings", None) or emb.weight.shape[0])
-    max_pos = getattr(model.config, "max_position_embeddings", None)
-    return vocab, (int(max_pos) if max_pos else None)
-
-
 def check_records(records, model, tokenizer=None) -> None:
     """Fail before any compute, naming the record, when ``records`` cannot be scored by ``model``: an empty
     list, an empty prompt (its first sampled token has no predicting logit), ids outside ``[0, vocab)``, an

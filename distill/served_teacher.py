@@ -50,7 +50,7 @@ from agents.served import CompletionsClient, ServedSpec, ServerError, is_served
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, _tail_logmass, divergence, head_logprobs
 from distill.teacher import VocabularyMismatchError
-from memenv.search.http import HTTPStatusError, excerpt, request_json
+from memenv.search.http import BadReplyError, HTTPStatusError, UnreachableError, excerpt, request_json
 
 #: The tokenizer probe: chat-template markers, the protocol's tags, digits, accents and spacing.
 PROBE = ("<|im_start|>user\nQuestion 1: In which country is Wigei?<|im_end|>\n<|im_start|>assistant\n"
@@ -161,8 +161,17 @@ class ServedTeacher:
         """vLLM's ``POST /tokenize`` of ``text`` (no special tokens), as ``{"prompt_token_ids": ids}`` (the shape of
         a completion's choice, which :meth:`_compare_tokenization` reads)."""
         root = self.spec.api_base[:-len("/v1")]
-        reply = request_json(root + "/tokenize", {"model": self.spec.model, "prompt": text,
-                                                  "add_special_tokens": False}, retries=2)
+        client = self.client
+        headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
+        try:  # the caller's timeout, retries and back-off, as every other request of this teacher
+            reply = request_json(root + "/tokenize", {"model": self.spec.model, "prompt": text,
+                                                      "add_special_tokens": False}, headers=headers,
+                                 timeout=client.timeout, retries=client.retries, backoff=client.backoff,
+                                 total_timeout=client.total_timeout)
+        except UnreachableError as err:
+            raise client.unreachable(err) from err
+        except BadReplyError as err:
+            raise ServedTeacherError(str(err)) from err
         return {"prompt_token_ids": reply.get("tokens") if isinstance(reply, dict) else None}
 
     def _compare_tokenization(self, texts: list[str], replies: list[dict], n_chunks: int, start: int) -> None:
@@ -207,20 +216,41 @@ class ServedTeacher:
             if not isinstance(entry, dict) or str(token) not in entry:
                 raise ServedTeacherError(f"{where}: position {start + t} has no log-prob of its token {token}: "
                                          f"{excerpt(entry)}")
-            value = entry[str(token)].get("logprob") if isinstance(entry[str(token)], dict) else None
-            if not isinstance(value, (int, float)) or math.isnan(value) or value > 1e-4:
-                raise ServedTeacherError(f"{where}: position {start + t}: log-prob {value!r} is not a log-prob")
-            sampled.append(float(value))
+            sampled.append(self._logprob(entry[str(token)], f"{where}: position {start + t}, token {token}"))
             if self.top_k:
-                ranked = sorted(((v.get("rank"), int(i), v.get("logprob")) for i, v in entry.items()
-                                 if isinstance(v, dict) and isinstance(v.get("rank"), int) and v["rank"] <= self.top_k),
-                                key=lambda x: x[0])
-                if len(ranked) < self.top_k:
-                    raise ServedTeacherError(f"{where}: position {start + t} has {len(ranked)} of the {self.top_k} "
-                                             f"top log-probs asked for: {excerpt(entry)}")
-                top_i.append([i for _, i, _ in ranked[:self.top_k]])
-                top_v.append([float(v) for _, _, v in ranked[:self.top_k]])
+                top_i_t, top_v_t = self._top_entries(entry, f"{where}: position {start + t}")
+                top_i.append(top_i_t)
+                top_v.append(top_v_t)
         return sampled, top_v, top_i, len(ids)
+
+    @staticmethod
+    def _logprob(answer: Any, where: str) -> float:
+        """The ``logprob`` of one answer entry, which must be a finite log-probability (a number <= 0, up to
+        rounding): NaN, -inf or a positive value would reach the loss as NaN or inf and, through the update, the
+        weights (:class:`ServedTeacherError` before anything is computed from it)."""
+        value = answer.get("logprob") if isinstance(answer, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 1e-4:
+            raise ServedTeacherError(f"{where}: log-prob {value!r} is not a finite log-probability")
+        return float(value)
+
+    def _top_entries(self, entry: dict, where: str) -> tuple[list[int], list[float]]:
+        """The ``top_k`` ids (in the student's vocabulary) and their finite log-probs of one position, by rank."""
+        vocab = len(self.tokenizer)
+        ranked = []
+        for key, answer in entry.items():
+            rank = answer.get("rank") if isinstance(answer, dict) else None
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= self.top_k:
+                continue  # the actual token outside the top k (its rank is larger), or an entry without one
+            token = int(key) if isinstance(key, str) and key.isdigit() else -1
+            if not 0 <= token < vocab:
+                raise ServedTeacherError(f"{where}: top-k id {key!r} is not an id of the student's vocabulary "
+                                         f"(0..{vocab - 1})")
+            ranked.append((rank, token, self._logprob(answer, f"{where}, top-k id {token}")))
+        ranked.sort(key=lambda x: x[0])
+        if len(ranked) < self.top_k:
+            raise ServedTeacherError(f"{where} has {len(ranked)} of the {self.top_k} top log-probs asked for: "
+                                     f"{excerpt(entry)}")
+        return [i for _, i, _ in ranked[:self.top_k]], [v for _, _, v in ranked[:self.top_k]]
 
     def score(self, records: Sequence[InvocationRecord]) -> ServedScores:
         """The teacher's log-probs at the action tokens of ``records`` (see :class:`ServedScores`)."""

@@ -129,6 +129,9 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     if not str(text).strip():
         raise CommandError(f"{option}: expected a folder, got an empty path")
     out = Path(text)
+    if out.is_symlink() and not out.exists():  # mkdir would fail on the link itself (FileExistsError)
+        raise CommandError(f"{option} {text}: is a symbolic link to {os.readlink(out)}, which does not exist: make "
+                           "that folder first, or remove the link")
     if out.exists() and not out.is_dir():
         raise CommandError(f"{option} {text}: is a file, not a folder (choose a folder, new or of an earlier run)")
     above = out.absolute()

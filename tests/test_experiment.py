@@ -566,12 +566,14 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     run = tmp_path / "run"
-    with pytest.raises(SystemExit, match="teacher/result.json is missing"):
+    run.mkdir()
+    with pytest.raises(SystemExit):
         script.main(["--run", str(run)])
+    assert "teacher/result.json is missing" in capsys.readouterr().err
     tok = memqa_tokenizer()
     for stage, seed in (("teacher", 1), ("student", 2)):
         save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
-        (run / stage).mkdir(parents=True)
+        (run / stage).mkdir(parents=True, exist_ok=True)
         (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
     (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
     assert script.main(["--run", str(run), "--episodes", "4", "--csv", str(tmp_path / "views.csv")]) == 0
@@ -583,5 +585,118 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
     assert (pairs["context_tokens"].max() > pairs["context_tokens"].min()).all()  # the transcript is longer
     out = capsys.readouterr().out
     assert f"{len(rows) // 2} invocations after an episode's first turn" in out and "persistent" in out
-    with pytest.raises(SystemExit, match="--episodes must be >= 1"):
+    with pytest.raises(SystemExit):
         script.main(["--run", str(run), "--episodes", "0"])
+    assert "--episodes must be >= 1" in capsys.readouterr().err
+
+
+def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, capsys, monkeypatch):
+    """Before: a damaged result.json or experiment.json, or a checkpoint folder that is gone, were tracebacks, and a
+    --csv that cannot be written was found after the sampling."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    from pathlib import Path
+
+    from llm_common import memqa_tokenizer, tiny_model
+
+    import agents.llm.models
+    from agents.llm.models import save_pretrained
+    from distill.experiment.config import _config_record
+
+    spec = importlib.util.spec_from_file_location(
+        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    tok = memqa_tokenizer()
+    for stage in ("teacher", "student"):
+        save_pretrained(tiny_model(tok), tok, run / stage / "checkpoint-0000001")
+        (run / stage / "result.json").write_text(json.dumps({"path": str(run / stage / "checkpoint-0000001")}))
+    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(agents.llm.models, "load_pretrained", no_work)
+    (tmp_path / "file").write_text("x")
+    capsys.readouterr()
+    good = (run / "experiment.json").read_text()
+    cases = [
+        (lambda: None, ["--csv", str(tmp_path / "file" / "views.csv")], "its folder"),
+        (lambda: None, ["--csv", str(tmp_path)], f"--csv {tmp_path}: is a folder, not a file"),
+        (lambda: (run / "experiment.json").write_text(good[:40]), [], "experiment.json is damaged (JSONDecodeError"),
+        (lambda: (run / "experiment.json").write_text("[1]"), [], "experiment.json: not the settings of a memenv"),
+        (lambda: (run / "experiment.json").write_text(good.replace('"lr": ', '"lr_typo": ')), [],
+         "got an unexpected keyword argument 'lr_typo'"),
+        (lambda: (run / "student" / "result.json").write_text('{"path": '), [],
+         "student/result.json is damaged (JSONDecodeError"),
+        (lambda: (run / "student" / "result.json").write_text(json.dumps({"path": str(tmp_path / "gone")})), [],
+         "names the checkpoint"),
+        (lambda: (run / "teacher" / "checkpoint-0000001" / "config.json").write_text("{"), [],
+         "the teacher checkpoint named by"),
+    ]
+    for damage, extra, says in cases:
+        damage()
+        with pytest.raises(SystemExit) as stopped:
+            script.main(["--run", str(run), "--episodes", "2", *extra])
+        err = capsys.readouterr().err.strip()
+        assert stopped.value.code == 2 and len(err.splitlines()) == 1 and says in err, (says, err)
+        (run / "experiment.json").write_text(good)
+        (run / "student" / "result.json").write_text(json.dumps({"path": str(run / "student" / "checkpoint-0000001")}))
+    with pytest.raises(SystemExit):
+        script.main(["--run", str(tmp_path / "nowhere")])
+    assert f"--run {tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err
+
+
+def test_a_damaged_stage_file_or_a_dangling_out_link_is_one_line(tmp_path, capsys):
+    """Before: a result.json cut short was a JSONDecodeError traceback, and a dangling symlink as --out a
+    FileExistsError traceback."""
+    from distill.experiment.config import _config_record, quick_config
+
+    out = tmp_path / "out"
+    (out / "teacher").mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(_config_record(quick_config(str(out), progress=False))))
+    (out / "teacher" / "result.json").write_text('{"path": "/x", "f1": 0.2, "em')  # cut short
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--until", "teacher", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{out / 'teacher' / 'result.json'} is damaged (JSONDecodeError: Unterminated string" in err
+    assert "delete it to redo that stage's result" in err
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--out", str(link)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {link}: is a symbolic link to {tmp_path / 'nowhere'}, which " \
+        "does not exist" in err, err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_moved_run_folder_resumes_and_a_cut_probes_file_is_named(tmp_path):
+    """Before: the stages stored absolute checkpoint paths, so a moved run folder failed to resume (and its arms'
+    settings no longer matched); a probes.json cut short was a traceback."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from distill.experiment.run import run_experiment
+
+    cfg = _tiny(tmp_path / "exp", seeds=1)
+    first = run_experiment(cfg, until="student")
+    moved = tmp_path / "elsewhere" / "exp"
+    moved.parent.mkdir()
+    (tmp_path / "exp").rename(moved)
+    again = run_experiment(dataclasses.replace(cfg, out=str(moved)), until="student")
+    assert list(again.f1) == list(first.f1)  # the cached stages, not redone
+    assert all(str(p).startswith(str(moved)) for p in again.path)
+    from distill.experiment.stages import StageFileError, _same_settings
+
+    old = {"model": str(tmp_path / "exp" / "student" / "sft" / "checkpoint-0000004"), "lr": 1.0,
+           "teacher": str(tmp_path / "exp" / "teacher" / "checkpoint-0000003")}
+    new = {"model": str(moved / "student" / "sft" / "checkpoint-0000004"), "lr": 1.0,
+           "teacher": str(moved / "teacher" / "checkpoint-0000003")}
+    assert _same_settings(old, new) and not _same_settings(old, {**new, "lr": 2.0})
+    (moved / "student" / "result.json").unlink()
+    probes = moved / "student" / "probes.json"
+    probes.write_text(probes.read_text()[:-3])
+    with pytest.raises(StageFileError, match=r"probes.json is damaged \(JSONDecodeError: .*delete it to redo the "
+                                             r"weak start's probes"):
+        run_experiment(dataclasses.replace(cfg, out=str(moved)), until="student")

@@ -162,7 +162,7 @@ def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configur
     assert demo_env_kwargs(SFTConfig(env_kwargs=env_kwargs), 3) == env_kwargs
 
     def first_prompts(data):  # the prompt of each episode's first invocation (it holds the questions)
-        return [tok.decode(p) for p, a, _ in data if "No search results yet" in tok.decode(p)]
+        return [tok.decode(d.prompt_ids) for d in data if "No search results yet" in tok.decode(d.prompt_ids)]
 
     spread = first_prompts(expert_data(policy, cfg, [0, 1, 2, 3]))
     # Grouped by world (5: seeds 0 and 2, then 6: seeds 1 and 3), each equal to that world's own episode.

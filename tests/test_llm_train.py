@@ -125,3 +125,50 @@ def test_torchrun_two_cpu_ranks_keep_parameters_identical(tmp_path, algo):
     assert sums[0][0] != sums[0][1]  # and they did change
     rows = _rows(tmp_path / "metrics.csv")
     assert rows[-1]["update"] == "2"
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_saved_nor_made_latest(tmp_path):
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models import NonFiniteWeightsError
+    from agents.llm.training import save_checkpoint
+
+    tok = memqa_tokenizer()
+    lm = tiny_model(tok)
+    save_checkpoint(tmp_path, 1, lm, tok, {"step": 1})
+    head = torch.nn.Linear(4, 1)
+    for broken in ("lm", "value_head"):
+        with torch.no_grad():
+            (next(lm.parameters()) if broken == "lm" else head.bias).fill_(float("nan"))
+        with pytest.raises(NonFiniteWeightsError, match=r"checkpoint-0000002: not saved: 1 weight tensor\(s\) hold NaN"):
+            save_checkpoint(tmp_path, 2, lm, tok, {"step": 2}, value_head=head)
+        with torch.no_grad():
+            next(lm.parameters()).zero_()
+            head.bias.zero_()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-0000001", "latest"]
+        assert (tmp_path / "latest").read_text().strip() == "checkpoint-0000001"
+
+
+@pytest.mark.parametrize("algo", ["sft", "ppo"])
+def test_a_diverging_run_stops_before_its_step_and_keeps_a_finite_latest(tmp_path, algo, capsys):
+    """lr=1e30: the first steps make the weights huge, a later loss is NaN; the trainer stops before that step
+    (one line, exit 2) and every checkpoint on disk is finite (before: NaN weights were saved as latest)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / algo
+    if algo == "sft":
+        argv = ["train", "--algo", "sft", "--out", str(out), "--episodes", "6", "--batch-size", "4", "--steps", "8",
+                "--save-every", "1", "--eval-every", "100", *COMMON, "--set", "lr=1e30", "grad_clip=1e30", *TINY]
+    else:
+        argv = ["train", "--algo", "ppo", "--out", str(out), "--episodes-per-update", "4",
+                "--updates", "6", "--save-every", "1", "--eval-every", "100", *COMMON, "--set", "lr=1e30",
+                "grad_clip=1e30", "epochs=2", *TINY]
+    from memenv.cli_common import CommandError
+
+    with pytest.raises(CommandError, match=r"the gradient norm is (nan|inf).*the last checkpoint stays latest"):
+        _cli(argv)
+    saved = sorted(out.glob("checkpoint-*"))
+    for folder in saved:
+        assert all(torch.isfinite(t).all() for t in load_file(folder / "model.safetensors").values())
+    if saved:
+        assert (out / "latest").read_text().strip() == saved[-1].name

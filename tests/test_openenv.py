@@ -575,3 +575,85 @@ def test_a_call_after_the_server_is_gone_is_one_error_naming_the_url():
     with pytest.raises(ConnectionError) as caught:  # and a new session: one line naming the URL
         connect(url)
     assert str(caught.value).startswith(f"cannot reach the OpenEnv server at {url}: ") and "\n" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------------------- hostile HTTP requests
+def _http(url: str, path: str, body: bytes | None = None, headers: dict | None = None, method: str = "POST"):
+    """``(status, decoded JSON reply)`` of one request (an error status is a reply, not an exception)."""
+    request = urllib.request.Request(url + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _one_line(reply) -> str:
+    text = reply["detail"] if "detail" in reply else reply["error"]["message"]
+    assert isinstance(text, str) and "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_bad_http_bodies_get_a_4xx_of_one_line_and_memory_stays_bounded():
+    """Before: a body that is not UTF-8 and a session_id that is an array or an object were 500s with a traceback,
+    and a body of any size was read and parsed whole."""
+    import http.client
+    import tracemalloc
+
+    from memenv.openenv import MAX_HTTP_BODY_BYTES
+
+    with BackgroundServer("MemQA-v0", {"objectives": 1}) as server:
+        status, reply = _http(server.url, "/reset", b'{"seed": "\xff\xfe"}')
+        assert status == 400 and _one_line(reply).startswith("the request body is not UTF-8 text (byte 10)")
+        status, reply = _http(server.url, "/mcp", b"\xff")
+        assert status == 200 and reply["error"]["code"] == -32700 and "not UTF-8" in _one_line(reply)
+        for session_id, kind in (([1, 2], "an array"), ({"a": 1}, "an object"), (7, "a number")):
+            for method in ("openenv/session/close", "tools/list"):
+                body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"session_id": session_id}}
+                status, reply = _http(server.url, "/mcp", json.dumps(body).encode())
+                assert status == 200 and _one_line(reply) == f"'session_id' must be a string, got {kind}"
+        over = MAX_HTTP_BODY_BYTES + 1
+        tracemalloc.start()
+        for path in ("/reset", "/mcp"):
+            status, reply = _http(server.url, path, b" " * (over - 2) + b"{}")
+            assert status == 413 and _one_line(reply).startswith(f"the request body is over the server's limit of "
+                                                                 f"{MAX_HTTP_BODY_BYTES} bytes")
+            # no Content-Length (chunked): refused after at most the limit was read
+            host, port = server.url.split("//")[1].split(":")
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            chunks = (b" " * 65536 for _ in range(64))  # 4 MiB offered
+            connection.request("POST", path, body=chunks, headers={"Content-Type": "application/json"},
+                               encode_chunked=True)
+            answer = connection.getresponse()
+            assert answer.status == 413 and "over the server's limit" in json.loads(answer.read())["detail"]
+            connection.close()
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 8 * MAX_HTTP_BODY_BYTES  # the server (this process) never held the 4 MiB bodies
+        status, reply = _http(server.url, "/reset", b'{"seed": 3}')  # still up, and a good request still works
+        assert status == 200 and reply["observation"]["text"]
+
+
+def test_health_says_whether_the_env_can_reset(tmp_path, monkeypatch):
+    """Before: a data file damaged after the start gave bare 500s at /reset while /health said 200."""
+    import memenv.openenv.app as openenv_app  # where /health reads it
+
+    monkeypatch.setattr(openenv_app, "HEALTH_TTL_S", 0.0)
+    item = {"question_id": "q1", "question_type": "single-session-user", "question": "What is my dog called?",
+            "answer": "Biscuit", "question_date": "2023/05/30 (Tue) 10:00",
+            "haystack_dates": ["2023/05/20 (Sat) 09:00"], "haystack_session_ids": ["s0"],
+            "haystack_sessions": [[{"role": "user", "content": "My dog is called Biscuit.", "has_answer": True}]],
+            "answer_session_ids": ["s0"]}
+    data = tmp_path / "lme.json"
+    data.write_text(json.dumps([item]), encoding="utf-8")
+    with BackgroundServer("MemDialog-LongMemEval-v0", {"data_path": str(data)}) as server:
+        assert _http(server.url, "/health", method="GET") == (200, {"status": "healthy"})
+        assert _http(server.url, "/reset", b"{}")[0] == 200
+        data.write_text('[{"question_id": "q1", "answ', encoding="utf-8")  # cut short after the start
+        status, reply = _http(server.url, "/health", method="GET")
+        assert status == 503 and reply["status"] == "unhealthy" and str(data) in _one_line(reply)
+        status, reply = _http(server.url, "/reset", b"{}")
+        assert status == 503 and _one_line(reply).startswith("the env cannot reset: DataFormatError:")
+        data.write_text(json.dumps([item]), encoding="utf-8")  # repaired: healthy again
+        assert _http(server.url, "/health", method="GET") == (200, {"status": "healthy"})

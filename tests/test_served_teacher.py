@@ -34,10 +34,14 @@ class StandInTeacher:
 
     ``mode``: ``"ok"``; ``"other_tokenizer"`` (text prompts are tokenized with every id shifted by one, as a
     server with another vocabulary would); ``"fewer"`` (the last prompt position is missing); ``"no_ids"`` (no
-    ``prompt_token_ids`` in the reply). ``swap=(k, m)``: text prompts are tokenized with ids k and m exchanged."""
+    ``prompt_token_ids`` in the reply). ``swap=(k, m)``: text prompts are tokenized with ids k and m exchanged.
+    ``corrupt``: called on the last position's entry of every scored prompt (a damaged answer);
+    ``tokenize_status``: the status ``POST /tokenize`` answers (404: no such route, as servers other than vLLM)."""
 
-    def __init__(self, model, tokenizer, mode: str = "ok", swap: tuple[int, int] | None = None) -> None:
+    def __init__(self, model, tokenizer, mode: str = "ok", swap: tuple[int, int] | None = None,
+                 corrupt=None, tokenize_status: int = 404) -> None:
         self.model, self.tokenizer, self.mode, self.swap = model.eval(), tokenizer, mode, swap
+        self.corrupt, self.tokenize_status, self.tokenize_calls = corrupt, tokenize_status, 0
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
         owner = self
@@ -59,7 +63,10 @@ class StandInTeacher:
 
             def do_POST(self):
                 if self.path.rstrip("/") != "/v1/completions":  # an OpenAI-compatible server without vLLM's /tokenize
-                    self._send(404, {"detail": "Not Found"})
+                    self.rfile.read(int(self.headers["Content-Length"]))
+                    with owner.lock:
+                        owner.tokenize_calls += self.path.rstrip("/") == "/tokenize"
+                    self._send(owner.tokenize_status, {"detail": "Not Found"})
                     return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with owner.lock:
@@ -96,6 +103,8 @@ class StandInTeacher:
             positions.append(entry)
         if self.mode == "fewer":
             positions = positions[:-1]
+        if self.corrupt is not None and not isinstance(prompt, str):
+            self.corrupt(positions[-1], ids[-1])
         choice = {"index": 0, "text": "x", "finish_reason": "length", "prompt_logprobs": positions,
                   "token_ids": [int(logp[-1].argmax())]}
         if self.mode != "no_ids":
@@ -207,6 +216,74 @@ def test_fewer_positions_or_no_ids_are_clear_errors(setup):
     with StandInTeacher(teacher, tok, mode="no_ids") as server:
         with pytest.raises(ServedTeacherError, match="sent no prompt_token_ids for the tokenizer probe"):
             ServedTeacher(f"openai:standin@{server.url}", tok)
+
+
+def _set_sampled(value):
+    def corrupt(entry, token):
+        entry[str(token)]["logprob"] = value
+    return corrupt
+
+
+def _set_other_top(value):
+    def corrupt(entry, token):
+        other = next(k for k, v in entry.items() if k != str(token) and v["rank"] <= 4)
+        entry[other]["logprob"] = value
+    return corrupt
+
+
+def _add_top(key):
+    def corrupt(entry, token):
+        entry[key] = {"logprob": -0.5, "rank": 1}
+    return corrupt
+
+
+@pytest.mark.parametrize("corrupt, top_k, message", [
+    (_set_sampled(float("-inf")), None, r"token \d+: log-prob -inf is not a finite log-probability"),
+    (_set_sampled(float("nan")), None, r"token \d+: log-prob nan is not a finite log-probability"),
+    (_set_sampled(0.5), None, "log-prob 0.5 is not a finite log-probability"),
+    (_set_other_top(float("nan")), 4, r"top-k id \d+: log-prob nan is not a finite log-probability"),
+    (_set_other_top(float("-inf")), 4, r"top-k id \d+: log-prob -inf is not a finite log-probability"),
+    (_add_top("600"), 4, r"top-k id '600' is not an id of the student's vocabulary \(0..599\)"),
+    (_add_top("-3"), 4, r"top-k id '-3' is not an id of the student's vocabulary"),
+    (_add_top("x"), 4, r"top-k id 'x' is not an id of the student's vocabulary"),
+])
+def test_a_teacher_answer_that_is_not_a_finite_in_vocabulary_log_prob_is_refused(setup, corrupt, top_k, message):
+    tok, student, teacher = setup
+    assert len(tok) == 600
+    records = _records(student, tok, n=1)[:1]
+    records[0].action_mask = [1] * len(records[0].response_ids)
+    with StandInTeacher(teacher, tok, corrupt=corrupt) as server:
+        served = ServedTeacher(f"openai:standin@{server.url}", tok, top_k=top_k)
+        with pytest.raises(ServedTeacherError, match=message):
+            served.score(records)
+
+
+def test_memopd_with_a_teacher_answering_minus_inf_stops_before_anything_is_written(setup, tmp_path):
+    """-inf made the distillation loss NaN, and the NaN weights were saved as the latest checkpoint."""
+    from distill.trainer import MemOPDConfig, train_memopd
+
+    tok, _, teacher = setup
+    student = tiny_model(tok, seed=1)
+    with StandInTeacher(teacher, tok, corrupt=_set_sampled(float("-inf"))) as server:
+        cfg = MemOPDConfig(env_id="MemQA-v0", env_kwargs=ENV, out_dir=str(tmp_path), algo="grpo", updates=1,
+                           episodes_per_update=2, group_size=2, epochs=1, num_minibatches=1, max_new_tokens=6,
+                           num_envs=2, eval_every=0, save_every=1, progress=False, distill_coef=1.0,
+                           teacher=f"openai:standin@{server.url}")
+        with pytest.raises(ServedTeacherError, match="is not a finite log-probability"):
+            train_memopd(cfg, model=student, tokenizer=tok)
+    assert not list(tmp_path.glob("checkpoint-*")) and not (tmp_path / "latest").exists()
+    assert all(torch.isfinite(p).all() for p in student.parameters())
+
+
+def test_the_tokenizer_check_keeps_the_callers_retries(setup):
+    """The /tokenize requests of the tokenizer check used their own retries (2) and timeout (30 s)."""
+    tok, _, teacher = setup
+    with StandInTeacher(teacher, tok, tokenize_status=503) as server:
+        ServedTeacher(f"openai:standin@{server.url}", tok, retries=0, backoff=0.0)
+        assert server.tokenize_calls == 1  # one attempt (retries=0), then the completions fallback
+    with StandInTeacher(teacher, tok, tokenize_status=503) as server:
+        ServedTeacher(f"openai:standin@{server.url}", tok, retries=1, backoff=0.0)
+        assert server.tokenize_calls == 2
 
 
 def test_sampled_reverse_kl_term_has_the_gradient_of_the_reverse_kl():

@@ -180,6 +180,45 @@ def test_bad_generation_and_empty_prompts_are_refused():
         LLMPolicy(model, tok).generate_ids([[1, 2], []])
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"max_new_tokens": 0}, "max_new_tokens must be a whole number >= 1, got 0"),
+    ({"max_new_tokens": -3}, "max_new_tokens must be a whole number >= 1, got -3"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number >= 1, got 2.5"),
+    ({"max_new_tokens": 2000}, "max_new_tokens 2000 exceeds the model's context window of 1024 positions"),
+    ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
+    ({"stop": ["</answer>", ""]}, r"stop must be a list of non-empty strings, got \['</answer>', ''\]"),
+    ({"stop": "</answer>"}, "stop must be a list of non-empty strings, got '</answer>'"),
+    ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number, got inf"),
+    ({"temperature": -1.0}, r"temperature must be >= 0 \(0: greedy\), got -1.0"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\] \(1: off\), got 0.0"),
+    ({"max_prompt_tokens": 1000, "max_new_tokens": 100},
+     "max_prompt_tokens 1000 \\+ max_new_tokens 100 exceed the model's context window of 1024 positions"),
+])
+def test_generation_options_outside_their_limits_are_refused_up_front(options, message):
+    tok = memqa_tokenizer()
+    with pytest.raises(ValueError, match=message):
+        LLMPolicy(tiny_model(tok), tok, **options)
+
+
+@pytest.mark.parametrize("generation", ["tree", "padded"])
+def test_prompt_ids_outside_the_vocabulary_or_the_context_are_refused(generation):
+    """Before: an id past the embedding crashed in torch (IndexError), a negative one was read from the end of
+    the embedding, and a prompt longer than the context window was sampled at positions the model never had."""
+    tok = memqa_tokenizer()
+    policy = LLMPolicy(tiny_model(tok), tok, max_new_tokens=8, generation=generation)
+    vocab = len(tok)
+    cases = [([[1, 2], [3, vocab]], rf"prompt 1: token id {vocab} is outside the model's vocabulary \[0, {vocab}\)"),
+             ([[1, -1]], r"prompt 0: token id -1 is outside the model's vocabulary"),
+             ([[1, 2.0]], "prompt 0: token id 2.0 is not a whole number"),
+             ([[5] * 1017], "prompt 0: 1017 tokens \\+ max_new_tokens 8 exceed the model's context window of 1024"),
+             ([[1, 2], []], "prompt 1 is empty: every prompt needs at least one token")]
+    for prompts, message in cases:
+        with pytest.raises(ValueError, match=message):
+            policy.generate_ids(prompts)
+    assert len(policy.generate_ids([[5] * 1016])[0].response_ids) <= 8  # exactly fills the window: allowed
+
+
 def test_real_model_tree_records_reproduce_and_greedy_matches_padded(smollm2):
     model, tok = smollm2
     envs = memqa_envs(3, objectives=2, hops=1, top_k=1)

@@ -275,6 +275,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     check_run_out(cfg.out_dir, cfg.resume)
     check_setup(cfg)
+    from agents.llm.models import NonFiniteWeightsError
+
     prepare_out_dir(cfg.out_dir, keep=False)
     try:
         if args.algo == "sft":
@@ -289,6 +291,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandInterrupted(interrupted_note(cfg.out_dir)) from None
     except DataFormatError as exc:  # a data file of the user's, damaged past what the set-up check reads
         raise CommandError(f"{exc}; {interrupted_note(cfg.out_dir)}") from exc
+    except NonFiniteWeightsError as exc:  # a diverged run: stopped before any non-finite checkpoint
+        raise CommandError(f"{exc}; {interrupted_note(cfg.out_dir)}") from None
     if int(os.environ.get("RANK", "0")) == 0:
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in last.items()}
         print(json.dumps(shown))

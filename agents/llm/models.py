@@ -179,10 +179,50 @@ def use_float32_attention(model) -> None:
     model.set_attn_implementation(FLOAT32_SDPA)
 
 
+def model_limits(model) -> tuple[int, int | None]:
+    """``(vocabulary size, max positions or None)`` of a transformers causal LM: the rows of its input embedding
+    (ids at or above it have no embedding) and its config's ``max_position_embeddings``."""
+    emb = model.get_input_embeddings()
+    vocab = int(getattr(emb, "num_embeddings", None) or emb.weight.shape[0])
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return vocab, (int(max_pos) if max_pos else None)
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A model holds NaN or infinite weights: it is not saved (a checkpoint that cannot be trained or run)."""
+
+
+def non_finite_parameters(*modules) -> list[str]:
+    """The names of the parameters and buffers of ``modules`` (None skipped) that hold a NaN or an infinity."""
+    import torch
+
+    bad = []
+    for module in modules:
+        if module is None:
+            continue
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor.detach()).all()):
+                bad.append(name)
+    return bad
+
+
+def check_finite_weights(path: str | os.PathLike, *modules) -> None:
+    """Refuse (:class:`NonFiniteWeightsError`, naming ``path`` and the first parameters) to save ``modules``
+    when any of their weights is NaN or infinite."""
+    bad = non_finite_parameters(*modules)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise NonFiniteWeightsError(f"{os.fspath(path)}: not saved: {len(bad)} weight tensor(s) hold NaN or "
+                                    f"infinite values ({shown}); an earlier checkpoint, if any, stays in place")
+
+
 def save_pretrained(model, tokenizer, path: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path:
     """``save_pretrained`` of model and tokenizer into a temporary sibling folder, then a rename: a reader
     never sees half a checkpoint. An existing ``path`` is replaced. ``extra_files``: name -> callable(path)
-    writing more files into the folder before the rename (e.g. optimizer state)."""
+    writing more files into the folder before the rename (e.g. optimizer state). A model with a NaN or
+    infinite weight is refused before anything is written (:class:`NonFiniteWeightsError`)."""
+    check_finite_weights(path, model)
+
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:

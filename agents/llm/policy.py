@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import numbers
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from agents.llm.models import load_pretrained
+from agents.llm.models import load_pretrained, model_limits
 from agents.llm.tree_generation import PrefixStore, decode_buffers, prefill_tree, supports_tree_generation
 from agents.prompts import PROTOCOL_SYSTEM_PROMPT  # re-exported: the served policy uses it without torch
 
@@ -119,6 +122,69 @@ class PromptFormat:
         return ids
 
 
+def _whole(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return int(value)
+
+
+def check_sampling_options(*, temperature: Any, top_p: Any, max_new_tokens: Any, batch_size: Any, stop: Any,
+                           max_prompt_tokens: Any = None, context: int | None = None) -> None:
+    """Refuse (``ValueError``, one line naming the argument and its limit) sampling options that would crash
+    deep in torch or sample silently wrong: ``temperature`` a finite number >= 0, ``top_p`` in (0, 1],
+    ``max_new_tokens`` and ``batch_size`` whole numbers >= 1, ``stop`` a list of non-empty strings (an empty
+    one is in every text and would end every action after its first token; a bare string would be read as its
+    characters), ``max_prompt_tokens`` (None or >= 1) plus ``max_new_tokens`` within the model's ``context``
+    (max positions) when both are known."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p!r}")
+    _whole("max_new_tokens", max_new_tokens, 1)
+    _whole("batch_size", batch_size, 1)
+    if isinstance(stop, (str, bytes)) or not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
+    if max_prompt_tokens is not None:
+        _whole("max_prompt_tokens", max_prompt_tokens, 1)
+    if context is not None and max_new_tokens > context:
+        raise ValueError(f"max_new_tokens {max_new_tokens} exceeds the model's context window of {context} positions")
+    if context is not None and max_prompt_tokens is not None and max_prompt_tokens + max_new_tokens > context:
+        raise ValueError(f"max_prompt_tokens {max_prompt_tokens} + max_new_tokens {max_new_tokens} exceed the "
+                         f"model's context window of {context} positions")
+
+
+def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int, context: int | None,
+                     max_new_tokens: int) -> list[list[int]]:
+    """The prompts as lists of int ids, or a ``ValueError`` naming the first prompt that is empty, holds an id
+    that is not a whole number in ``[0, vocab)`` (the model's embedding rows: another id crashes in the embedding
+    or, on a GPU, aborts the process) or, with its ``max_new_tokens``, does not fit the model's ``context``
+    window (positions past it give silently wrong logits, or a crash)."""
+    out = []
+    for n, prompt in enumerate(prompts):
+        ids = []
+        for token in prompt:
+            try:
+                if isinstance(token, bool):
+                    raise TypeError
+                token = operator.index(token)
+            except TypeError:
+                raise ValueError(f"prompt {n}: token id {token!r} is not a whole number") from None
+            if not 0 <= token < vocab:
+                raise ValueError(f"prompt {n}: token id {token} is outside the model's vocabulary [0, {vocab})")
+            ids.append(token)
+        if not ids:
+            raise ValueError(f"prompt {n} is empty: every prompt needs at least one token id")
+        if context is not None and len(ids) + max_new_tokens > context:
+            raise ValueError(f"prompt {n}: {len(ids)} tokens + max_new_tokens {max_new_tokens} exceed the model's "
+                             f"context window of {context} positions (set max_prompt_tokens, or a context budget "
+                             "on the env)")
+        out.append(ids)
+    return out
+
+
 def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None,
                        uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One id per row of ``probs`` ``[B, V]`` (non-negative weights, not necessarily normalised), drawn with
@@ -173,8 +239,9 @@ class LLMPolicy:
             tokenizer = tokenizer or loaded_tok
         if tokenizer is None:
             raise ValueError("LLMPolicy needs the tokenizer of an in-memory model")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        check_sampling_options(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, stop=stop, max_prompt_tokens=max_prompt_tokens,
+                               context=model_limits(model)[1])
         if generation not in GENERATIONS:
             raise ValueError(f"generation must be one of {', '.join(GENERATIONS)}, got {generation!r}")
         self.format = PromptFormat(tokenizer, template, system_prompt, plain_template, max_prompt_tokens)
@@ -255,9 +322,7 @@ class LLMPolicy:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[Generation]:
         out: list[Generation] = []
-        prompts = [list(p) for p in prompts]
-        if any(not p for p in prompts):
-            raise ValueError("generate_ids: every prompt needs at least one token id")
+        prompts = check_prompt_ids(prompts, *model_limits(self.model), self.max_new_tokens)
         tree = self.generation == "tree" and self._tree_ok
         # Within one call the weights cannot change: batches of the call share their prefixes.
         store = self._store if self._store is not None else PrefixStore()

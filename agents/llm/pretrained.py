@@ -23,6 +23,10 @@ matches the fingerprint and the weights file has its recorded content; anything 
 (SHA-256: measured 0.43 CPU-s and 0.9 s wall for SmolLM2's 538 MB from the page cache; a cold read costs what the
 model load then saves) only when the file changed since its last check: ``.memenv_verified.json`` records its
 stat stamp (size, mtime, ctime, inode; any write changes ctime), so an unchanged file costs a stat (0.35 ms).
+The config and tokenizer files are checked against their recorded SHA-256 every time (a few MB); the prompt
+settings are the user's to edit and are not. A prepare killed mid-write leaves a temporary sibling folder, which
+the next prepare removes (under the lock); a cache that cannot be written is one line naming it; prepared folders
+get the umask's mode, as any folder ``mkdir`` makes.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterator
 
-from agents.files import write_directory_atomic, write_text_atomic
+from agents.files import remove_stale_temporaries, write_directory_atomic, write_text_atomic
 from agents.llm.prompt_settings import PROMPT_FILE
 from memenv.cli_common import NotInstalledError
 
@@ -154,7 +158,35 @@ def _matches(folder: Path, wanted: dict[str, Any]) -> bool:
         return False
     weights = folder / "model.safetensors"
     return (folder / "config.json").is_file() and weights.is_file() and \
-        weights.stat().st_size == have.get("weights_bytes") and _weights_intact(folder, have)
+        weights.stat().st_size == have.get("weights_bytes") and _weights_intact(folder, have) and \
+        _files_intact(folder, have)
+
+
+#: Files of a prepared folder that are not content-checked: the weights (checked by their stamp and hash), the
+#: fingerprint and stamp themselves, and the prompt settings (the user's to edit).
+_UNCHECKED = ("model.safetensors", FINGERPRINT_FILE, VERIFIED_FILE, PROMPT_FILE)
+
+
+def _small_files(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file of ``folder`` but :data:`_UNCHECKED` (config, tokenizer: a few MB in all)."""
+    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name not in _UNCHECKED}
+
+
+def _files_intact(folder: Path, record: dict[str, Any]) -> bool:
+    """The config and tokenizer files hold what the conversion wrote (``files_sha256``); a folder converted
+    before that was recorded: its tokenizer's JSON files parse. A damaged tokenizer is not a ready model."""
+    recorded = record.get("files_sha256")
+    if isinstance(recorded, dict):
+        try:
+            return all(_sha256(folder / name) == digest for name, digest in recorded.items())
+        except OSError:
+            return False
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def _weights_intact(folder: Path, record: dict[str, Any]) -> bool:
@@ -179,8 +211,14 @@ def _weights_intact(folder: Path, record: dict[str, Any]) -> bool:
 def _locked(lock_path: Path) -> Iterator[None]:
     import fcntl
 
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as handle:
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a+")
+    except OSError as exc:  # a read-only cache, a folder where the lock file goes, no permission
+        raise CacheNotWritableError(
+            f"{lock_path.parent} cannot be written ({exc.strerror or exc}), so the model cannot be prepared "
+            "there: give a writable folder (memenv models prepare NAME --out DIR, or MEMENV_CACHE=DIR)") from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -188,11 +226,16 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+class CacheNotWritableError(ValueError):
+    """A model needs preparing where nothing can be written (a read-only cache): one line naming the folder."""
+
+
 def write_fingerprint(folder: Path, fingerprint: dict[str, Any], **extra: Any) -> None:
     """Write ``folder``'s :data:`FINGERPRINT_FILE`: what it was converted from, the converter (``extra``), and
     the size and SHA-256 of the weights just written, which every later use checks (:func:`_weights_intact`)."""
     weights = folder / "model.safetensors"
-    record = dict(fingerprint, weights_bytes=weights.stat().st_size, weights_sha256=_sha256(weights), **extra,
+    record = dict(fingerprint, weights_bytes=weights.stat().st_size, weights_sha256=_sha256(weights),
+                  files_sha256=_small_files(folder), **extra,
                   converted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_text_atomic(folder / FINGERPRINT_FILE, json.dumps(record, indent=2) + "\n")
 
@@ -269,6 +312,8 @@ def prepare(name: str, out: str | os.PathLike | None = None, *, force: bool = Fa
     if not force and _matches(folder, wanted):
         return folder
     with _locked(folder.parent / f".{folder.name}.lock"):
+        # Under the lock no other prepare writes this folder: temporaries left by a killed one (~500 MB) go.
+        remove_stale_temporaries(folder)
         if not force and _matches(folder, wanted):  # another process converted it while this one waited
             return folder
         convert_gguf(gguf, folder, wanted, progress=progress)
@@ -331,13 +376,18 @@ def quantisation_note(gguf_name: str | None) -> str:
 
 
 def _prepare_cli(args: argparse.Namespace) -> int:
+    from memenv.cli_common import CommandError, check_out_dir
+
     started = time.perf_counter()
+    if args.out is not None:
+        check_out_dir(args.out)  # a file, or a place no folder can be made: one line, before the conversion
     try:
         folder = prepare(args.name, args.out, force=args.force, progress=not args.quiet)
     except (ModelNotInstalledError, FileExistsError, ValueError) as exc:
-        from memenv.cli_common import CommandError
-
         raise CommandError(str(exc)) from None
+    except OSError as exc:  # the conversion could not write (a full disk, permissions the check cannot see)
+        raise CommandError(f"{args.name}: cannot write {exc.filename or args.out or default_folder(args.name)} "
+                           f"({exc.strerror or exc})") from None
     record = read_fingerprint(folder) or {}
     seconds = time.perf_counter() - started
     print(f"{args.name}: {folder} ({record.get('parameters', 0) / 1e6:.1f}M parameters, fp32 safetensors, "

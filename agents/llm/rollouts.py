@@ -81,6 +81,8 @@ class _Slot:
         self.episode_id = env_episode_id if repeat == 0 else f"{env_episode_id}-{repeat}"
         self.turn = 0
         self.records: list[InvocationRecord] = []
+        self.context: list[int] | None = None  # the persistent view: the transcript the next turn is shown
+        self.chat: bool | None = None
 
 
 def _make_record(gen, snapshot: dict[str, Any], reward: float, tokenizer, slot: _Slot):
@@ -105,7 +107,7 @@ def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
 def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
             gamma: float = 1.0, progress: bool = False, rollout_id: str | None = None, desc: str = "rollout",
             on_episode: Callable[[Episode], None] | None = None,
-            on_invocations: Callable[[int], None] | None = None) -> list[Episode]:
+            on_invocations: Callable[[int], None] | None = None, view: str = "memory") -> list[Episode]:
     """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.policy.LLMPolicy`) and return
     them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
@@ -117,6 +119,13 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
     A policy with ``reuse_prefixes`` (:class:`agents.llm.policy.LLMPolicy`) keeps shared prompt prefixes across
     the rollout's turns inside it (the weights must not change during the rollout, e.g. in ``on_episode``).
 
+    ``view`` (:data:`agents.llm.transcript.VIEWS`): what the policy is shown. ``"memory"`` (default): each
+    observation, as the env renders it. ``"persistent"``: the episode's flattened transcript, built turn by turn
+    exactly as :func:`distill.reconstruct.persistent` builds it for scoring (the first prompt, then each action
+    and the env's reply, :class:`agents.llm.transcript.TranscriptFormat`), so a model can be measured *acting* in
+    the view a teacher-persistent control scores in; each record's ``prompt_ids`` is then that transcript, and the
+    env (and its snapshots) run as ever. Needs a policy with ``generate_ids`` and a list of envs.
+
     Progress (``progress``: a bar named ``desc``, in episodes, with the invocations so far and their rate beside
     it, so that a slow model's first episodes are not a silent 0/N): ``on_episode(episode)`` is called as each
     episode ends, ``on_invocations(total)`` after each batch of invocations.
@@ -126,6 +135,14 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
         raise ValueError("groups must have one entry per seed")
     rollout_id = uuid.uuid4().hex if rollout_id is None else str(rollout_id)
     import gymnasium as gym
+
+    from agents.llm.transcript import TranscriptFormat, check_view
+
+    transcript = None
+    if check_view(view) == "persistent":
+        if isinstance(envs, gym.vector.VectorEnv) or not hasattr(policy, "generate_ids"):
+            raise ValueError("view='persistent' needs a list of envs and a policy with generate_ids (LLMPolicy)")
+        transcript = TranscriptFormat(policy.tokenizer)
 
     tracker = _Progress(len(seeds), progress, desc, on_episode, on_invocations)
     # A policy that generates token by token (LLMPolicy) reports each decoding step, so that a slow model's bar
@@ -140,7 +157,7 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
         with reuse() if reuse is not None else contextlib.nullcontext():
             if isinstance(envs, gym.vector.VectorEnv):
                 return _rollout_vector(policy, envs, list(seeds), groups, gamma, tracker, rollout_id)
-            return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id)
+            return _rollout_list(policy, list(envs), list(seeds), groups, gamma, tracker, rollout_id, transcript)
     finally:
         if watched:
             policy.on_tokens = previous
@@ -193,7 +210,7 @@ class _Progress:
 
 
 def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, progress: _Progress,
-                  rollout_id: str) -> list[Episode]:
+                  rollout_id: str, transcript=None) -> list[Episode]:
     if not envs:
         raise ValueError("rollout needs at least one env")
     queue = iter(enumerate(zip(seeds, groups)))
@@ -219,7 +236,10 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
         start(e)
     while any(s is not None for s in slots):
         active = [e for e, s in enumerate(slots) if s is not None]
-        gens = policy.generate([observations[e] for e in active])
+        if transcript is None:
+            gens = policy.generate([observations[e] for e in active])
+        else:  # the persistent view: each env's transcript so far (its first turn: the observation's prompt)
+            gens = policy.generate_ids([slots[e].context or policy.encode_prompt(observations[e]) for e in active])
         progress.invoked(len(active))
         for e, gen in zip(active, gens):
             slot = slots[e]
@@ -229,6 +249,11 @@ def _rollout_list(policy, envs: list, seeds: list, groups: list, gamma: float, p
             if snapshot is None:
                 snapshot = _minimal_snapshot((slot.env_episode_id, slot.turn), observations[e], gen.text, reward)
             slot.records.append(_make_record(gen, snapshot, reward, policy.tokenizer, slot))
+            if transcript is not None and not (terminated or truncated):
+                if slot.chat is None:
+                    slot.chat = transcript.uses_chat(gen.prompt_ids)
+                slot.context = list(gen.prompt_ids) + list(gen.response_ids) + transcript.continuation(
+                    gen.response_ids, observations[e], obs, slot.chat)
             observations[e] = obs
             if terminated or truncated:
                 episode_info = {k: v for k, v in (info.get("summary") or {}).items() if k != "snapshots"}

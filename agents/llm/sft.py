@@ -14,9 +14,9 @@ pretraining signal on task text for models trained from scratch; off by default)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -25,12 +25,14 @@ from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
 from agents.llm.precision import AUTOCAST_CHOICES, host_line, resolve_autocast
 from agents.llm.records import memory_mask
+from agents.llm.transcript import TranscriptFormat, check_view, flatten_episode
 from agents.scripted.qa_strategies import make_strategy
 from agents.llm.training import (
     ActorCritic,
     MetricsLog,
     RunConfig,
     Timer,
+    check_finite_step,
     collate,
     enable_activation_checkpointing,
     evaluate_off_budget,
@@ -53,6 +55,14 @@ class SFTConfig(RunConfig):
     # world ``world_seed + 1 + i % N`` of the same synthetic generator (never the configured world itself), so a
     # small model cannot memorise one world's facts and must learn to read its search results; see
     # :func:`demo_env_kwargs`
+    demo_env_overrides: dict[str, Any] = field(default_factory=dict)  # env kwargs of the demonstrations only (not
+    # of the evaluation episodes), e.g. {"hops": (1, 2)}: two-hop questions whose bridge entity (read in a document,
+    # then searched) may be any name of the world, so the model learns to copy names no training question asks about
+    views: tuple[str, ...] = ("memory",)  # how each demonstration episode is rendered (agents.llm.transcript.VIEWS):
+    # "memory", one example per invocation (the prompt the policy samples in); "persistent", one example per episode,
+    # the flattened transcript distill.reconstruct.persistent scores (loss on every action). Both: a teacher at home
+    # in the memory state and in the teacher-persistent control's transcript
+    demo_seed_base: int = 0  # demonstrations play task seeds demo_seed_base .. + episodes - 1
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
     gradient_checkpointing: bool = False  # recompute the body's activations in the backward: a 30-layer
@@ -83,6 +93,13 @@ class SFTConfig(RunConfig):
             raise ValueError(f"SFTConfig.prompt_loss_fraction must be in (0, 1], got {self.prompt_loss_fraction}")
         if self.bucket < 1:
             raise ValueError(f"SFTConfig.bucket must be >= 1, got {self.bucket}")
+        self.views = tuple(self.views)
+        if not self.views or len(set(self.views)) != len(self.views):
+            raise ValueError(f"SFTConfig.views must name each view once, got {self.views!r}")
+        for view in self.views:
+            check_view(view)
+        if not isinstance(self.demo_env_overrides, dict):
+            raise ValueError(f"SFTConfig.demo_env_overrides must be a dict of env kwargs, got {self.demo_env_overrides!r}")
 
 
 def demo_env_kwargs(cfg: RunConfig, index: int) -> dict[str, Any]:
@@ -90,21 +107,49 @@ def demo_env_kwargs(cfg: RunConfig, index: int) -> dict[str, Any]:
     world ``world_seed + 1 + index % demo_worlds`` (the configured world is never among them). The question split
     is kept: each world has its own hash salt, so it only thins that world's questions."""
     worlds = getattr(cfg, "demo_worlds", 0)
+    kwargs = {**cfg.env_kwargs, **getattr(cfg, "demo_env_overrides", {})}
     if not worlds:
-        return dict(cfg.env_kwargs)
+        return kwargs
     base = int(cfg.env_kwargs.get("world_seed", 0))
-    return {**cfg.env_kwargs, "world_seed": base + 1 + index % worlds}
+    return {**kwargs, "world_seed": base + 1 + index % worlds}
 
 
-def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int], list[int]]]:
-    """``(prompt_ids, action_ids, memory_mask)`` of every oracle invocation on ``seeds`` (the i-th seed in the
-    world :func:`demo_env_kwargs` gives it)."""
+class Demonstration(NamedTuple):
+    """One SFT example: ``prompt_ids`` then ``response_ids``; the loss is on the response tokens whose
+    ``action_mask`` is 1 (None: all of them). A memory-view example is one invocation (its prompt, the oracle's
+    action); a persistent-view example is one episode's transcript (the first prompt, then every action and env
+    reply, replies masked out)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    memory_mask: list[int]
+    action_mask: list[int] | None = None
+
+
+def transcript_demonstration(first_prompt_ids: Sequence[int], actions: Sequence[Sequence[int]],
+                             observations: Sequence[str], fmt: TranscriptFormat, tokenizer) -> Demonstration:
+    """One episode in the persistent view (:func:`agents.llm.transcript.flatten_episode`) as an SFT example: the
+    loss on each action's ids, none on the env's replies."""
+    ids, spans = flatten_episode(first_prompt_ids, actions, observations, fmt)
+    start = len(first_prompt_ids)
+    action, memory = [0] * (len(ids) - start), [0] * (len(ids) - start)
+    for (begin, length), act in zip(spans, actions):
+        action[begin - start:begin - start + length] = [1] * length
+        memory[begin - start:begin - start + length] = memory_mask(list(act), tokenizer)
+    return Demonstration(list(first_prompt_ids), ids[start:], memory, action)
+
+
+def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
+    """The oracle's demonstrations on ``seeds`` (the i-th seed in the world :func:`demo_env_kwargs` gives it), in
+    each of ``cfg.views`` (default: one :class:`Demonstration` per invocation, its memory-view prompt)."""
     import gymnasium as gym
 
     import memenv  # noqa: F401
 
     seeds = list(seeds)
     worlds = getattr(cfg, "demo_worlds", 0)
+    views = tuple(getattr(cfg, "views", ("memory",)))
+    fmt = TranscriptFormat(policy.tokenizer) if "persistent" in views else None
     oracle = make_strategy("oracle", cfg.env_id)
     data = []
     # One world at a time (each holds its corpus and search index); the data's order does not matter to training.
@@ -120,13 +165,19 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[tuple[list[int], list[int
         for i in indices:
             obs, _ = env.reset(seed=int(seeds[i]))
             oracle.reset(env.unwrapped)
+            prompts, actions, observations = [], [], []
             while True:
                 action = oracle.act(obs)
-                ids = policy.encode_action(action)
-                data.append((policy.encode_prompt(obs), ids, memory_mask(ids, policy.tokenizer)))
+                prompts.append(policy.encode_prompt(obs))
+                actions.append(policy.encode_action(action))
+                observations.append(obs)
                 obs, _, terminated, truncated, _ = env.step(action)
                 if terminated or truncated:
                     break
+            if "memory" in views:
+                data += [Demonstration(p, a, memory_mask(a, policy.tokenizer)) for p, a in zip(prompts, actions)]
+            if fmt is not None:
+                data.append(transcript_demonstration(prompts[0], actions, observations, fmt, policy.tokenizer))
         env.close()
     return data
 
@@ -155,8 +206,11 @@ def length_buckets(lengths, batch_size: int, bucket: int, rng: np.random.Generat
             yield idx[b * batch_size:(b + 1) * batch_size]
 
 
-def train_sft(cfg: SFTConfig) -> dict[str, Any]:
-    """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun."""
+def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> dict[str, Any]:
+    """Train; returns the last metrics row (with ``eval_f1`` when evaluated). Runs unchanged under torchrun.
+
+    ``data``: the examples to train on (e.g. a teacher's own episodes: sequence-level distillation); default the
+    oracle's demonstrations on seeds ``demo_seed_base .. demo_seed_base + episodes - 1``."""
     from tqdm.auto import tqdm
 
 
@@ -191,7 +245,11 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     if dist.enabled:
         train_model = torch.nn.parallel.DistributedDataParallel(model)
     sampler = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
-    data = expert_data(sampler, cfg, range(cfg.episodes))
+    if data is None:
+        data = expert_data(sampler, cfg, range(cfg.demo_seed_base, cfg.demo_seed_base + cfg.episodes))
+    elif not data:
+        raise ValueError("train_sft: data holds no example")
+    data = list(data)
     envs = make_envs(cfg)
     log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
     log.truncate("step", start)
@@ -207,15 +265,17 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
                disable=not (cfg.progress and dist.main))
     loss_sum = acc_sum = n_sum = 0.0
     step = start
-    batches = length_buckets([len(p) + len(a) for p, a, _ in data], cfg.batch_size, cfg.bucket, rng)
+    batches = length_buckets([len(d.prompt_ids) + len(d.response_ids) for d in data], cfg.batch_size, cfg.bucket, rng)
     device_type = torch.device(dist.device).type
     for step in range(start, cfg.steps):
         lr = lr_at(step, cfg, timer.budget(cfg.budget_clock))
         for group in optimizer.param_groups:
             group["lr"] = lr
         idx = next(batches)
-        batch = collate([(data[i][0], data[i][1]) for i in idx], pad, device=dist.device,
-                        include_prompt=cfg.prompt_loss_weight > 0)
+        batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], pad, device=dist.device,
+                        include_prompt=cfg.prompt_loss_weight > 0, action_masks=[
+                            data[i].action_mask if data[i].action_mask is not None else [1] * len(data[i].response_ids)
+                            for i in idx])
         if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:
             keep = ~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))).to(batch.prompt.device)
                                     < cfg.prompt_loss_fraction)
@@ -228,6 +288,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        check_finite_step(grad_norm, f"step {step + 1}")
         optimizer.step()
         tokens += int(batch.attention_mask.sum())
         loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens

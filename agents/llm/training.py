@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import random
 import shutil
@@ -26,7 +27,8 @@ import torch
 from torch import nn
 
 from agents.files import write_atomic
-from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+from agents.llm.models import (NonFiniteWeightsError, check_finite_weights, load_pretrained, make_tiny,
+                               save_pretrained)
 from agents.llm.rollouts import rollout
 
 # ---------------------------------------------------------------------- seeds
@@ -295,13 +297,30 @@ def collate(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: in
 LATEST = "latest"
 
 
+class NonFiniteUpdateError(NonFiniteWeightsError):
+    """A training step whose gradient is NaN or infinite: the step is not taken, the run stops."""
+
+
+def check_finite_step(grad_norm, where: str) -> None:
+    """Stop a trainer (:class:`NonFiniteUpdateError`) before ``optimizer.step()`` when the gradient norm of the
+    step (after the losses' backward; every rank sees the same one under DDP) is NaN or infinite: the step would
+    write NaN into every weight. Nothing of the step is written; the last checkpoint stays ``latest``."""
+    value = float(grad_norm)
+    if not math.isfinite(value):
+        raise NonFiniteUpdateError(f"{where}: the gradient norm is {value} (a NaN or infinite loss or gradient): "
+                                   "training stopped before this step; the last checkpoint stays latest")
+
+
 def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state: dict[str, Any],
                     value_head: nn.Module | None = None, keep: int = 2, keep_every: int = 0) -> Path:
     """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt``
     (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
     then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
-    are removed, except those whose step is a multiple of ``keep_every`` (when > 0)."""
+    are removed, except those whose step is a multiple of ``keep_every`` (when > 0). Weights holding a NaN or an
+    infinity are refused before anything is written (:class:`agents.llm.models.NonFiniteWeightsError`)."""
     out_dir = Path(out_dir)
+    # Before anything is written: a checkpoint with NaN or infinite weights never exists, nor becomes latest.
+    check_finite_weights(out_dir / f"checkpoint-{step:07d}", lm, value_head)
     extra = {"trainer_state.pt": lambda p: torch.save(state, p)}
     if value_head is not None:
         extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)

@@ -224,6 +224,8 @@ def prefill_tree(model, prompts: Sequence[Sequence[int]], forward_kwargs: dict[s
 def decode_buffers(kv_rows: list, lengths: Sequence[int], extra: int) -> tuple[Cache, torch.Tensor]:
     """The rows' prompt KV right-aligned in one buffer cache with ``extra`` free columns, and the attention mask
     ``[n, width]`` (1 on each row's prompt and on every free column; written as the rows decode)."""
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 1:  # 0 columns: the first decode overflows
+        raise ValueError(f"decode_buffers: extra (max_new_tokens) must be a whole number >= 1, got {extra!r}")
     n, longest = len(kv_rows), max(lengths)
     layers = []
     first = kv_rows[0]

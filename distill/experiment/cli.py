@@ -11,7 +11,8 @@ from typing import Any
 
 from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
-                                       WORLDS, check_settings, pretrained_config, quick_config, world_config)
+                                       WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
+                                       world_config)
 from distill.experiment.run import STAGES, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
@@ -28,11 +29,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.arms:
         overrides["arms"] = tuple(dict.fromkeys(args.arms))
     with user_input():
-        if args.model:
+        if args.fair and (args.quick or args.model or args.world == "fixed"):
+            raise CommandError("--fair is the fresh world's tiny-model preset: it takes neither --quick, --model nor "
+                               "--world fixed")
+        if args.fair:
+            cfg = fair_config(args.out, **overrides)
+        elif args.model:
             cfg = pretrained_config(args.out, args.model, **{**(PRETRAINED_QUICK if args.quick else {}), **overrides})
         else:
             cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
-        cfg = world_config(cfg, args.world, quick=args.quick)
+        if not args.fair:
+            cfg = world_config(cfg, args.world or "fixed", quick=args.quick)
         if args.teacher_minutes is not None or args.teacher_clock is not None:
             cfg.teacher = replace(cfg.teacher, **({"sft_minutes": args.teacher_minutes}
                                                   if args.teacher_minutes is not None else {}),
@@ -89,7 +96,7 @@ def register_cli(subparsers) -> None:
     m.add_argument("--curve-episodes", dest="curve_episodes", type=positive_int, default=None,
                    help="held-out episodes per learning-curve point (default 200; quick 50)")
     m.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
-                   help=f"default: {' '.join(DEFAULT_ARMS)} (quick: all)")
+                   help=f"default: {' '.join(DEFAULT_ARMS)} (quick: every GRPO-trained arm; --fair: {' '.join(FAIR_ARMS)})")
     m.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default 1)")
     m.add_argument("--workers", type=positive_int, default=None,
                    help="arm runs in parallel processes (default: one per core)")
@@ -109,7 +116,11 @@ def register_cli(subparsers) -> None:
     m.add_argument("--lr", type=positive_float, default=None, help="learning rate of every arm (default 3e-4)")
     m.add_argument("--distill-coef", dest="distill_coef", type=non_negative_float, default=None,
                    help="lambda of the distillation loss in the OPD arms (default 1.0)")
-    m.add_argument("--world", choices=list(WORLDS), default="fixed",
+    m.add_argument("--fair", action="store_true",
+                   help="the fair-evidence preset (fresh world): a teacher trained on both views, measured acting in "
+                        "each before any arm; lr warm-up; GRPO alone's lr from a sweep; equal-CPU SFT arms; 10 seeds "
+                        "(distill.experiment.config.fair_config)")
+    m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")
     m.add_argument("--until", choices=list(STAGES), default=None,

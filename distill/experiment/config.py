@@ -32,7 +32,14 @@ ARMS = {
                     "recompute_old_logprobs": True}),
     "memopd_himpo": ("MemOPD + HiMPO", {"reconstruction": "aligned", "teacher_reconstruction": "aligned",
                                         "credit": "himpo"}),
+    # Equal-cost alternatives to on-policy distillation: SFT of the start student for the training CPU time of the
+    # same seed's MemOPD run (ExperimentConfig.equal_cpu_arm), on the oracle's demonstrations of new train-pool
+    # episodes, or on the teacher's own greedy episodes (sequence-level distillation, its sampling CPU included).
+    "sft_continued": ("continued SFT on oracle demonstrations (equal CPU)", {"sft_data": "oracle"}),
+    "seqkd": ("sequence-level distillation: SFT on the teacher's episodes (equal CPU)", {"sft_data": "teacher"}),
 }
+#: Arms trained by SFT rather than by GRPO (:data:`ARMS` fields ``sft_data``).
+SFT_ARMS = tuple(a for a, (_, f) in ARMS.items() if f is not None and "sft_data" in f)
 DEFAULT_ARMS = ("rl", "memopd", "teacher_persistent", "flattening")
 #: Settings a rerun on a cached ``--out`` may change: how the run is executed, and which arms and seeds it adds.
 RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arms", "seeds")
@@ -41,7 +48,8 @@ RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arm
 #: the weak start are measured); once one has, they are guarded like the rest.
 ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "temperature", "distill_coef",
                 "attention_backend", "teacher_packing", "teacher_dtype", "train_autocast", "curve_every",
-                "curve_episodes", "timing_rounds", "diagnose_episodes")
+                "curve_episodes", "timing_rounds", "diagnose_episodes", "warmup_updates", "rl_lr", "rl_lr_sweep",
+                "sweep_seeds", "equal_cpu_arm", "seqkd_sample_share")
 
 
 class SettingsMismatchError(ValueError):
@@ -68,6 +76,19 @@ class ModelSpec:
     # episodes (train-pool questions on evaluation seeds), off the budget clock: the SFT learning curve
     curve_episodes: int = 50
     warmup: int | None = None  # SFT learning-rate warm-up steps (None: a tenth of sft_steps, at most 100)
+    # How each demonstration episode is rendered (agents.llm.sft.SFTConfig.views): ("memory",) the memory state
+    # the student acts in; ("memory", "persistent") also the flattened transcript the teacher-persistent control
+    # scores in, so that the control changes only the state the teacher scores in, not its familiarity with it.
+    sft_views: tuple[str, ...] = ("memory",)
+    # Env kwargs of the demonstrations only (SFTConfig.demo_env_overrides), e.g. {"hops": (1, 2)}: two-hop
+    # questions whose bridge entity may be a held-out subject, so copying any name into a search is trained
+    # while no held-out subject is ever asked about.
+    sft_env: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sft_views = tuple(self.sft_views)
+        if isinstance(self.sft_env.get("hops"), list):  # a JSON round trip
+            self.sft_env = {**self.sft_env, "hops": tuple(self.sft_env["hops"])}
 
 def _finite(name: str, value: Any, low: float | None = None, high: float | None = None,
             strict_low: bool = False) -> None:
@@ -133,6 +154,19 @@ class ExperimentConfig:
     # body and head matmuls bf16, softmaxes, log-probs and losses fp32, old log-probs recomputed by that forward;
     # sampling stays fp32.
     train_autocast: str | None = None
+    # Learning-rate warm-up of every GRPO-trained arm: the lr rises linearly over the first warmup_updates updates
+    # (0: none, as every run before the fair-evidence preset; Adam's first steps then move every weight by ~lr).
+    warmup_updates: int = 0
+    # GRPO alone's learning rate: rl_lr when set; else the best of rl_lr_sweep (greedy F1 on train-pool probe
+    # episodes after the full run, sweep_seeds seeds each, never the evaluation episodes) when it is non-empty;
+    # else lr, as every other arm.
+    rl_lr: float | None = None
+    rl_lr_sweep: tuple[float, ...] = ()
+    sweep_seeds: int = 1
+    # The SFT arms (SFT_ARMS) train for the training CPU seconds of this arm's run of the same seed.
+    equal_cpu_arm: str = "memopd"
+    # seqkd: at most this share of that CPU samples the teacher's episodes; the rest trains on them.
+    seqkd_sample_share: float = 0.5
     eval_episodes: int = 400  # held-out questions, the same episodes at the start and the end of every arm
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
@@ -148,6 +182,14 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.arms = tuple(self.arms)
+        self.rl_lr_sweep = tuple(self.rl_lr_sweep)
+        for value in self.rl_lr_sweep:
+            _finite("rl_lr_sweep value", value, 0, strict_low=True)
+        if self.rl_lr is not None:
+            _finite("rl_lr", self.rl_lr, 0, strict_low=True)
+        _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
+        if isinstance(self.warmup_updates, bool) or not isinstance(self.warmup_updates, int) or self.warmup_updates < 0:
+            raise ValueError(f"warmup_updates must be an integer >= 0, got {self.warmup_updates!r}")
         if self.student_probes is not None:
             probes = tuple(self.student_probes)
             if not probes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in probes) or \
@@ -161,7 +203,7 @@ class ExperimentConfig:
         for name in ("seeds", "updates", "tasks_per_update", "eval_episodes", "max_new_tokens", "threads", "workers",
                      "sft_threads", "probe_episodes", "student_max_steps", "seen_eval_episodes", "curve_every",
                      "curve_episodes", "num_envs", "vocab", "tokenizer_episodes", "timing_rounds",
-                     "diagnose_episodes"):
+                     "diagnose_episodes", "sweep_seeds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -177,6 +219,12 @@ class ExperimentConfig:
                              f"{self.system_prompt!r} with model {self.model!r}")
         if self.train_autocast not in (None, "auto", "none", "bf16"):
             raise ValueError(f"train_autocast must be None, 'auto', 'none' or 'bf16', got {self.train_autocast!r}")
+        if any(a in SFT_ARMS for a in self.arms) and self.equal_cpu_arm not in self.arms:
+            raise ValueError(f"the SFT arms ({', '.join(a for a in self.arms if a in SFT_ARMS)}) train for the CPU of "
+                             f"equal_cpu_arm={self.equal_cpu_arm!r}, which must be among the arms {list(self.arms)}")
+        if self.equal_cpu_arm in SFT_ARMS or self.equal_cpu_arm not in ARMS:
+            raise ValueError(f"equal_cpu_arm must be a GRPO-trained arm of {[a for a in ARMS if a not in SFT_ARMS]}, "
+                             f"got {self.equal_cpu_arm!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO), got {self.group_size}")
         for role, spec in (("teacher", self.teacher), ("student", self.student)):
@@ -196,6 +244,16 @@ class ExperimentConfig:
             if spec.warmup is not None and (isinstance(spec.warmup, bool) or not isinstance(spec.warmup, int)
                                             or spec.warmup < 0):
                 raise ValueError(f"{role} warmup must be an integer >= 0 or None, got {spec.warmup!r}")
+            if not spec.sft_views or any(v not in ("memory", "persistent") for v in spec.sft_views) or \
+                    len(set(spec.sft_views)) != len(spec.sft_views):
+                raise ValueError(f"{role} sft_views must name 'memory' and/or 'persistent' once each, "
+                                 f"got {spec.sft_views!r}")
+            if not isinstance(spec.sft_env, dict):
+                raise ValueError(f"{role} sft_env must be a dict of env kwargs, got {spec.sft_env!r}")
+
+
+#: ``--quick``'s arms: every GRPO-trained one (the SFT arms' pipeline is covered by tests/test_fair_experiment.py).
+QUICK_ARMS = tuple(a for a in ARMS if a not in SFT_ARMS)
 
 
 def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
@@ -206,7 +264,7 @@ def quick_config(out: str, **overrides: Any) -> ExperimentConfig:
                                            sft_episodes=300), student_max_steps=400, probe_episodes=16,
                 # 400 steps: the student's actions are mostly valid (memory writes that credit can score)
                 student=ModelSpec(hidden=32, layers=2, heads=2, sft_steps=200, sft_minutes=None, sft_episodes=300),
-                vocab=2048, tokenizer_episodes=60, arms=tuple(ARMS), seeds=2, updates=4, tasks_per_update=2,
+                vocab=2048, tokenizer_episodes=60, arms=QUICK_ARMS, seeds=2, updates=4, tasks_per_update=2,
                 eval_episodes=100, seen_eval_episodes=50, curve_every=2, curve_episodes=50, timing_rounds=1,
                 diagnose_episodes=8)
     return ExperimentConfig(**{**base, **overrides})
@@ -235,6 +293,29 @@ def world_config(cfg: ExperimentConfig, world: str, *, quick: bool = False) -> E
     if world == "fresh" and cfg.model is None and not quick:
         cfg = replace(cfg, teacher=replace(cfg.teacher, **FRESH_TEACHER), **FRESH_OVERRIDES)
     return cfg
+
+
+#: The fair-evidence preset's arms: the matched pair (MemOPD, the teacher-persistent control whose teacher now knows
+#: the flattened view too), GRPO alone with a tuned learning rate, the flattening trainer, and the two equal-CPU SFT
+#: alternatives.
+FAIR_ARMS = ("rl", "memopd", "teacher_persistent", "flattening", "sft_continued", "seqkd")
+#: Its teacher: the fresh world's, trained on both views of every demonstration (one model scores both the aligned
+#: and the persistent arm), with two-hop demonstrations mixed in (their bridge entity, read in a document and then
+#: searched, may be any name of the inventory, held-out subjects included: copying a name no training question asks
+#: about is trained without asking about it), for 100 CPU-min (twice the sequences per demonstration).
+FAIR_TEACHER = dict(sft_minutes=100.0, sft_views=("memory", "persistent"), sft_env={"hops": (1, 2)})
+
+
+def fair_config(out: str, **overrides: Any) -> ExperimentConfig:
+    """``memenv experiment memopd --fair``: the fresh world with the fair-evidence settings. The teacher is at home
+    in both views (:data:`FAIR_TEACHER`; its greedy F1 acting in each is measured before any arm runs); every
+    GRPO-trained arm warms its learning rate up over 10 updates; GRPO alone's learning rate is the best of 1e-4,
+    3e-4 and 1e-3 on train-pool probe episodes (2 sweep seeds each); the equal-CPU SFT arms run beside; 10 training
+    seeds (the unit of inference)."""
+    cfg = world_config(ExperimentConfig(out=out), "fresh")
+    cfg = replace(cfg, teacher=replace(cfg.teacher, **FAIR_TEACHER), arms=FAIR_ARMS, seeds=10, warmup_updates=10,
+                  rl_lr_sweep=(1e-4, 3e-4, 1e-3), sweep_seeds=2)
+    return replace(cfg, **overrides)
 
 
 #: ``--quick --model``: the pretrained pipeline on cuts of the base (4-layer teacher, 2-layer student), a few steps.
@@ -332,4 +413,5 @@ def check_settings(cfg: ExperimentConfig) -> None:
 
 __all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
-           "check_settings", "SHORT_SYSTEM_PROMPT"]
+           "check_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
+           "fair_config"]

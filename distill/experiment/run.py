@@ -16,8 +16,9 @@ import pandas as pd
 from agents.files import write_atomic, write_text_atomic
 from distill.experiment.config import ExperimentConfig, _config_record, check_settings
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
-from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
-                                       persistent_diagnostics, run_arm)
+from distill.experiment.config import SFT_ARMS
+from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher, choose_rl_lr,
+                                       persistent_diagnostics, run_arm, run_sweep_point, sweep_jobs)
 
 
 def _exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
@@ -33,38 +34,63 @@ def _exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict, teacher: dict) -> dict:
-    """Every (arm, seed) run; ``cfg.workers`` > 1 runs them in that many processes (one torch thread each by
-    default). Why processes, not threads: on a shared 2-core machine a 2-thread tiny-model step was several
-    times *slower* than a 1-thread one (every op waits for the thread that lost its core), while two 1-thread
-    processes each keep their own pace."""
+def _run_jobs(cfg: ExperimentConfig, jobs: list[tuple], run, done, desc: str, *args) -> dict:
+    """``run(cfg, *job, *args)`` for every job (``done(job)``: its cached result, or None); ``cfg.workers`` > 1
+    runs them in that many processes (one torch thread each by default). Why processes, not threads: on a shared
+    2-core machine a 2-thread tiny-model step was several times *slower* than a 1-thread one (every op waits for
+    the thread that lost its core), while two 1-thread processes each keep their own pace."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(jobs), desc="arms x seeds", unit="run", disable=not cfg.progress)
+    bar = tqdm(total=len(jobs), desc=desc, unit="run", disable=not cfg.progress)
     results = {}
-    todo = [j for j in jobs if _done(Path(cfg.out) / "arms" / j[0] / f"seed{j[1]}") is None]
+    todo = [j for j in jobs if done(j) is None]
     for job in jobs:
         if job not in todo:
-            results[job] = run_arm(cfg, *job, student, teacher)  # cached: reads result.json
+            results[job] = run(cfg, *job, *args)  # cached: reads result.json
             bar.update(1)
     if cfg.workers == 1 or len(todo) <= 1:
         for job in todo:
-            results[job] = run_arm(cfg, *job, student, teacher)
+            results[job] = run(cfg, *job, *args)
             bar.update(1)
     else:
         quiet = replace(cfg, progress=False)  # one bar (this one), not one per worker
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that already ran torch threads
         with ProcessPoolExecutor(max_workers=min(cfg.workers, len(todo)), mp_context=ctx,
                                  initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(run_arm, quiet, *job, student, teacher): job for job in todo}
+            futures = {pool.submit(run, quiet, *job, *args): job for job in todo}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
                 bar.update(1)
     bar.close()
     return results
+
+
+def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict, teacher: dict) -> dict:
+    """Every (arm, seed) run (:func:`_run_jobs`): the GRPO-trained arms first, then the SFT arms, whose CPU budget
+    is the same seed's ``cfg.equal_cpu_arm`` run."""
+    done = lambda job: _done(Path(cfg.out) / "arms" / job[0] / f"seed{job[1]}")  # noqa: E731
+    results = {}
+    for phase in ([j for j in jobs if j[0] not in SFT_ARMS], [j for j in jobs if j[0] in SFT_ARMS]):
+        if phase:
+            results.update(_run_jobs(cfg, phase, run_arm, done, "arms x seeds", student, teacher))
+    return results
+
+
+def tune_rl_lr(cfg: ExperimentConfig, student: dict) -> ExperimentConfig:
+    """``cfg`` with GRPO alone's learning rate (``rl_lr``) chosen by the sweep (:func:`stages.run_sweep_point`,
+    :func:`stages.choose_rl_lr`) when ``cfg.rl_lr_sweep`` is set and ``cfg.rl_lr`` is not."""
+    jobs = sweep_jobs(cfg)
+    if not jobs:
+        return cfg
+    done = lambda job: _done(Path(cfg.out) / "sweep" / f"lr{job[0]:g}" / f"seed{job[1]}")  # noqa: E731
+    runs = _run_jobs(cfg, jobs, run_sweep_point, done, "lr sweep", student)
+    chosen = choose_rl_lr(cfg, runs)
+    _log(cfg, "GRPO alone's learning rate: " + ", ".join(f"{r['lr']:g} -> probe F1 {r['probe_f1']:.3f}"
+                                                         for r in chosen["table"]) + f"; chosen {chosen['chosen_lr']:g}")
+    return replace(cfg, rl_lr=chosen["chosen_lr"])
 
 
 def arm_jobs(cfg: ExperimentConfig) -> list[tuple[str, int]]:
@@ -118,6 +144,8 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
     start = pd.read_csv(out / "student" / "start_eval.csv")
     start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
     timing = actor_timing(cfg, student)
+    if "rl" in cfg.arms:
+        cfg = tune_rl_lr(cfg, student)
     jobs = arm_jobs(cfg)
     results = _run_arms(cfg, jobs, student, teacher)
     runs = {arm: [results[(arm, s)] for s in range(cfg.seeds)] for arm in cfg.arms}

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from agents.files import write_atomic, write_text_atomic
-from distill.experiment.config import (ARMS, ENV_ID, ExperimentConfig, ModelSpec, SettingsMismatchError,
+from distill.experiment.config import (ARMS, ENV_ID, SFT_ARMS, ExperimentConfig, ModelSpec, SettingsMismatchError,
                                        pool_env_kwargs)
 from distill.stats import standard_error
 
@@ -34,12 +34,64 @@ def _done(path: Path) -> dict[str, Any] | None:
     f = path / "result.json"
     if not f.exists():
         return None
-    res = json.loads(f.read_text())
+    res = read_stage_json(f, "that stage's result")
     missing = [key for key in ("f1", "em", "seen_f1") if not isinstance(res, dict) or key not in res]
     if missing:
         raise SettingsMismatchError(f"{f} was made by another version of the experiment (no {', '.join(missing)}); "
                                     f"use another --out, or delete {path} to make that stage again")
-    return res
+    return relocated(res, path)
+
+
+class StageFileError(SettingsMismatchError):
+    """A cached stage's file cannot be read (cut short, not JSON) or names a checkpoint that is gone: one line
+    naming the file; the stage is redone only when the user deletes what the message names."""
+
+
+def read_stage_json(path: Path, what: str) -> Any:
+    """The JSON of a stage's file, or :class:`StageFileError` naming it (a file cut short by a full disk or a
+    copy, or edited by hand): the run stops there rather than redoing a stage the user may want to keep."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise StageFileError(f"{path} is damaged ({type(exc).__name__}: {reason}): delete it to redo {what} "
+                             "(the stage's checkpoints are kept), or restore it") from None
+
+
+def _under_stage(stored: str, stage: Path) -> Path | None:
+    """Where ``stored`` (an absolute path written by a stage in ``stage``'s folder, before the run folder was
+    moved or copied) is now: its part after the last folder named like ``stage``, under ``stage``."""
+    parts = Path(stored).parts
+    if stage.name not in parts:
+        return None
+    tail = parts[len(parts) - parts[::-1].index(stage.name):]
+    return stage.joinpath(*tail)
+
+
+def relocated(res: dict[str, Any], stage: Path) -> dict[str, Any]:
+    """``res`` with its checkpoint ``path`` re-resolved under ``stage`` when the stored absolute path is gone (the
+    run folder was moved or copied: a rerun resumes from where the folder is now); a path found nowhere is a
+    :class:`StageFileError` naming it."""
+    stored = res.get("path")
+    if not isinstance(stored, str) or Path(stored).exists():
+        return res
+    moved = _under_stage(stored, stage)
+    if moved is None or not moved.exists():
+        raise StageFileError(f"{stage / 'result.json'} names the checkpoint {stored}, which is gone (and is not "
+                             f"under {stage} either): delete {stage / 'result.json'} to redo that stage's evaluation")
+    return {**res, "path": str(moved.resolve())}
+
+
+def _portable(settings: dict[str, Any]) -> dict[str, Any]:
+    """Arm settings with the checkpoint paths of this run's own stages (``model``: the student's, ``teacher``:
+    the teacher's) reduced to their part under the run folder, so that a moved run folder still matches."""
+    out = dict(settings)
+    for key, name in (("model", "student"), ("teacher", "teacher")):
+        value = out.get(key)
+        if isinstance(value, str) and name in Path(value).parts:
+            parts = Path(value).parts
+            out[key] = str(Path(*parts[len(parts) - 1 - parts[::-1].index(name):]))
+    return out
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -60,10 +112,12 @@ PROBE_SEED_BASE = 2 * 10**7
 
 
 def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
-                      pool: str = "heldout", episodes: int | None = None) -> pd.DataFrame:
+                      pool: str = "heldout", episodes: int | None = None, view: str = "memory") -> pd.DataFrame:
     """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
     ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
-    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts)."""
+    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts).
+    ``view``: what the model is shown (:func:`agents.llm.rollouts.rollout`): the memory state (default) or the
+    flattened transcript the teacher-persistent control scores in."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
@@ -72,7 +126,7 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
     envs = [env_fn() for _ in range(cfg.num_envs)]
     seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
     eps = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
-                  progress=cfg.progress)
+                  progress=cfg.progress, view=view)
     for env in envs:
         env.close()
     return pd.DataFrame({"seed": seeds, "f1": [ep.f1 for ep in eps],
@@ -85,7 +139,11 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
 def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
     from agents.llm.sft import SFTConfig
 
-    return SFTConfig(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
+    return SFTConfig(**{**_sft_settings(cfg, spec, out, model), **overrides})
+
+
+def _sft_settings(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None) -> dict[str, Any]:
+    return dict(env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), out_dir=str(out), model=model, seed=0,
                      episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
                      lr=spec.lr, warmup=spec.warmup if spec.warmup is not None else min(100, max(1, spec.sft_steps // 10)),
                      autocast="auto", bucket=8,
@@ -99,10 +157,11 @@ def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | 
                      keep_checkpoints=1, max_seconds=spec.sft_minutes * 60 if spec.sft_minutes else None,
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
-                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress,
+                     num_envs=cfg.num_envs, resume=True, progress=cfg.progress, views=spec.sft_views,
+                     demo_env_overrides=dict(spec.sft_env),
                      # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
                      # layers: OOM at ~24 GB), so they are recomputed in the backward
-                     gradient_checkpointing=bool(cfg.model), **overrides)
+                     gradient_checkpointing=bool(cfg.model))
 
 
 def _trained(out: Path):
@@ -128,13 +187,29 @@ def _sft_finished(out: Path, spec: ModelSpec) -> dict[str, Any] | None:
     return rows[rows["step"] <= int(state["step"])].iloc[-1].to_dict()
 
 
-def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Held-out and seen evaluations of ``lm``, written to ``out/{name}_eval.csv`` and ``{name}_eval_seen.csv``."""
-    held = evaluate_per_seed(lm, tok, cfg, pool="heldout")
-    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes)
+def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str,
+                   view: str = "memory") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out and seen evaluations of ``lm`` acting in ``view``, written to ``out/{name}_eval.csv`` and
+    ``{name}_eval_seen.csv`` (``{name}_persistent_eval.csv`` ... in the persistent view)."""
+    held = evaluate_per_seed(lm, tok, cfg, pool="heldout", view=view)
+    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes, view=view)
+    name = name if view == "memory" else f"{name}_{view}"
     write_atomic(out / f"{name}_eval.csv", lambda tmp: held.to_csv(tmp, index=False))
     write_atomic(out / f"{name}_eval_seen.csv", lambda tmp: seen.to_csv(tmp, index=False))
     return held, seen
+
+
+def _persistent_view_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, float]:
+    """The teacher's greedy F1 *acting* in the flattened transcript (the view the teacher-persistent control scores
+    it in), on the same held-out and seen episodes as in the memory view: a control that changes one thing needs a
+    teacher about as good in both (``view_gap``: memory-view minus persistent-view held-out F1)."""
+    held, seen = _evaluate_both(lm, tok, cfg, out, "teacher", view="persistent")
+    memory = pd.read_csv(out / "teacher_eval.csv")
+    return {"persistent_f1": float(held.f1.mean()), "persistent_f1_se": standard_error(held.f1),
+            "persistent_seen_f1": float(seen.f1.mean()), "persistent_seen_f1_se": standard_error(seen.f1),
+            "view_gap": float(memory.f1.mean() - held.f1.mean()),
+            "view_gap_se": standard_error(memory.f1.to_numpy() - held.f1.to_numpy()),
+            "persistent_turns": float(held.turns.mean())}
 
 
 def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
@@ -164,9 +239,13 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
 
     out = Path(cfg.out) / "teacher"
     if (res := _done(out)) is not None:
-        if cfg.env_kwargs.get("fresh_facts") and "train_draw_f1" not in res:  # cached before this figure existed
+        missing = {"train_draw_f1": bool(cfg.env_kwargs.get("fresh_facts")), "persistent_f1": True}
+        if any(on and key not in res for key, on in missing.items()):  # cached before these figures existed
             lm, tok = _trained(out)
-            res.update(_train_draw_eval(lm, tok, cfg, out))
+            if missing["train_draw_f1"] and "train_draw_f1" not in res:
+                res.update(_train_draw_eval(lm, tok, cfg, out))
+            if "persistent_f1" not in res:
+                res.update(_persistent_view_eval(lm, tok, cfg, out))
             _write_json(out / "result.json", res)
         return res
     timer = Timer()
@@ -181,6 +260,7 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
            "parameters": sum(p.numel() for p in lm.parameters()), **asdict(cfg.teacher)}
     if cfg.env_kwargs.get("fresh_facts"):
         res.update(_train_draw_eval(lm, tok, cfg, out))
+    res.update(_persistent_view_eval(lm, tok, cfg, out))
     _write_json(out / "result.json", res)
     return res
 
@@ -222,7 +302,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
                                          heads=cfg.student.heads), tok, init)
     probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
     probes_path = out / "probes.json"
-    probes = json.loads(probes_path.read_text()) if probes_path.exists() else []
+    probes = read_stage_json(probes_path, "the weak start's probes") if probes_path.exists() else []
     done = latest_checkpoint(out / "sft")
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
     schedule = _probe_schedule(cfg)
@@ -262,14 +342,16 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     from distill.trainer import MemOPDConfig
 
     curve_every = min(cfg.curve_every, cfg.updates)
+    lr = cfg.rl_lr if arm == "rl" and cfg.rl_lr is not None else cfg.lr
     common = dict(algo="grpo", env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), model=student["path"],
                   out_dir=str(Path(cfg.out) / "arms" / arm / f"seed{seed}"), seed=seed, updates=cfg.updates,
                   episodes_per_update=cfg.tasks_per_update * cfg.group_size, group_size=cfg.group_size,
-                  lr=cfg.lr, kl_coef=cfg.kl_coef, temperature=cfg.temperature, epochs=2, num_minibatches=2,
+                  lr=lr, kl_coef=cfg.kl_coef, temperature=cfg.temperature, epochs=2, num_minibatches=2,
                   eval_every=0, save_every=1, keep_checkpoints=1, keep_every=curve_every,
                   max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, threads=cfg.threads,
                   progress=cfg.progress, resume=True,
-                  **({"train_autocast": cfg.train_autocast} if cfg.train_autocast is not None else {}))
+                  **({"train_autocast": cfg.train_autocast} if cfg.train_autocast is not None else {}),
+                            warmup_updates=cfg.warmup_updates)
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
@@ -293,11 +375,18 @@ def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
     return json.loads(json.dumps(settings, default=list))
 
 
+# Trainer settings added after earlier runs were made, with the value those runs had: a cached run whose settings
+# lack one was made with that value.
+_ADDED_LATER = {"warmup_updates": 0}
+
+
 def _same_settings(old: dict[str, Any], settings: dict[str, Any]) -> bool:
-    return {k: v for k, v in old.items() if k not in _NOT_SETTINGS} == settings
+    old = {**{k: v for k, v in _ADDED_LATER.items() if k in settings}, **old}
+    return _portable({k: v for k, v in old.items() if k not in _NOT_SETTINGS}) == _portable(settings)
 
 
 def _settings_mismatch(path: Path, old: dict[str, Any], settings: dict[str, Any], what: str) -> SettingsMismatchError:
+    old, settings = _portable(old), _portable(settings)
     changed = sorted(k for k in (set(settings) | set(old)) - set(_NOT_SETTINGS) if old.get(k) != settings.get(k))
     return SettingsMismatchError(f"{path} {what} with other settings ({', '.join(changed)}): use another --out, "
                                  "or delete that folder to retrain it")
@@ -315,6 +404,8 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     from agents.llm.training import checkpoints
     from distill.trainer import train_memopd
 
+    if arm in SFT_ARMS:
+        return run_sft_arm(cfg, arm, seed, student, teacher)
     out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
     run_cfg = arm_config(cfg, arm, seed, student, teacher)
     settings = _arm_settings(cfg, run_cfg)
@@ -324,7 +415,7 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
         return res
     started = out / "settings.json"
     if checkpoints(out):
-        old = json.loads(started.read_text()) if started.exists() else None
+        old = read_stage_json(started, "this arm's run from its start") if started.exists() else None
         if old is None:  # a partial run from before resumable arms (no settings kept): train it again from the start
             for path in checkpoints(out).values():
                 shutil.rmtree(path)
@@ -361,6 +452,180 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     for update, path in saved.items():  # intermediate checkpoints were kept only for their curve points
         if update < cfg.updates:
             shutil.rmtree(path)
+    return res
+
+
+#: Task seeds of the SFT arms' data (train-pool questions; disjoint from SFT, probe, evaluation and GRPO seeds):
+#: training seed s of the oracle-demonstration arm plays base + s * SFT_ARM_SEED_STRIDE + i.
+SFT_ARM_SEED_BASE = {"oracle": 5 * 10**7, "teacher": 6 * 10**7}
+SFT_ARM_SEED_STRIDE = 10**5
+#: Oracle demonstrations of the continued-SFT arm (each its own fact draw in the fresh world; the CPU budget, not
+#: this count, ends its training: ~5 epochs at the fresh preset's budget).
+SFT_ARM_DEMOS = 2000
+#: Teacher episodes sampled per batch by the sequence-level distillation arm (until its sampling share is spent).
+SEQKD_BATCH = 32
+
+
+def _equal_cpu_budget(cfg: ExperimentConfig, arm: str, seed: int) -> float:
+    ref = _done(Path(cfg.out) / "arms" / cfg.equal_cpu_arm / f"seed{seed}")
+    if ref is None:
+        raise RuntimeError(f"arm {arm} seed {seed} trains for the CPU time of {cfg.equal_cpu_arm} seed {seed}, "
+                           "which has not run yet: run that arm first")
+    return float(ref["train_cpu_seconds"])
+
+
+def _teacher_episodes(cfg: ExperimentConfig, teacher: dict[str, Any], seed: int, cpu_budget: float,
+                      path: Path) -> tuple[list, float, int]:
+    """Sequence-level distillation's data: the teacher's greedy episodes (memory view) on new train-pool tasks,
+    batch by batch until ``cpu_budget`` CPU seconds are spent; each invocation one :class:`Demonstration` (no
+    filtering by reward: the teacher's mode, as in sequence-level KD). Cached in ``path`` with the CPU it cost."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.records import memory_mask
+    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.sft import Demonstration
+
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return [Demonstration(*d, None) for d in saved["demonstrations"]], float(saved["cpu_seconds"]), \
+            int(saved["episodes"])
+    start = time.process_time()
+    lm, tok = load_pretrained(teacher["path"])
+    policy = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    env_fn = make_env_fn(cfg, "train")
+    envs = [env_fn() for _ in range(cfg.num_envs)]
+    base = SFT_ARM_SEED_BASE["teacher"] + seed * SFT_ARM_SEED_STRIDE
+    demos, episodes = [], 0
+    while time.process_time() - start < cpu_budget:
+        eps = rollout(policy, envs, range(base + episodes, base + episodes + SEQKD_BATCH))
+        episodes += len(eps)
+        demos += [Demonstration(list(r.prompt_ids), list(r.response_ids), memory_mask(r.response_ids, tok))
+                  for r in records_of(eps)]
+    for env in envs:
+        env.close()
+    spent = time.process_time() - start
+    _write_json(path, {"cpu_seconds": spent, "episodes": episodes,
+                       "demonstrations": [[d.prompt_ids, d.response_ids, d.memory_mask] for d in demos]})
+    return demos, spent, episodes
+
+
+def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
+                teacher: dict[str, Any]) -> dict:
+    """An equal-cost alternative to on-policy distillation (:data:`distill.experiment.config.SFT_ARMS`): SFT of the
+    start student for the training CPU seconds of ``cfg.equal_cpu_arm``'s run of the same seed (data making
+    included), on the oracle's demonstrations of new train-pool tasks (``sft_continued``) or on the teacher's own
+    greedy episodes (``seqkd``: sampling them costs up to ``seqkd_sample_share`` of that CPU, training the rest);
+    the student's SFT learning rate, warmed up over 50 steps and cosine-annealed over the budget. Evaluated as the
+    GRPO arms are (held-out and seen at the end; the curve has only its end point). Resumes like them."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.sft import expert_data, train_sft
+    from agents.llm.training import latest_checkpoint
+
+    out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
+    source = ARMS[arm][1]["sft_data"]
+    budget = _equal_cpu_budget(cfg, arm, seed)
+    settings = {"arm": arm, "sft_data": source, "budget_cpu_seconds": budget, "equal_cpu_arm": cfg.equal_cpu_arm,
+                "lr": cfg.student.lr, "model": student["path"], "seed": seed,
+                "seqkd_sample_share": cfg.seqkd_sample_share if source == "teacher" else None,
+                "evaluation": {k: getattr(cfg, k) for k in ("eval_episodes", "seen_eval_episodes", "heldout_fraction")}}
+    settings = json.loads(json.dumps(settings))
+    if (res := _done(out)) is not None:
+        if _portable(res.get("settings", settings)) != _portable(settings):
+            raise _settings_mismatch(out / "result.json", res["settings"], settings, "was trained")
+        return res
+    started = out / "settings.json"
+    if started.exists() and _portable(json.loads(started.read_text())) != _portable(settings):
+        raise _settings_mismatch(started, json.loads(started.read_text()), settings, "began a run")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(started, settings)
+    spec = replace(cfg.student, sft_steps=10**7, sft_minutes=budget / 60, sft_clock="cpu", warmup=50,
+                   sft_episodes=SFT_ARM_DEMOS)
+    sft_cfg = _sft_config(cfg, spec, out / "sft", model=student["path"], seed=seed, eval_every=0,
+                          threads=cfg.threads, demo_seed_base=SFT_ARM_SEED_BASE["oracle"] + seed * SFT_ARM_SEED_STRIDE)
+    made = out / "data_cpu.json"
+    if source == "teacher":
+        data, data_cpu, episodes = _teacher_episodes(cfg, teacher, seed, budget * cfg.seqkd_sample_share,
+                                                     out / "teacher_episodes.json")
+    else:  # the demonstrations are remade on a resume (deterministic); their first making's CPU counts once
+        start = time.process_time()
+        lm0, tok0 = load_pretrained(student["path"])
+        from agents.llm.policy import LLMPolicy
+
+        data = expert_data(LLMPolicy(lm0, tok0, temperature=0.0), sft_cfg,
+                           range(sft_cfg.demo_seed_base, sft_cfg.demo_seed_base + sft_cfg.episodes))
+        episodes = sft_cfg.episodes
+        if not made.exists():
+            _write_json(made, {"cpu_seconds": time.process_time() - start})
+        data_cpu = float(json.loads(made.read_text())["cpu_seconds"])
+    sft_cfg = replace(sft_cfg, max_seconds=max(1.0, budget - data_cpu))
+    row = _sft_finished(out / "sft", replace(spec, sft_minutes=sft_cfg.max_seconds / 60)) or train_sft(sft_cfg, data)
+    lm, tok = load_pretrained(latest_checkpoint(out / "sft"))
+    held, seen = _evaluate_both(lm, tok, cfg, out, "end")
+    curve = held.head(cfg.curve_episodes).assign(update=cfg.updates)[["update", "seed", "f1", "em"]]
+    write_atomic(out / "curve.csv", lambda tmp: curve.to_csv(tmp, index=False))
+    res = {"arm": arm, "seed": seed, "train_cpu_seconds": float(row.get("cpu_seconds")) + data_cpu,
+           "data_cpu_seconds": data_cpu, "budget_cpu_seconds": budget, "sft_steps": int(row.get("step")),
+           "data_episodes": episodes, "data_examples": len(data), "f1": float(held.f1.mean()),
+           "em": float(held.em.mean()), "seen_f1": float(seen.f1.mean()), "update_s": math.nan,
+           "rollout_s": math.nan, "approx_kl_first": math.nan, "clipfrac_first": math.nan, "settings": settings}
+    _write_json(out / "result.json", res)
+    return res
+
+
+#: Training seeds of the GRPO learning-rate sweep (not the arms' seeds 0..seeds-1).
+SWEEP_SEED_BASE = 1000
+
+
+def sweep_jobs(cfg: ExperimentConfig) -> list[tuple[float, int]]:
+    """The (learning rate, sweep seed) runs of GRPO alone's learning-rate sweep (none when ``cfg.rl_lr`` is set)."""
+    if cfg.rl_lr is not None or "rl" not in cfg.arms:
+        return []
+    return [(lr, SWEEP_SEED_BASE + s) for s in range(cfg.sweep_seeds) for lr in cfg.rl_lr_sweep]
+
+
+def run_sweep_point(cfg: ExperimentConfig, lr: float, seed: int, student: dict[str, Any]) -> dict:
+    """One GRPO-alone run of the learning-rate sweep (the rl arm's settings at ``lr``; warm-up included), scored by
+    greedy F1 on the train-pool probe episodes (neither evaluation nor SFT seeds: the choice never sees the
+    evaluation episodes). Cached in ``OUT/sweep/lr{lr}/seed{seed}/result.json``; resumes like an arm."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.ppo import train_rl
+    from agents.llm.training import checkpoints
+
+    out = Path(cfg.out) / "sweep" / f"lr{lr:g}" / f"seed{seed}"
+    run_cfg = replace(arm_config(replace(cfg, rl_lr=lr), "rl", seed, student, {}), out_dir=str(out), keep_every=0)
+    settings = {**_arm_settings(cfg, run_cfg), "probe_episodes": cfg.probe_episodes}
+    if (res := _done(out)) is not None:
+        if not _same_settings(res.get("settings", settings), settings):
+            raise _settings_mismatch(out / "result.json", res["settings"], settings, "was trained")
+        return res
+    started = out / "settings.json"
+    if started.exists() and not _same_settings(json.loads(started.read_text()), settings):
+        raise _settings_mismatch(started, json.loads(started.read_text()), settings, "began a run")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(started, settings)
+    lm, tok = load_pretrained(student["path"])
+    train_rl(run_cfg, model=lm, tokenizer=tok)
+    lm, tok = load_pretrained(checkpoints(out)[cfg.updates])
+    probe = evaluate_per_seed(lm, tok, cfg, range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes), pool="train")
+    metrics = pd.read_csv(out / "metrics.csv")
+    res = {"lr": lr, "seed": seed, "f1": float(probe.f1.mean()), "em": float(probe.em.mean()), "seen_f1": math.nan,
+           "probe_episodes": cfg.probe_episodes, "train_cpu_seconds": float(metrics["cpu_seconds"].iloc[-1]),
+           "approx_kl_first": float(metrics["approx_kl"].iloc[0]) if "approx_kl" in metrics else math.nan,
+           "settings": settings}
+    _write_json(out / "result.json", res)
+    return res
+
+
+def choose_rl_lr(cfg: ExperimentConfig, runs: dict[tuple[float, int], dict]) -> dict[str, Any]:
+    """The sweep's table (mean probe F1 per learning rate over its seeds) and its choice, the highest mean (the
+    smaller learning rate on a tie); written to ``OUT/sweep/result.json``."""
+    table = [{"lr": lr, "probe_f1": float(np.mean([r["f1"] for (l2, _), r in runs.items() if l2 == lr])),
+              "per_seed": [r["f1"] for (l2, _), r in sorted(runs.items()) if l2 == lr]}
+             for lr in cfg.rl_lr_sweep]
+    best = max(table, key=lambda row: (row["probe_f1"], -row["lr"]))
+    res = {"chosen_lr": best["lr"], "table": table, "seeds": cfg.sweep_seeds, "probe_episodes": cfg.probe_episodes,
+           "train_cpu_seconds": float(sum(r["train_cpu_seconds"] for r in runs.values()))}
+    _write_json(Path(cfg.out) / "sweep" / "result.json", res)
     return res
 
 
@@ -465,4 +730,5 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
 
 
 __all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluate_per_seed", "build_teacher", "build_student", "arm_config",
-           "run_arm", "actor_timing", "persistent_diagnostics"]
+           "run_arm", "run_sft_arm", "sweep_jobs", "run_sweep_point", "choose_rl_lr", "actor_timing",
+           "persistent_diagnostics"]

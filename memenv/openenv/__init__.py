@@ -42,17 +42,19 @@ in, :class:`RequestError`, the replies' shapes), ``sessions`` (:class:`SessionHu
 :func:`connect`).
 """
 
-from memenv.openenv.app import BackgroundServer, app_from_environment, create_app, run_app, serve
+from memenv.openenv.app import (HEALTH_TTL_S, MAX_HTTP_BODY_BYTES, BackgroundServer, app_from_environment, create_app,
+                                run_app, serve)
 from memenv.openenv.client import MemenvClient, ServedEnv, SessionEndedError, connect
-from memenv.openenv.environments import MemenvEnvironment, MemenvToolsEnvironment, tool_names
-from memenv.openenv.messages import RequestError, wire_observation
+from memenv.openenv.environments import MemenvEnvironment, MemenvToolsEnvironment, tool_argument_error, tool_names
+from memenv.openenv.messages import RequestError, env_unavailable_as_503, request_json_body, wire_observation
 from memenv.openenv.sessions import (CLOSE_BY_CLIENT, CLOSE_IDLE, CLOSE_POLICY, CLOSE_SERVER_ERROR, CLOSE_SERVER_FULL,
                                      SessionHub)
 from memenv.openenv.types import (DEFAULT_MAX_SESSIONS, MemenvAction, MemenvObservation, MemenvState,
                                   jsonable)
 
 __all__ = ["BackgroundServer", "CLOSE_BY_CLIENT", "CLOSE_IDLE", "CLOSE_POLICY", "CLOSE_SERVER_ERROR",
-           "CLOSE_SERVER_FULL", "DEFAULT_MAX_SESSIONS", "MemenvAction", "MemenvClient", "MemenvEnvironment",
-           "MemenvObservation", "MemenvState", "MemenvToolsEnvironment", "RequestError", "ServedEnv",
-           "SessionEndedError", "SessionHub", "app_from_environment", "connect", "create_app", "jsonable", "run_app",
-           "serve", "tool_names", "wire_observation"]
+           "CLOSE_SERVER_FULL", "DEFAULT_MAX_SESSIONS", "HEALTH_TTL_S", "MAX_HTTP_BODY_BYTES", "MemenvAction",
+           "MemenvClient", "MemenvEnvironment", "MemenvObservation", "MemenvState", "MemenvToolsEnvironment",
+           "RequestError", "ServedEnv", "SessionEndedError", "SessionHub", "app_from_environment", "connect",
+           "create_app", "env_unavailable_as_503", "jsonable", "request_json_body", "run_app", "serve",
+           "tool_argument_error", "tool_names", "wire_observation"]

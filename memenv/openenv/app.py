@@ -18,9 +18,18 @@ from openenv.core.env_server import create_fastapi_app as openenv_create_app
 from starlette.requests import Request
 
 from memenv.openenv.environments import MemenvEnvironment, MemenvToolsEnvironment, tool_names
-from memenv.openenv.messages import RequestError, first_error, json_kind, wire_observation
+from memenv.openenv.messages import (RequestError, env_unavailable_as_503, first_error, json_kind, request_json_body,
+                                     wire_observation)
 from memenv.openenv.sessions import SESSION_LOG, SessionHub
 from memenv.openenv.types import DEFAULT_MAX_SESSIONS, MemenvAction, MemenvObservation, MemenvState
+
+#: The largest HTTP request body the server reads (``POST /reset``, ``POST /mcp``; a tool call's text fits many
+#: times over): a longer one is answered 413 after at most this many bytes were read, whatever its
+#: Content-Length says (WebSocket frames have their own cap, uvicorn's ``ws_max_size``).
+MAX_HTTP_BODY_BYTES = 1 << 20
+
+#: Seconds a ``/health`` answer is reused: each one makes an env and resets it (cheap, but not free).
+HEALTH_TTL_S = 5.0
 
 
 def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
@@ -55,6 +64,7 @@ def create_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *,
         logging.getLogger("fastmcp").setLevel(logging.ERROR)
     _replace_http_reset(app, factory)
     _answer_http_errors_in_one_line(app)
+    _guard_http(app, factory)
     return app
 
 
@@ -82,18 +92,17 @@ def _replace_http_reset(app: Any, factory: Any) -> None:
 
     async def reset(request: Request) -> dict:
         body = await request.body()
-        try:
-            data = json.loads(body) if body.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"the request body is not valid JSON ({exc.msg} at character {exc.pos})") from None
+        data = request_json_body(body) if body.strip() else {}
         if not isinstance(data, dict):
             raise RequestError(f"the request body must be a JSON object (seed, options, episode_id), "
                                f"got {json_kind(data)}")
 
         def fresh_reset() -> dict:
-            env = factory()
+            with env_unavailable_as_503():
+                env = factory()
             try:
-                return wire_observation(env.reset(**data))
+                with env_unavailable_as_503():
+                    return wire_observation(env.reset(**data))
             finally:
                 env.close()
 
@@ -124,6 +133,104 @@ def _answer_http_errors_in_one_line(app: Any) -> None:
 
     app.add_exception_handler(RequestError, refused)
     app.add_exception_handler(RequestValidationError, invalid)
+
+class _BodyLimit:
+    """ASGI middleware: an HTTP request body longer than ``max_bytes`` is answered 413 (one-line JSON), whether
+    or not a Content-Length announced it; a shorter one is passed on whole. Past the limit the rest of the body
+    is read and dropped chunk by chunk (so that the client, still sending, gets the answer rather than a reset
+    connection), so a request holds at most ``max_bytes`` of body in memory (the endpoints read bodies whole)."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_HTTP_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, int(max_bytes)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        over = declared is not None and (not declared.strip().isdigit() or int(declared) > self.max_bytes)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nothing to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            over = over or size > self.max_bytes
+            if over:
+                chunks.clear()  # dropped: only the answer is left to give
+            else:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        if over:
+            await self._refuse(send, declared)
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Any, declared: bytes | None) -> None:
+        said = f" (Content-Length {declared.decode('latin-1')[:20]})" if declared is not None else ""
+        body = json.dumps({"detail": f"the request body is over the server's limit of {self.max_bytes} bytes"
+                                     f"{said}"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _guard_http(app: Any, factory: Any, max_body_bytes: int = MAX_HTTP_BODY_BYTES) -> None:
+    """What keeps the HTTP side bounded and truthful: request bodies capped (:class:`_BodyLimit`), any failure
+    that escapes an endpoint answered as one-line JSON (500, the traceback in the server's log only), and
+    ``GET /health`` answering 200 only while a fresh env can be made and reset (else 503 naming why; the
+    answer is reused for :data:`HEALTH_TTL_S` seconds)."""
+    import asyncio
+
+    from fastapi.responses import JSONResponse
+
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+
+    async def failed(request: Any, exc: Exception) -> JSONResponse:
+        SESSION_LOG.error("memenv serve: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": f"{request.url.path} failed on the server: {type(exc).__name__}: {exc}"
+                             .splitlines()[0]}, status_code=500)
+
+    app.add_exception_handler(Exception, failed)
+    last: dict[str, Any] = {"at": -math.inf, "problem": None}
+
+    def probe() -> str | None:
+        try:
+            with env_unavailable_as_503():
+                env = factory()
+                try:
+                    env.reset(seed=0)
+                finally:
+                    env.close()
+        except Exception as exc:  # noqa: BLE001 - whatever stops a reset makes the server unhealthy
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
+
+    async def health():  # no annotation: FastAPI would read it as a response model
+        now = time.monotonic()
+        if now - last["at"] > HEALTH_TTL_S:
+            last["problem"] = await asyncio.get_running_loop().run_in_executor(None, probe)
+            last["at"] = time.monotonic()
+        if last["problem"] is None:
+            return JSONResponse({"status": "healthy"})
+        return JSONResponse({"status": "unhealthy", "detail": last["problem"]}, status_code=503)
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+    app.add_api_route("/health", health, methods=["GET"], tags=["Health"], response_model=None,
+                      summary="200 while a fresh env can be made and reset, else 503 naming why")
+
 
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -4,6 +4,7 @@ tools)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gymnasium as gym
@@ -13,7 +14,7 @@ from openenv.core.env_server.types import EnvironmentMetadata
 
 import memenv  # noqa: F401 - registers the environments
 from memenv.envs.base import check_reset_args
-from memenv.openenv.messages import RequestError
+from memenv.openenv.messages import RequestError, json_kind
 from memenv.openenv.types import MemenvAction, MemenvObservation, MemenvState, jsonable
 
 
@@ -193,6 +194,26 @@ def _one_line_tool_error(tool: str, message: str) -> str:
     return joined if joined.startswith(f"{tool}: ") else f"{tool}: {joined}"
 
 
+def tool_argument_error(function: Any, tool: str, arguments: Any) -> str | None:
+    """One line refusing a tool call whose arguments are not of their JSON types exactly (``id`` an integer,
+    never a boolean, a float or a numeric string; every text a string), or None. FastMCP's validation coerces
+    (``true`` became entry 1), where the action text in-process has no such reading. Unknown tools and missing
+    or unknown arguments are left to FastMCP, whose messages name them."""
+    if function is None or not isinstance(arguments, dict):
+        return None
+    import inspect
+
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name not in arguments:
+            continue
+        value, wanted = arguments[name], parameter.annotation
+        if wanted in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{tool}: argument {name!r}: must be a JSON integer, got {json_kind(value)} {json.dumps(value)[:40]}"
+        if wanted in ("str", str) and not isinstance(value, str):
+            return f"{tool}: argument {name!r}: Input should be a valid string, got {json_kind(value)}"
+    return None
+
+
 class MemenvToolsEnvironment(MCPEnvironment):
     """A memory-tools env (``memory_mode="tools"``) as an OpenEnv MCP environment: its calls (``mem_add``,
     ``mem_update``, ``mem_delete``, ``mem_search``, ``search`` or ``next``, ``answer``, ``strategy``:
@@ -217,6 +238,7 @@ class MemenvToolsEnvironment(MCPEnvironment):
                              "it has no tools (memory_mode='tools')")
         server = FastMCP(f"memenv {env_id}")
         functions = _tool_functions(self._play)
+        self._functions = {name: functions[name] for name in self.tools}
         for name in self.tools:
             server.tool(functions[name])
         self._last_step: dict[str, Any] | None = None
@@ -239,6 +261,10 @@ class MemenvToolsEnvironment(MCPEnvironment):
         argument or the reason. Anything else is :class:`MemenvEnvironment`'s."""
         if not isinstance(action, CallToolAction):
             return super().step(action, timeout_s=timeout_s, **kwargs)
+        refused = tool_argument_error(self._functions.get(action.tool_name), action.tool_name, action.arguments)
+        if refused is not None:
+            return CallToolObservation(tool_name=action.tool_name, result=None, reward=None, done=self.core._done,
+                                       error=ToolError(error_type=ToolErrorType.INVALID_ARGS, message=refused))
         self._last_step = None
         observation = super().step(action, timeout_s=timeout_s, **kwargs)
         step, self._last_step = self._last_step, None

@@ -4,6 +4,7 @@ server refuses, one line naming the field)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -115,3 +116,32 @@ def rpc_result(rid: Any, result: Any) -> dict:
 
 def rpc_error(rid: Any, code: int, message: str) -> dict:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+def request_json_body(body: bytes) -> Any:
+    """The JSON value of an HTTP request body, or a :class:`RequestError` of one line: not UTF-8 (JSON text is
+    UTF-8; other bytes raised UnicodeDecodeError, a 500) or not JSON."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not UTF-8 text (byte {exc.start}); send JSON as UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON ({exc.msg} at character {exc.pos})") from None
+
+
+@contextlib.contextmanager
+def env_unavailable_as_503():
+    """Turn a failure to make or reset the env that is not the request's fault (a data file the env reads, now
+    damaged or gone: :class:`tasks.types.DataFormatError`, ``OSError``) into a :class:`RequestError` of status
+    503 (one line)."""
+    from tasks.types import DataFormatError
+
+    try:
+        yield
+    except RequestError:
+        raise
+    except (DataFormatError, OSError) as exc:
+        raise RequestError(f"the env cannot reset: {type(exc).__name__}: {exc}".splitlines()[0],
+                                  "EXECUTION_ERROR", status=503) from exc

@@ -5,7 +5,6 @@ close frame whose reason says why."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 import uuid
@@ -17,8 +16,8 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from memenv.openenv.environments import MemenvEnvironment, MemenvToolsEnvironment
-from memenv.openenv.messages import (RequestError, error_reply, json_kind, parse_action, parse_message, rpc_error,
-                                     rpc_result, wire_observation)
+from memenv.openenv.messages import (RequestError, error_reply, json_kind, parse_action, parse_message,
+                                     request_json_body, rpc_error, rpc_result, wire_observation)
 
 
 #: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
@@ -193,11 +192,10 @@ class SessionHub:
     async def serve_rpc(self, request: Request) -> dict:
         """``POST /mcp``: one JSON-RPC request, answered with status 200 and a JSON-RPC reply (an error reply
         for a request that is not JSON-RPC: one line naming the field)."""
-        body = await request.body()
         try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            return rpc_error(None, -32700, f"the request body is not JSON ({exc.msg} at character {exc.pos})")
+            data = request_json_body(await request.body())
+        except RequestError as exc:
+            return rpc_error(None, -32700, str(exc))
         return await self._rpc(data, None)
 
     async def _rpc(self, data: Any, session: _Session | None) -> dict:
@@ -215,6 +213,8 @@ class SessionHub:
             return rpc_error(rid, -32600, "a JSON-RPC request needs \"jsonrpc\": \"2.0\" and a string \"method\"")
         if not isinstance(params, dict):
             return rpc_error(rid, -32602, f"'params' must be a JSON object, got {json_kind(params)}")
+        if "session_id" in params and not isinstance(params["session_id"], str):  # a list would be unhashable
+            return rpc_error(rid, -32602, f"'session_id' must be a string, got {json_kind(params['session_id'])}")
         if method == "openenv/session/create":
             if session is not None:
                 return rpc_result(rid, {"session_id": session.id})

@@ -1,0 +1,94 @@
+"""The fair-evidence experiment's parts (issue 45): GRPO alone's learning-rate sweep on train-pool probes, the
+equal-CPU SFT arms (continued SFT on oracle demonstrations; sequence-level distillation on the teacher's episodes),
+the warm-up reaching every GRPO arm, the teacher measured acting in both views, and the preset."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from distill.experiment.config import (FAIR_ARMS, SFT_ARMS, ExperimentConfig, ModelSpec, fair_config)
+
+
+def _tiny(out, **kw):
+    base = dict(out=str(out), env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2},
+                teacher=ModelSpec(hidden=32, layers=1, heads=2, sft_steps=3, sft_minutes=None, sft_episodes=4,
+                                  sft_views=("memory", "persistent")),
+                student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None, sft_episodes=4),
+                student_max_steps=2, probe_episodes=2, sft_threads=1, arms=("rl", "memopd", "sft_continued", "seqkd"),
+                vocab=400, tokenizer_episodes=8, seeds=1, updates=2, tasks_per_update=1, group_size=2,
+                eval_episodes=3, seen_eval_episodes=2, curve_every=1, curve_episodes=2, max_new_tokens=10,
+                num_envs=2, threads=1, workers=1, timing_rounds=1, diagnose_episodes=2, progress=False,
+                warmup_updates=2, rl_lr_sweep=(1e-3, 3e-3), sweep_seeds=1)
+    return ExperimentConfig(**{**base, **kw})
+
+
+def test_fair_preset_and_its_checks(tmp_path):
+    cfg = fair_config(str(tmp_path))
+    assert cfg.arms == FAIR_ARMS and cfg.seeds >= 10 and cfg.warmup_updates > 0 and len(cfg.rl_lr_sweep) >= 3
+    assert cfg.teacher.sft_views == ("memory", "persistent") and cfg.env_kwargs["fresh_facts"]
+    assert set(SFT_ARMS) == {"sft_continued", "seqkd"}
+    with pytest.raises(ValueError, match="equal_cpu_arm"):
+        _tiny(tmp_path, arms=("rl", "sft_continued"))
+    with pytest.raises(ValueError, match="equal_cpu_arm must be a GRPO-trained arm"):
+        _tiny(tmp_path, equal_cpu_arm="seqkd")
+    with pytest.raises(ValueError, match="sft_views"):
+        _tiny(tmp_path, teacher=ModelSpec(sft_views=("flat",)))
+    with pytest.raises(ValueError, match="rl_lr_sweep"):
+        _tiny(tmp_path, rl_lr_sweep=(0.0,))
+
+
+def test_cli_fair_flag_refuses_other_presets(tmp_path, capsys):
+    from memenv.cli import main
+
+    for extra in (["--quick"], ["--world", "fixed"]):
+        assert main(["experiment", "memopd", "--fair", "--out", str(tmp_path / "x"), *extra]) == 2
+        assert "--fair is the fresh world's tiny-model preset" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # an end-to-end miniature: ~1-2 min on a loaded 2-core machine
+def test_miniature_fair_run_sweep_warmup_and_equal_cpu_sft_arms(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from distill.experiment.run import run_experiment
+    from distill.experiment.stages import SFT_ARM_SEED_BASE
+
+    cfg = _tiny(tmp_path / "exp")
+    out = tmp_path / "exp"
+    run_experiment(cfg)
+    teacher = json.loads((out / "teacher" / "result.json").read_text())
+    for key in ("persistent_f1", "persistent_f1_se", "persistent_seen_f1", "view_gap"):
+        assert key in teacher
+    held = pd.read_csv(out / "teacher" / "teacher_persistent_eval.csv")
+    assert list(held.seed) == list(pd.read_csv(out / "teacher" / "teacher_eval.csv").seed)  # the same episodes
+    # the sweep: every lr ran on train-pool probes; the rl arm trains at the chosen one, the others at cfg.lr
+    sweep = json.loads((out / "sweep" / "result.json").read_text())
+    assert [row["lr"] for row in sweep["table"]] == [1e-3, 3e-3] and sweep["chosen_lr"] in (1e-3, 3e-3)
+    best = max(sweep["table"], key=lambda r: (r["probe_f1"], -r["lr"]))
+    assert sweep["chosen_lr"] == best["lr"]
+    rl = json.loads((out / "arms" / "rl" / "seed0" / "settings.json").read_text())
+    memopd = json.loads((out / "arms" / "memopd" / "seed0" / "settings.json").read_text())
+    assert rl["lr"] == sweep["chosen_lr"] and memopd["lr"] == cfg.lr
+    assert rl["warmup_updates"] == memopd["warmup_updates"] == 2
+    lrs = pd.read_csv(out / "arms" / "memopd" / "seed0" / "metrics.csv")["lr"].tolist()
+    assert lrs == pytest.approx([cfg.lr / 2, cfg.lr])
+    # the SFT arms: trained for the MemOPD run's CPU of the same seed, data making included
+    budget = json.loads((out / "arms" / "memopd" / "seed0" / "result.json").read_text())["train_cpu_seconds"]
+    for arm in ("sft_continued", "seqkd"):
+        res = json.loads((out / "arms" / arm / "seed0" / "result.json").read_text())
+        assert res["budget_cpu_seconds"] == budget and res["data_cpu_seconds"] > 0
+        # the SFT's own budget is what the data left of it (at least a second: a miniature's budget is tiny), and
+        # the arm's CPU is that training's plus the data's
+        sft = json.loads((out / "arms" / arm / "seed0" / "sft" / "config.json").read_text())
+        assert sft["max_seconds"] == pytest.approx(max(1.0, budget - res["data_cpu_seconds"]))
+        assert sft["lr"] == cfg.student.lr and sft["seed"] == 0
+        assert res["train_cpu_seconds"] >= min(budget, sft["max_seconds"] + res["data_cpu_seconds"]) * 0.8
+        end = pd.read_csv(out / "arms" / arm / "seed0" / "end_eval.csv")
+        assert list(end.seed) == list(pd.read_csv(out / "student" / "start_eval.csv").seed)
+    episodes = json.loads((out / "arms" / "seqkd" / "seed0" / "teacher_episodes.json").read_text())
+    assert episodes["episodes"] > 0 and episodes["demonstrations"]
+    assert SFT_ARM_SEED_BASE["oracle"] != SFT_ARM_SEED_BASE["teacher"]
+    # a rerun reads every cached run (nothing retrained)
+    stamp = (out / "arms" / "seqkd" / "seed0" / "result.json").stat().st_mtime_ns
+    run_experiment(cfg)
+    assert (out / "arms" / "seqkd" / "seed0" / "result.json").stat().st_mtime_ns == stamp
