@@ -13,8 +13,14 @@ tokens TRL trains (``completion_mask x tool_mask``: ``MemenvRollout``'s padding 
 those tokens in the whole generation batch, every micro-batch and rank: each micro-batch divides its sum by
 TRL's own ``loss_type="dapo"`` normaliser (``num_items_in_batch / processes x accumulation steps / steps per
 generation``), so the term is the token mean of the native :class:`distill.trainer.MemOPDHook` whatever the
-batching, and with ``loss_type="dapo"`` the whole gradient is ``train_memopd``'s
-(``benchmarks/memopd_trl_vs_native.py``: cosine 1.000000000 with accumulation 1, 4, 12 and 2 ranks).
+batching, under every supported ``loss_type``. The whole gradient is ``train_memopd``'s only with
+``loss_type="dapo"`` and a native run with ``grpo_drop_zero_variance=False`` (or no group of equal returns)
+(``benchmarks/memopd_trl_vs_native.py``: cosine 1.000000000 with accumulation 1, 4, 12 and 2 ranks). Elsewhere the
+policy term is TRL's own and differs from native, and with it the distillation term's weight relative to it:
+under ``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``, ``luspo`` its normalisation (rows, micro-batches, a fixed length:
+docs/distill.md's table), under ``cispo`` and ``vespo`` its surrogate; and native's default
+``grpo_drop_zero_variance=True`` leaves a group of equal returns out of the policy term's token count, where TRL
+counts its tokens (their advantage is 0), so TRL's policy term is smaller by that share.
 
 - GRPO advantages are per episode, as the native trainer's: TRL's (unbiased std over a group's *rows*, which
   padding rows fill with repeated returns) are replaced by :func:`episode_advantages` (population std over the

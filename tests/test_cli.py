@@ -79,12 +79,12 @@ def test_a_user_mistake_is_one_line_and_exit_2(argv, word, capsys, tmp_path, mon
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """Only the set-up from arguments is a user's mistake: an error while running is raised as is."""
-    import agents.scripted.bench as bench
+    import agents.scripted.bench.cli as bench_cli
 
     def broken(*args, **kwargs):
         raise ValueError("a bug inside the run")
 
-    monkeypatch.setattr(bench, "run_bench", broken)
+    monkeypatch.setattr(bench_cli, "run_bench", broken)
     with pytest.raises(ValueError, match="a bug inside the run"):
         main(["bench", "-n", "1", "--quiet"])
 
@@ -142,9 +142,9 @@ def test_train_help_shows_each_trainers_default():
 
 def test_bench_and_readme_state_the_same_time():
     """The default ``memenv bench`` time is stated in README and in the bench help: the same figure."""
-    from agents.scripted import bench
+    from agents.scripted.bench import cli as bench_cli  # its docstring is the command's help
 
-    said = re.search(r"memenv bench +# the default below, (< \d+ minutes?) on 2 cores", bench.__doc__)
+    said = re.search(r"memenv bench +# the default below, (< \d+ minutes?) on 2 cores", bench_cli.__doc__)
     assert said, "the bench docstring no longer states its time"
     assert f"on its built-in default, {said.group(1)} on 2 cores" in README.read_text(encoding="utf-8")
 

@@ -54,7 +54,7 @@ def episodes_run(monkeypatch):
         seen.append(seed)
         return real(env, policy, seed, stop)
 
-    monkeypatch.setattr(bench, "run_episode", counting)
+    monkeypatch.setattr(bench.episodes, "run_episode", counting)
     return seen
 
 
@@ -154,7 +154,7 @@ def test_bench_resumes_finished_cells_and_refuses_other_settings(tmp_path, capsy
     pd.testing.assert_frame_equal(pd.read_csv(out / "results.csv"), first)
 
     # a lost cell runs again, alone
-    cell = out / "cells" / bench._cell_file("MemQA-v0:objectives=2,hops=2", "history")
+    cell = out / "cells" / bench.store._cell_file("MemQA-v0:objectives=2,hops=2", "history")
     cell.unlink()
     assert run(["bench", *QUICK, "--out", str(out)]) == 0
     assert episodes_run == [0, 1]
@@ -217,7 +217,7 @@ def test_ctrl_c_in_bench_keeps_the_finished_cells(tmp_path, capsys, monkeypatch)
             raise KeyboardInterrupt
         return real(env, policy, seed, stop)
 
-    monkeypatch.setattr(bench, "run_episode", interrupted_on_the_fifth)
+    monkeypatch.setattr(bench.episodes, "run_episode", interrupted_on_the_fifth)
     assert run(["bench", *QUICK, "--out", str(out)]) == 130
     assert last_line(capsys) == (f"memenv bench: interrupted: 2 of 4 cells kept in {out} "
                                  "(rerun the same command to continue)")
@@ -238,7 +238,7 @@ def test_a_data_file_damaged_past_the_set_up_check_is_one_line_and_keeps_the_cel
             raise DataFormatError("chat.json record 7: 'content' must be a string")
         return real(env, policy, seed, stop)
 
-    monkeypatch.setattr(bench, "run_episode", damaged_on_the_third)
+    monkeypatch.setattr(bench.episodes, "run_episode", damaged_on_the_third)
     assert run(["bench", *QUICK, "--out", str(out)]) == 2
     assert last_line(capsys) == ("memenv bench: error: chat.json record 7: 'content' must be a string; 1 of 4 cells "
                                  f"kept in {out} (rerun the same command to continue)")
@@ -504,7 +504,7 @@ def test_a_bug_in_an_episode_keeps_its_traceback(tmp_path, monkeypatch):
     def broken(env, policy, seed, stop=None):
         raise ZeroDivisionError("a bug, not a service failure")
 
-    monkeypatch.setattr(bench, "run_episode", broken)
+    monkeypatch.setattr(bench.episodes, "run_episode", broken)
     with pytest.raises(ZeroDivisionError):
         main(["bench", *QUICK, "--out", str(tmp_path / "out")])
 

@@ -14,7 +14,7 @@ import pytest
 
 import memenv  # noqa: F401
 from agents.scripted.bench import resolve_strategy, run_bench, run_episode, strategy_name
-from agents.scripted.bench_tables import format_benchmark_tables
+from agents.scripted.bench.tables import format_benchmark_tables
 from agents.scripted.qa_strategies import make_strategy
 from agents.scripted.text_strategies import (DialogTurn, extractive_answer, make_text_strategy,
                                              read_text_observation)

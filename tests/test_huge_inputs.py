@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import tasks.beam as beam
+import tasks.beam.chat as beam  # the piecewise reader's threshold is patched where it is read
 from memenv.context import count_words, fit_context, truncate_left, truncate_right
 from memenv.envs.beam import MemDialogBeamEnv
 from memenv.protocol import MAX_ACTION_CHARS, parse_action

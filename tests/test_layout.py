@@ -206,3 +206,55 @@ def test_old_flat_module_paths_are_gone():
     for old in ("base", "memqa", "memread", "memdialog", "beam", "index", "remote", "http", "beam_scoring"):
         assert not (ROOT / "memenv" / f"{old}.py").exists(), old
     assert inspect.ismodule(importlib.import_module("memenv.search"))
+
+
+# Sizes a reader can hold: no module over ~600 lines outside tests and benchmarks, no trainer function over ~80
+# (issue 49). The limits carry a margin over the round figures, so that a docstring growing by a line is not a
+# failure; what is over them today is named below and may only shrink.
+MAX_MODULE_LINES = 650
+MAX_TRAINER_FUNCTION_LINES = 90
+TRAINER_MODULES = ("agents/llm/ppo.py", "agents/llm/sft.py", "agents/llm/training.py", "agents/llm/trl.py",
+                   "agents/llm/verl.py", "distill/trainer.py", "distill/trl.py")
+# Over the limits today, to be split (then removed here): ppo.py and its train_rl, and train_sft, by issue 49's
+# item 2 (train_rl as a loop of named steps); distill/experiment/stages.py grew past the limit on main meanwhile.
+STILL_TOO_LONG = {"agents/llm/ppo.py", "agents/llm/ppo.py:train_rl", "agents/llm/sft.py:train_sft",
+                  "distill/experiment/stages.py"}
+
+
+def _long_modules(root: Path, limit: int) -> set[str]:
+    found = set()
+    for package in LAYERS:
+        for path in (root / package).rglob("*.py"):
+            if len(path.read_text(encoding="utf-8").splitlines()) > limit:
+                found.add(str(path.relative_to(root)))
+    return found
+
+
+def _long_functions(root: Path, modules: tuple[str, ...], limit: int) -> set[str]:
+    found = set()
+    for name in modules:
+        path = root / name
+        if not path.exists():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                found.add(f"{name}:{node.name}")
+    return found
+
+
+def test_no_module_is_too_long_to_read():
+    assert _long_modules(ROOT, MAX_MODULE_LINES) == {m for m in STILL_TOO_LONG if ":" not in m}
+
+
+def test_no_trainer_function_is_too_long_to_read():
+    assert _long_functions(ROOT, TRAINER_MODULES, MAX_TRAINER_FUNCTION_LINES) == {m for m in STILL_TOO_LONG
+                                                                                  if ":" in m}
+
+
+def test_the_size_checkers_see_a_long_module_and_a_long_function(tmp_path):
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    body = "\n".join(f"    y{i} = {i}" for i in range(MAX_TRAINER_FUNCTION_LINES))  # one line over, with the def
+    (tmp_path / "agents" / "trainer.py").write_text(f"def short():\n    pass\n\n\nasync def long():\n{body}\n")
+    assert _long_modules(tmp_path, MAX_MODULE_LINES) == {"agents/big.py"}
+    assert _long_functions(tmp_path, ("agents/trainer.py",), MAX_TRAINER_FUNCTION_LINES) == {"agents/trainer.py:long"}

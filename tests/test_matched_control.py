@@ -46,9 +46,27 @@ def _run(tmp_path, name, student_kw=None, **kw):
     return row, param_checksum(student)
 
 
-def test_teacher_persistent_student_update_is_memopds_when_lambda_is_0(tmp_path):
+@pytest.fixture
+def spread_returns(monkeypatch):
+    """Every episode a return of its own (a random model's answers all score 0, and with every return equal the
+    policy term is 0: the student's weights could not show a difference in the actor's reconstruction)."""
+    import agents.llm.ppo as ppo
+
+    sample = ppo.rollout
+
+    def rollout_with_returns(*args, **kwargs):
+        episodes = sample(*args, **kwargs)
+        for i, ep in enumerate(episodes):
+            ep.records[-1].reward = 0.25 * (i % 4)
+        return episodes
+
+    monkeypatch.setattr(ppo, "rollout", rollout_with_returns)
+
+
+def test_teacher_persistent_student_update_is_memopds_when_lambda_is_0(tmp_path, spread_returns):
     memopd = _run(tmp_path, "memopd", distill_coef=0.0)
     control = _run(tmp_path, "control", distill_coef=0.0, teacher_reconstruction="persistent")
+    assert memopd[0]["pg_loss"] != 0.0  # the policy term acts: the actor's sequences reach the weights
     assert control[1] == memopd[1]  # the same weights after two updates: the same loss and gradients
     for key in ("pg_loss", "loss", "approx_kl", "grad_norm", "kl_ref"):
         assert control[0].get(key) == memopd[0].get(key), key

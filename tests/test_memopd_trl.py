@@ -168,12 +168,40 @@ def test_trl_gradient_is_the_native_one_however_trl_cuts_the_batch(native_refere
 def test_the_distillation_term_is_the_native_token_mean_under_every_supported_loss_type(native_reference, tmp_path,
                                                                                          loss_type):
     """Returns 0: TRL's policy term is 0 under every loss type, so what is left is the distillation term, whose
-    normalisation does not depend on the loss type (4 micro-batches; padding rows skipped or not)."""
+    normalisation does not depend on the loss type (4 micro-batches; padding rows skipped or not). With returns,
+    the policy term is TRL's own under each loss type (the slow test below)."""
     tok, runs = native_reference
     setup, native, episodes = runs["zero"]
     row = bench.compare(native, bench.trl_run(setup, tok, episodes, 4, str(tmp_path), loss_type=loss_type))
     assert row["cosine"] >= 0.99999 and abs(row["norm_ratio"] - 1) <= 1e-4, row
     assert row["trajectory_gap"] <= 0.01, row
+
+
+@pytest.mark.slow  # four TRL runs of one update: a few minutes on 2 loaded cores
+def test_with_returns_the_distillation_term_is_natives_and_the_policy_term_the_loss_types(native_reference,
+                                                                                          tmp_path):
+    """Returns spread in every group, so both terms act. The gradient is linear in lambda at the first step, so
+    TRL's gradient minus its gradient at lambda 0 is its distillation term: under ``grpo`` (a mean over rows) it
+    is the one under ``dapo`` (where the whole gradient is the native one, tested above), while the policy term
+    (lambda 0) is not: what differs from native under another loss type is the policy term's normalisation, and
+    so the distillation term's weight relative to it."""
+    import dataclasses
+
+    tok, runs = native_reference
+    setup, _, episodes = runs["spread"]
+
+    def first_grad(coef, loss_type):
+        run_setup = dataclasses.replace(setup, updates=1, distill_coef=coef)
+        return bench.trl_run(run_setup, tok, episodes[:1], 4, str(tmp_path / f"{loss_type}-{coef}"),
+                             loss_type=loss_type).grads[0]
+
+    dapo_policy, dapo_both = first_grad(0.0, "dapo"), first_grad(1.0, "dapo")
+    grpo_policy, grpo_both = first_grad(0.0, "grpo"), first_grad(1.0, "grpo")
+    dapo_distill, grpo_distill = dapo_both - dapo_policy, grpo_both - grpo_policy
+    assert float(torch.nn.functional.cosine_similarity(grpo_distill, dapo_distill, dim=0)) >= 0.99999
+    assert abs(float(grpo_distill.norm() / dapo_distill.norm()) - 1) <= 1e-4
+    assert dapo_policy.norm() > 0  # the policy term acts
+    assert abs(float(grpo_policy.norm() / dapo_policy.norm()) - 1) > 1e-3  # and is normalised another way
 
 
 def test_grpo_advantages_are_per_episode():

@@ -203,7 +203,7 @@ def test_bench_results_are_unchanged_without_snapshots(monkeypatch):
         made.append(env)
         return env
 
-    monkeypatch.setattr("agents.scripted.bench.gym.make", spy)
+    monkeypatch.setattr("agents.scripted.bench.run.gym.make", spy)
     specs = ["MemDialog-v0:sessions=2,questions=3", "MemDialog-v0:sessions=2,questions=3,keep_snapshots=True"]
     summary, rows = run_bench(["relevance", "keep-all"], specs, episodes=2, progress=False)
     assert [env.unwrapped.keep_snapshots for env in made] == [False, False, True, True]

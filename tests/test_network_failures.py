@@ -269,9 +269,15 @@ def test_bench_cli_with_a_web_page_for_a_served_model_is_a_wrong_url_exit_2(caps
     assert f"{server.url}/v1/models answered HTTP 200" in err and "OpenAI-compatible API?" in err
 
 
-def test_served_start_up_check_accepts_any_status():
-    with StandIn({"/v1/models": answer(404, b"not here")}) as server:
-        _client(server).check()  # a server answered: it is up
+@pytest.mark.parametrize("status", [401, 404, 503])
+def test_served_start_up_check_accepts_any_status(status):
+    # A server that answered with any status is up: the check passes. It must have asked (a check that sent
+    # nothing would pass as well), and it passes on the same reply where a completion request fails.
+    with StandIn({"/v1/models": answer(status, b"not here"), "/v1/completions": answer(status, b"not here")}) as server:
+        assert _client(server, retries=1).check() is None
+        assert server.hits.get("/v1/models", 0) >= 1
+        with pytest.raises(ServerError, match=f"answered HTTP {status}"):
+            _client(server, retries=1).complete("hi")
 
 
 def test_served_http_500_forever():

@@ -637,9 +637,9 @@ def test_bad_http_bodies_get_a_4xx_of_one_line_and_memory_stays_bounded():
 
 def test_health_says_whether_the_env_can_reset(tmp_path, monkeypatch):
     """Before: a data file damaged after the start gave bare 500s at /reset while /health said 200."""
-    import memenv.openenv as openenv
+    import memenv.openenv.app as openenv_app  # where /health reads it
 
-    monkeypatch.setattr(openenv, "HEALTH_TTL_S", 0.0)
+    monkeypatch.setattr(openenv_app, "HEALTH_TTL_S", 0.0)
     item = {"question_id": "q1", "question_type": "single-session-user", "question": "What is my dog called?",
             "answer": "Biscuit", "question_date": "2023/05/30 (Tue) 10:00",
             "haystack_dates": ["2023/05/20 (Sat) 09:00"], "haystack_session_ids": ["s0"],

@@ -153,7 +153,7 @@ def test_server_down_fails_before_any_work_naming_the_url(monkeypatch):
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     cells = []
-    monkeypatch.setattr(bench, "_run_cell", lambda *args, **kwargs: cells.append(args))
+    monkeypatch.setattr(bench.run, "_run_cell", lambda *args, **kwargs: cells.append(args))
     with pytest.raises(ServerError, match=f"server at {url} is not answering"):
         run_bench([f"openai:m@{url}"], [ENV], episodes=2, progress=False)
     assert cells == []  # no cell started
