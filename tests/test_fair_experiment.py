@@ -51,7 +51,7 @@ def test_miniature_fair_run_sweep_warmup_and_equal_cpu_sft_arms(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from distill.experiment.run import run_experiment
-    from distill.experiment.stages import SFT_ARM_SEED_BASE
+    from distill.experiment.baselines import SFT_ARM_SEED_BASE
 
     cfg = _tiny(tmp_path / "exp")
     out = tmp_path / "exp"

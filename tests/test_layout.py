@@ -217,8 +217,7 @@ TRAINER_MODULES = ("agents/llm/ppo.py", "agents/llm/sft.py", "agents/llm/trainin
                    "agents/llm/verl.py", "distill/trainer.py", "distill/trl.py")
 # Over the limits today, to be split (then removed here): ppo.py and its train_rl, and train_sft, by issue 49's
 # item 2 (train_rl as a loop of named steps); distill/experiment/stages.py grew past the limit on main meanwhile.
-STILL_TOO_LONG = {"agents/llm/ppo.py", "agents/llm/ppo.py:train_rl", "agents/llm/sft.py:train_sft",
-                  "distill/experiment/stages.py"}
+STILL_TOO_LONG = {"agents/llm/ppo.py", "agents/llm/ppo.py:train_rl", "agents/llm/sft.py:train_sft"}
 
 
 def _long_modules(root: Path, limit: int) -> set[str]:

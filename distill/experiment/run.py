@@ -17,8 +17,9 @@ from agents.files import write_atomic, write_text_atomic
 from distill.experiment.config import ExperimentConfig, _config_record, check_settings
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
 from distill.experiment.config import SFT_ARMS
-from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher, choose_rl_lr,
-                                       persistent_diagnostics, run_arm, run_sweep_point, sweep_jobs)
+from distill.experiment.baselines import choose_rl_lr, run_sft_arm, run_sweep_point, sweep_jobs
+from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
+                                       persistent_diagnostics, run_arm)
 
 
 def _exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
@@ -73,9 +74,10 @@ def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict,
     is the same seed's ``cfg.equal_cpu_arm`` run."""
     done = lambda job: _done(Path(cfg.out) / "arms" / job[0] / f"seed{job[1]}")  # noqa: E731
     results = {}
-    for phase in ([j for j in jobs if j[0] not in SFT_ARMS], [j for j in jobs if j[0] in SFT_ARMS]):
+    for run, phase in ((run_arm, [j for j in jobs if j[0] not in SFT_ARMS]),
+                       (run_sft_arm, [j for j in jobs if j[0] in SFT_ARMS])):
         if phase:
-            results.update(_run_jobs(cfg, phase, run_arm, done, "arms x seeds", student, teacher))
+            results.update(_run_jobs(cfg, phase, run, done, "arms x seeds", student, teacher))
     return results
 
 
