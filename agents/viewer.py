@@ -21,6 +21,7 @@ import difflib
 import html
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -169,17 +170,17 @@ def _e(text: Any) -> str:
 
 def memory_diff(before: str, after: str) -> str:
     """The change from ``before`` to ``after`` word by word, as escaped HTML with ``<del>``/``<ins>``."""
-    a, b = before.split(" "), after.split(" ")
+    a, b = re.findall(r"\s+|\S+", before), re.findall(r"\s+|\S+", after)  # words and the spaces between
     out = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if op == "equal":
-            out.append(_e(" ".join(a[i1:i2])))
+            out.append(_e("".join(a[i1:i2])))
             continue
         if i2 > i1:
-            out.append(f"<del>{_e(' '.join(a[i1:i2]))}</del>")
+            out.append(f"<del>{_e(''.join(a[i1:i2]))}</del>")
         if j2 > j1:
-            out.append(f"<ins>{_e(' '.join(b[j1:j2]))}</ins>")
-    return " ".join(out)
+            out.append(f"<ins>{_e(''.join(b[j1:j2]))}</ins>")
+    return "".join(out)
 
 
 def _heat(cells: Sequence[tuple[str, float]]) -> str:

@@ -50,8 +50,28 @@ def test_hostile_text_is_escaped_and_the_page_is_self_contained(tmp_path):
 
 
 def test_memory_diff_marks_what_changed():
-    assert memory_diff("a b c", "a c d") == "a <del>b</del> c <ins>d</ins>"
-    assert memory_diff("<x>", "<y>") == "<del>&lt;x&gt;</del> <ins>&lt;y&gt;</ins>"
+    import html as html_module
+
+    for before, after in (("a b c", "a c d"), ("keep this\nold line", "keep this\nnew line\nmore"), ("", "x y")):
+        diff = memory_diff(before, after)
+        old = re.sub(r"<ins>.*?</ins>", "", diff, flags=re.S).replace("<del>", "").replace("</del>", "")
+        new = re.sub(r"<del>.*?</del>", "", diff, flags=re.S).replace("<ins>", "").replace("</ins>", "")
+        assert html_module.unescape(old) == before and html_module.unescape(new) == after
+    assert "<del>" in memory_diff("a b c", "a c d") and "<ins>d</ins>" in memory_diff("a b c", "a c d")
+    assert memory_diff("one\ntwo", "one\nthree") == "one\n<del>two</del><ins>three</ins>"
+    assert memory_diff("<x>", "<y>") == "<del>&lt;x&gt;</del><ins>&lt;y&gt;</ins>"
+
+
+def test_bench_trace_writes_the_page_of_its_cells(tmp_path):
+    out = tmp_path / "bench"
+    assert main(["bench", "-n", "1", "--quiet", "--strategies", "relevance", "history", "--envs", "MemQA-v0",
+                 "--out", str(out), "--trace"]) == 0
+    kind, traces = load_view_input(out / "trace.jsonl")
+    assert kind == "traces" and len(traces) == 2
+    turns = sum(len(t["snapshots"]) for t in traces)
+    assert turns >= 2 and all(t["snapshots"] for t in traces)
+    page = (out / "trace.html").read_text(encoding="utf-8")
+    assert page.count('<section class="invocation"') == turns and "MemQA-v0 · history" in page
 
 
 def test_records_page_has_prompts_diffs_counts_and_a_teacher_heat_strip(tmp_path):

@@ -838,7 +838,34 @@ def check_cells_measured(summary: pd.DataFrame, episodes: pd.DataFrame) -> None:
                        "rerun the same command to run them again", status=1)
 
 
+def trace_cells(strategies: Iterable[str], specs: Iterable[EnvSpec], seed: int, out: str | Path) -> Path:
+    """The first episode (seed ``seed``) of every (env, strategy) cell run again with its snapshots kept, as episode
+    traces (``out/trace.jsonl``) and one self-contained page (``out/trace.html``, :mod:`agents.viewer`). Scripted
+    strategies and checkpoints (greedy) replay the bench's episode exactly; a served model is asked again."""
+    from agents.viewer import episode_trace, save_traces, traces_view, write_view
+
+    out = Path(out)
+    traces = []
+    for spec in specs:
+        for name in strategies:
+            policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
+            kwargs = bench_env_kwargs(spec, policy)
+            if env_accepts(spec.env_id, "keep_snapshots"):
+                kwargs["keep_snapshots"] = True
+            env = gym.make(spec.env_id, **kwargs)
+            try:
+                summary, _ = run_episode(env, policy, seed)
+            finally:
+                env.close()
+            traces.append(episode_trace(summary, f"{spec.label} · {name} · seed {seed}"))
+    save_traces(out / "trace.jsonl", traces)
+    write_view(out / "trace.html", traces_view(traces), title=f"memenv bench: {out.name}")
+    return out / "trace.html"
+
+
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "sweep", None) and getattr(args, "trace", False):
+        raise CommandError("--trace writes the page of a plain bench; run it without --sweep")
     if getattr(args, "sweep", None):
         return _run_sweep(args)
     if args.envs is None:
@@ -854,6 +881,9 @@ def _run(args: argparse.Namespace) -> int:
     plot_tradeoff(summary, out / "f1_vs_peak_context.png")
     print(format_benchmark_tables(summary, format_table))
     print(f"\nwrote {out / 'results.csv'}, {out / 'episodes.csv'}, {out / 'f1_vs_peak_context.png'}")
+    if args.trace:
+        print(f"wrote {trace_cells(args.strategies, specs, args.seed, out)} (open it in a browser) and "
+              f"{out / 'trace.jsonl'}")
     check_cells_measured(summary, episodes)
     return 0
 
@@ -888,6 +918,9 @@ def register_cli(subparsers) -> None:
                              "on a served model, retrieval server or judge; 0 stops at the first failure. Failed "
                              "episodes are counted in the failed column and left out of the means")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--trace", action="store_true",
+                        help="also write OUT/trace.html (one self-contained page: the first episode of every cell, "
+                             "invocation by invocation, memory diffs included; memenv view) and OUT/trace.jsonl")
     parser.add_argument("--sweep", metavar="KEY=V1,V2,...", default=None,
                         help="sweep an env kwarg over values on every --envs spec, e.g. objectives=1,2,4,8,16; "
                              "writes sweep.csv and sweep.png (F1 and peak context vs the value) (default: no sweep)")
