@@ -1,4 +1,4 @@
-"""``memenv view``: one self-contained HTML page of what an agent kept, invocation by invocation (docs/viewer.md).
+"""``memenv view``: one self-contained HTML page of what an agent kept, invocation by invocation (docs/exchange.md).
 
     memenv view records.jsonl -o trace.html                      # invocation records (agents.llm.records)
     memenv view bench_out/trace.jsonl -o trace.html              # episode traces (memenv bench --trace)
