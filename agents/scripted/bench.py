@@ -898,7 +898,8 @@ def register_cli(subparsers) -> None:
                              "(config.json; a greedy LLM policy, e.g. a memenv train/experiment checkpoint)")
     parser.add_argument("--envs", nargs="+", default=None, metavar="SPEC",
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
-                             f"with --sweep: {' '.join(SWEEP_ENVS)})")
+                             f"with --sweep: {' '.join(SWEEP_ENVS)}); MemDialog-BEAM/-LongMemEval take "
+                             f"{memenv.scoring.judges.JUDGE_SPEC_HELP}")
     parser.add_argument("-n", "--episodes", type=positive_int, default=DEFAULT_EPISODES,
                         help="seeded episodes per (env, strategy) cell")
     parser.add_argument("--seed", type=non_negative_int, default=0,
