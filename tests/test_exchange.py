@@ -173,6 +173,37 @@ def test_real_classes_where_the_package_installs(sampled):
     assert set(datum.loss_fn_inputs) == {"target_tokens", "logprobs", "weights", "advantages"}
 
 
+def test_tinker_rows_without_the_package_are_the_datum_layout_as_plain_data(sampled, monkeypatch, tmp_path):
+    """Where the tinker package does not install, the exporter writes the same layout as plain dicts: the Datum's
+    own fields (its JSON, where tinker is here to compare), which round-trip and read the same tokens."""
+    import importlib.util
+    import sys
+
+    _, _, records = sampled
+    scores = {r.uid: TeacherScores([-1.0] * len(r.response_ids)) for r in records}
+    datums = (export_records(records, "tinker", weight="row", teacher=scores)
+              if importlib.util.find_spec("tinker") is not None else None)
+    monkeypatch.setitem(sys.modules, "tinker", None)  # `from tinker import types` now raises ImportError
+    rows = export_records(records, "tinker", weight="row", teacher=scores)
+    assert all(type(row) is dict and set(row) == {"model_input", "loss_fn_inputs"} for row in rows)
+    assert set(rows[0]["loss_fn_inputs"]) == {"target_tokens", "logprobs", "weights", "advantages", "teacher_logprobs"}
+    if datums is not None:
+        assert len(datums) == len(rows)
+        for datum, row in zip(map(row_to_json, datums), rows):
+            assert datum["model_input"] == row["model_input"] and set(datum["loss_fn_inputs"]) == set(row["loss_fn_inputs"])
+            for key, values in row["loss_fn_inputs"].items():  # the Datum holds float32 arrays
+                assert datum["loss_fn_inputs"][key] == pytest.approx(values, abs=1e-6), key
+            assert _native("tinker", datum)[0] == _native("tinker", row)[0]
+    path = tmp_path / "tinker.jsonl"
+    write_export(path, rows)
+    expected = ordered(records)
+    back = import_rows("tinker", read_export(path))
+    assert [(b.prompt_ids, b.response_ids, b.action_mask) for b in back] == \
+        [(r.prompt_ids, r.response_ids, r.action_mask) for r in expected]
+    for got, r, w in zip(back, expected, row_weights(expected, "row")):
+        assert got.response_logprobs == r.response_logprobs and got.weight == pytest.approx(w, rel=1e-9)
+
+
 def test_teacher_payload_sampled_logprobs_and_top_k(sampled):
     model, tok, records = sampled
     teacher = tiny_model(tok, seed=11)
