@@ -15,12 +15,15 @@ from scipy.stats import kendalltau
 import memenv  # noqa: F401
 from memenv.envs.beam import MemDialogBeamEnv
 from memenv.scoring.beam import (JudgeError, OpenAIJudge, event_order_score, make_judge, nugget_recall,
-                                 rubric_nugget, score_beam_answer)
+                                 official_rubric_score, rubric_nugget, score_beam_answer)
+from memenv.scoring.judges import JUDGE_SPEC_HELP, OFFICIAL_JUDGE_MODELS
 from memenv.memory_tools import MemoryStore, StoreError, parse_tool_call
 from memenv.scoring.qa import f1_score
 from tasks.beam import (ABILITIES, BeamConversation, SyntheticBeamChat, find_conversations, iter_chat_batches,
                         load_probing_questions, write_beam_directory)
-from tasks.types import DataFormatError
+from tasks.types import DataFormatError, Question
+
+from standin_openai import standin_server
 
 
 def _message(i: int, role: str, content: str) -> dict:
@@ -168,7 +171,8 @@ def test_score_beam_answer_dispatch() -> None:
     assert score_beam_answer(q["abstention"].answers[0], q["abstention"])["score"] == 1.0  # "no information available"
     assert score_beam_answer("It is Bob", q["abstention"])["score"] == 0.0
     eo = q["event_ordering"]
-    assert score_beam_answer(", ".join(eo.meta["order"]), eo) == {"score": 1.0, "method": "kendall_tau", "items": []}
+    assert score_beam_answer(", ".join(eo.meta["order"]), eo) == {"score": 1.0, "official_score": 1.0,
+                                                                   "method": "kendall_tau", "items": []}
     ie = q["information_extraction"]
     assert score_beam_answer(ie.answers[0], ie)["score"] == 1.0
 
@@ -320,7 +324,8 @@ def test_judge_scores_rubric_items(judge_server: str) -> None:
     judge = make_judge(f"openai:tiny-judge@{judge_server}")
     judge.backoff = 0.01
     out = score_beam_answer("some summary", q, judge)
-    assert out == {"score": pytest.approx(2.5 / 4), "method": "judge", "items": [1.0, 0.5, 0.0, 1.0]}
+    assert out == {"score": pytest.approx(2.5 / 4), "official_score": pytest.approx(2 / 4), "method": "judge",
+                   "items": [1.0, 0.5, 0.0, 1.0]}
     assert len(_Judge.seen) == 5 and _Judge.seen[-1]["model"] == "tiny-judge"
     assert q.meta["rubric"][3] in _Judge.seen[-1]["messages"][0]["content"]
 
@@ -331,6 +336,66 @@ def test_judge_down_names_url() -> None:
         judge.grade("q", "item", "answer")
     with pytest.raises(ValueError, match="openai:MODEL@URL"):
         make_judge("gpt@localhost")
+
+
+def test_official_rubric_score_truncates_every_grade_but_event_orderings() -> None:
+    grades = [1.0, 0.5, 0.5, 0.0]
+    assert official_rubric_score(grades, "summarization") == 0.25  # int(0.5) == 0
+    assert official_rubric_score(grades, "event_ordering") == 0.5  # BEAM keeps these floats
+    assert official_rubric_score([0.5, 0.5], "abstention") == 0.0 and official_rubric_score([], "abstention") == 0.0
+
+
+def _grader(grades: dict[str, str]):
+    """A stand-in judge's reply: the grade of the rubric item named in the prompt."""
+    return lambda prompt: grades[prompt.split("Rubric item: ")[1].split("\n")[0]]
+
+
+def test_judged_answer_both_ways_through_a_stand_in_judge() -> None:
+    summary = Question("s", "Sum up my trip.", ("a trip",), kind="summarization",
+                       meta={"ability": "summarization", "rubric": ["Lisbon", "May", "the train", "the hotel"]})
+    order = Question("e", "In what order?", ("1. a\n2. b",), kind="event_ordering",
+                     meta={"ability": "event_ordering", "rubric": ["packed", "flew"]})  # no order: judged
+    grades = {"Lisbon": "1", "May": "0.5", "the train": "0.5", "the hotel": "0", "packed": "0.5", "flew": "1"}
+    with standin_server(_grader(grades)) as server:
+        judge = make_judge(f"openai:{OFFICIAL_JUDGE_MODELS['BEAM']}@{server.url}")
+        got = score_beam_answer("We went to Lisbon in May.", summary, judge)
+        assert got == {"score": pytest.approx(2 / 4), "official_score": pytest.approx(1 / 4), "method": "judge",
+                       "items": [1.0, 0.5, 0.5, 0.0]}  # the two differ by the 0.5 grades
+        got = score_beam_answer("I packed, then flew.", order, judge)
+        assert got["score"] == got["official_score"] == pytest.approx(0.75)  # event ordering keeps 0.5
+    assert len(server.requests) == 6
+    assert {(r["model"], r["temperature"]) for r in server.requests} == {("gpt-4.1-mini", 0.0)}
+    assert "gpt-4.1-mini" in JUDGE_SPEC_HELP and "gpt-4o-2024-08-06" in JUDGE_SPEC_HELP
+
+
+def test_env_reports_beam_score_official_and_float(tmp_path: Path) -> None:
+    questions = {
+        "information_extraction": [{"question": "What is my sister's name?", "answer": "Maya",
+                                    "rubric": ["LLM response should state: Maya", "she is older"]}],
+        "summarization": [{"question": "Sum up.", "ideal_summary": "Maya; a day", "rubric": ["Maya", "woke", "March"]}],
+        "event_ordering": [{"question": "Order?", "answer": "1. woke up\n2. ate lunch", "rubric": ["woke up"]}],
+    }
+    _write_conv(tmp_path / "c", BATCHES, questions)
+    grades = {"LLM response should state: Maya": "1", "she is older": "0.5", "Maya": "0.5", "woke": "0.5",
+              "March": "0"}
+    with standin_server(_grader(grades)) as server:
+        env = gym.make("MemDialog-BEAM-v0", data_path=str(tmp_path), memory_mode="rewrite", context="none",
+                       judge=f"openai:gpt-4.1-mini@{server.url}")
+        env.reset(seed=0)
+        while env.unwrapped.reading:
+            env.step("<memory>Maya</memory>")
+        te = False
+        while not te:
+            _, _, te, _, info = env.step("<answer>Maya; woke up then ate lunch</answer>")
+    summary = info["summary"]
+    rows = {r["ability"]: (r["score"], r["official_score"]) for r in summary["per_question"]}
+    assert rows["information_extraction"] == (pytest.approx(0.75), pytest.approx(0.5))
+    assert rows["summarization"] == (pytest.approx(1 / 3), 0.0)
+    assert rows["event_ordering"] == (1.0, 1.0)  # Kendall tau: nothing to truncate, the two agree
+    assert summary["official_metric"] == "beam_score" and summary["scoring"] == "judge"
+    assert summary["beam_score"] == pytest.approx(1.5 / 3)
+    assert summary["beam_score_float"] == summary["score"] == pytest.approx((0.75 + 1 / 3 + 1.0) / 3)
+    assert len(server.requests) == 5  # 2 + 3 rubric items; event ordering is not judged
 
 
 # ---------------------------------------------------------------------------------------------------- strategies

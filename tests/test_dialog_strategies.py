@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -226,6 +227,34 @@ def test_bench_prints_one_table_per_benchmark_under_its_metric(data) -> None:
     assert locomo.splitlines()[1].split()[:3] == ["env", "strategy", "locomo_f1"]
     assert "locomo_f1:" in locomo.splitlines()[1]  # and per category
     assert len(locomo.splitlines()) == 4  # header line, column line, one row per strategy
+
+
+def test_bench_reports_judged_beam_both_ways_and_longmemeval_with_the_official_judge_models(data) -> None:
+    """A stand-in judge grades every BEAM rubric item 0.5 and accepts every LongMemEval answer: BEAM's official
+    score truncates each 0.5 to 0 (no event ordering here), the float score keeps it."""
+    def judge(prompt: str) -> str:
+        return "0.5" if "Rubric item:" in prompt else "yes"
+
+    with standin_server(judge) as server:
+        envs = [f"MemDialog-BEAM-v0:data_path={data['beam']!r},conversation=0,questions=4,"
+                f"abilities=('summarization','information_extraction'),judge='openai:gpt-4.1-mini@{server.url}'",
+                f"MemDialog-LongMemEval-v0:data_path={data['longmemeval']!r},"
+                f"judge='openai:gpt-4o-2024-08-06@{server.url}'"]
+        summary, _ = run_bench(["bm25"], envs, episodes=1, progress=False)
+    assert summary.failed.sum() == 0
+    beam, lme = summary.iloc[0], summary.iloc[1]
+    assert (beam["official:beam_score"], beam["official:beam_score_float"], beam["official:judged"]) == (0.0, 0.5, 1.0)
+    assert (lme["official:accuracy"], lme["official:judged"]) == (1.0, 1.0)
+    models = {("beam" if "Rubric item:" in r["messages"][-1]["content"] else "lme", r["model"], r["temperature"])
+              for r in server.requests}
+    assert models == {("beam", "gpt-4.1-mini", 0.0), ("lme", "gpt-4o-2024-08-06", 0.0)}
+    from agents.scripted.bench import format_table
+
+    text = format_benchmark_tables(summary, format_table)
+    block = next(b for b in text.split("\n\n") if b.startswith("== BEAM: beam_score = "))
+    assert block.splitlines()[1].split()[:4] == ["env", "strategy", "beam_score", "beam_score_float"]
+    assert re.search(r" bm25 +0\.000 +0\.500 ", block.splitlines()[2])  # official, then float
+    assert "== LongMemEval: accuracy = " in text and "official:" not in text
 
 
 def test_served_strategies_run_concurrently_in_the_bench_with_the_sequential_results(data) -> None:

@@ -16,7 +16,9 @@ it), its sessions streamed one at a time from the file (:mod:`tasks.longmemeval`
 yes/no judge with ``judge=``, else a judge-free approximation). BEAM's release layout (null batch
 ``time_anchor``, ``->-> B,T`` markers, ``source_chat_ids``) is read as released (:mod:`tasks.beam`).
 ``info["summary"]["official_metric"]`` names the source's headline score, also stored under that name:
-``beam_score``, ``accuracy`` (LongMemEval) or ``locomo_f1`` (LoCoMo's official F1).
+``beam_score``, ``accuracy`` (LongMemEval) or ``locomo_f1`` (LoCoMo's official F1). BEAM is reported both ways:
+``beam_score`` as BEAM's official scorer aggregates the judge's grades (each through ``int()``, so a 0.5 counts
+0, except in event ordering) and ``beam_score_float`` with the grades as given (:mod:`memenv.scoring.beam`).
 
 Two memory modes (``memory_mode=``):
 
@@ -27,8 +29,9 @@ Two memory modes (``memory_mode=``):
 
 Scoring (:mod:`memenv.scoring.beam`): per question an approximation of BEAM's score without a judge (LoCoMo's
 abstention rule, rubric-nugget token-F1 recall, (tau_b+1)/2 for event ordering), or BEAM's rubric judging with
-``judge="openai:MODEL@URL"``. Reward at the last answer: the mean score. ``info["summary"]`` adds ``score``,
-``score_by_ability``, ``per_question`` (question, ability, answer, score, method, per-item scores and, in tools
+``judge="openai:MODEL@URL"``. Reward at the last answer: the mean score (the judge's grades as given).
+``info["summary"]`` adds ``score``, ``score_by_ability``, ``per_question`` (question, ability, answer, score,
+``official_score`` (BEAM's ``int()`` truncation of the grades), method, per-item scores and, in tools
 mode, ``used_entries``: the ids the searches for that question returned) and SQuAD ``f1``/``em`` against the
 reference.
 
@@ -161,7 +164,9 @@ class MemDialogBeamEnv(MemEnvBase):
         search_k: entries a ``<mem_search>`` returns.
         max_tool_calls: tools mode: calls per session or question before the env moves on.
         show_store: tools mode: list every entry in the observation (default: only the store's size).
-        judge: ``"openai:MODEL@URL"`` for BEAM's rubric judging (default: judge-free approximation).
+        judge: ``"openai:MODEL@URL"`` for BEAM's rubric judging or LongMemEval's yes/no judging (default: the
+            judge-free approximation); the official judge models are BEAM's gpt-4.1-mini and LongMemEval's
+            gpt-4o-2024-08-06 (:data:`memenv.scoring.judges.OFFICIAL_JUDGE_MODELS`).
         refine_strategy: ask for a memory-strategy rewrite at the end of each episode (kept across resets).
         strategy: the initial memory-strategy text.
         max_turns: turn limit (default from the sessions, questions and ``max_tool_calls``).
@@ -489,7 +494,8 @@ class MemDialogBeamEnv(MemEnvBase):
         em, f1 = best_em_f1(answer, q.answers)
         self._results.append({
             "id": q.id, "ability": q.kind, "question": q.question, "answer": answer, "reference": q.answers[0],
-            "score": scored["score"], "method": scored["method"], "items": scored["items"], "f1": f1, "em": em,
+            "score": scored["score"], "official_score": scored.get("official_score", scored["score"]),
+            "method": scored["method"], "items": scored["items"], "f1": f1, "em": em,
             "used_entries": list(dict.fromkeys(self._retrieved)),
             **({"locomo_f1": locomo_score(answer, q.answers[0], q.meta["category"])} if self.dataset == "locomo" else {}),
         })
@@ -602,7 +608,7 @@ class MemDialogBeamEnv(MemEnvBase):
 
     def _episode_summary(self, answered: bool) -> dict[str, Any]:
         scores = {r["id"]: r for r in self._results}
-        rows = [scores.get(q.id, {"score": 0.0, "f1": 0.0, "em": 0.0}) for q in self.questions]
+        rows = [scores.get(q.id, {"score": 0.0, "official_score": 0.0, "f1": 0.0, "em": 0.0}) for q in self.questions]
         counts: dict[str, int] = {}
         for q in self.questions:
             counts[q.kind] = counts.get(q.kind, 0) + 1
@@ -613,9 +619,12 @@ class MemDialogBeamEnv(MemEnvBase):
         official = OFFICIAL_METRIC[self.dataset]
         benchmark = "LongMemEval accuracy" if self.dataset == "longmemeval" else "BEAM score"
         value = float(np.mean([r.get("locomo_f1", 0.0) for r in rows])) if official == "locomo_f1" and rows else score
+        if official == "beam_score":  # BEAM's official truncation of the judge's grades, and the grades as given
+            value = float(np.mean([r["official_score"] for r in rows])) if rows else 0.0
+        both = {"beam_score_float": score} if official == "beam_score" else {}
         return self._episode_info(
             [r["em"] for r in rows], [r["f1"] for r in rows], list(self._answers), answered,
-            score=score, official_metric=official, **({official: value} if official else {}),
+            score=score, official_metric=official, **({official: value} if official else {}), **both,
             score_by_ability={a: float(np.mean(v)) for a, v in sorted(by_ability.items())},
             count_by_ability=counts, per_question=list(self._results),
             scoring="judge" if self.judge is not None else f"approximate (judge-free; not the official {benchmark})",

@@ -11,9 +11,16 @@ Judge-free (the default; **an approximation of BEAM's official score, not the of
   answer's sentences, lines, the whole answer and its runs of as many tokens as the nugget), and the matches
   are averaged.
 
-With a judge (``judge="openai:MODEL@URL"``, :class:`memenv.scoring.judges.OpenAIJudge`): each rubric item is graded 0 / 0.5 / 1 by
-the model (BEAM's nugget judging; 0.5 stays 0.5) and the grades are averaged; event ordering keeps the tau
-score, as BEAM's official evaluation does.
+With a judge (``judge="openai:MODEL@URL"``, :class:`memenv.scoring.judges.OpenAIJudge`; BEAM's own scorer uses
+gpt-4.1-mini at temperature 0): each rubric item is graded 0 / 0.5 / 1 by the model (the prompt is memenv's
+wording, not BEAM's), and the grades are averaged two ways:
+
+* ``score``, the grades as given (0.5 counts half);
+* ``official_score``, as BEAM's official scorer sums them: each grade through ``int()``, so every 0.5 counts 0,
+  in every ability but ``event_ordering``, whose grades it keeps as floats (:func:`official_rubric_score`).
+
+Event ordering with a reference order keeps the tau score, judge or not. Where no judge graded (the judge-free
+methods, tau) there is nothing to truncate and ``official_score`` equals ``score``.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from memenv.scoring.qa import f1_score, normalize_answer
 from tasks.conversations import is_abstention_answer
 from tasks.types import Question, answer_text
 
-__all__ = ["JudgeError", "OpenAIJudge", "event_order_score", "make_judge", "nugget_recall", "nugget_scores",
-           "rubric_nugget", "score_beam_answer"]
+__all__ = ["FLOAT_GRADE_ABILITIES", "JudgeError", "OpenAIJudge", "event_order_score", "make_judge", "nugget_recall",
+           "nugget_scores", "official_rubric_score", "rubric_nugget", "score_beam_answer"]
+
+#: The abilities whose judge grades BEAM's official scorer averages as floats; it sums ``int(grade)`` in the others.
+FLOAT_GRADE_ABILITIES = frozenset({"event_ordering"})
 
 _RUBRIC_LEAD = re.compile(r"^\s*(?:the\s+)?(?:llm\s+)?response\s+(?:should|must)\s+[a-z ]*?:\s*", re.IGNORECASE)
 _SEGMENT = re.compile(r"(?<=[.!?;])\s+|\n+")
@@ -116,21 +126,36 @@ def event_order_score(answer: str | None, order: Sequence[str]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- one answer
+def official_rubric_score(grades: Sequence[float], ability: str) -> float:
+    """BEAM's official aggregate of one answer's judge grades (0 / 0.5 / 1): their mean after ``int()`` (a 0.5
+    counts 0), or the plain mean for an ability of :data:`FLOAT_GRADE_ABILITIES`; 0.0 for no grades."""
+    if not grades:
+        return 0.0
+    kept = [float(g) if ability in FLOAT_GRADE_ABILITIES else float(int(g)) for g in grades]
+    return float(sum(kept) / len(kept))
+
+
 def score_beam_answer(answer: str | None, question: Question, judge: OpenAIJudge | None = None) -> dict[str, Any]:
-    """``{"score", "method", "items"}`` for one answer to a BEAM probing question (see the module docstring).
+    """``{"score", "official_score", "method", "items"}`` for one answer to a BEAM probing question (see the module
+    docstring).
 
     ``method`` says how the score was computed: ``abstention``, ``kendall_tau`` , ``nugget_f1`` (the
-    approximation) or ``judge``. ``items`` holds the per-rubric-item scores (empty for abstention and tau).
+    approximation) or ``judge``. ``items`` holds the per-rubric-item scores (empty for abstention and tau): the
+    judge's grades as given for ``judge``. ``official_score`` differs from ``score`` only for ``judge``.
     """
     answer = answer_text(answer)
     ability = question.meta.get("ability", question.kind)
     rubric = list(question.meta.get("rubric") or []) or [question.answers[0]]
     if ability == "event_ordering" and question.meta.get("order"):
-        return {"score": event_order_score(answer, question.meta["order"]), "method": "kendall_tau", "items": []}
+        score = event_order_score(answer, question.meta["order"])
+        return {"score": score, "official_score": score, "method": "kendall_tau", "items": []}
     if judge is not None:
         score, grades = judge.rubric_score(question.question, rubric, answer)
-        return {"score": score, "method": "judge", "items": grades}
+        return {"score": score, "official_score": official_rubric_score(grades, ability), "method": "judge",
+                "items": grades}
     if ability == "abstention" or question.meta.get("abstention"):
-        return {"score": float(is_abstention_answer(answer)), "method": "abstention", "items": []}
+        score = float(is_abstention_answer(answer))
+        return {"score": score, "official_score": score, "method": "abstention", "items": []}
     items = nugget_scores(answer, rubric)
-    return {"score": float(sum(items) / len(items)), "method": "nugget_f1", "items": items}
+    score = float(sum(items) / len(items))
+    return {"score": score, "official_score": score, "method": "nugget_f1", "items": items}

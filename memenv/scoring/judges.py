@@ -2,7 +2,9 @@
 
 :class:`OpenAIJudge` grades one rubric item 0 / 0.5 / 1 (BEAM's nugget judging) or gives a yes/no verdict
 (LongMemEval's grading); both parse the reply strictly. :func:`make_judge` parses the
-``openai:MODEL@URL`` spec every env and the bench accept.
+``openai:MODEL@URL`` spec every env and the bench accept. :data:`OFFICIAL_JUDGE_MODELS` names the model each
+benchmark's own scorer judges with; any model a server serves can stand in, but only those make a judged figure
+comparable with published ones.
 """
 
 from __future__ import annotations
@@ -13,7 +15,23 @@ from typing import Any, Sequence
 
 from memenv.search.http import BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt, request_json
 
-__all__ = ["JUDGE_PROMPT", "JudgeError", "OpenAIJudge", "make_judge", "parse_score", "parse_verdict"]
+__all__ = ["JUDGE_PROMPT", "JUDGE_SPEC_HELP", "JudgeError", "OFFICIAL_JUDGE_MODELS", "OpenAIJudge", "make_judge",
+           "parse_score", "parse_verdict"]
+
+#: The judge model of each benchmark's own scorer, all called at temperature 0 (as :class:`OpenAIJudge` does):
+#: BEAM's ``run_evaluation.py`` grades every rubric item with gpt-4.1-mini; LongMemEval's ``evaluate_qa.py``
+#: with gpt-4o (the gpt-4o-2024-08-06 snapshot); MemoryAgentBench judges its LongMemEval subset with gpt-4o.
+OFFICIAL_JUDGE_MODELS = {
+    "BEAM": "gpt-4.1-mini",
+    "LongMemEval": "gpt-4o-2024-08-06",
+    "MemoryAgentBench (its LongMemEval subset)": "gpt-4o",
+}
+#: What a judge spec is, for help texts and error messages.
+JUDGE_SPEC_HELP = (
+    "judge=openai:MODEL@URL: an OpenAI-compatible chat/completions server (URL its /v1 base) grading at "
+    "temperature 0; the official judges: " + "; ".join(f"{b} {m}" for b, m in OFFICIAL_JUDGE_MODELS.items())
+    + " (another model gives a judged figure, not one comparable with published numbers)"
+)
 
 
 class JudgeError(ServiceError, RuntimeError):
@@ -118,12 +136,12 @@ class OpenAIJudge:
 
 
 def make_judge(spec: str | None) -> OpenAIJudge | None:
-    """``"openai:MODEL@URL"`` -> :class:`OpenAIJudge`; ``None`` -> no judge."""
+    """``"openai:MODEL@URL"`` -> :class:`OpenAIJudge`; ``None`` -> no judge. See :data:`JUDGE_SPEC_HELP`."""
     if spec is None:
         return None
     if not isinstance(spec, str) or not spec.startswith("openai:") or "@" not in spec:
-        raise ValueError(f"judge must be 'openai:MODEL@URL' (e.g. openai:gpt-4o-mini@http://127.0.0.1:8000/v1) "
-                         f"or None, got {spec!r}")
+        raise ValueError(f"judge must be 'openai:MODEL@URL' (e.g. openai:gpt-4.1-mini@http://127.0.0.1:8000/v1, "
+                         f"BEAM's official judge model) or None, got {spec!r}")
     model, _, url = spec[len("openai:"):].rpartition("@")
     if not model or not url.startswith(("http://", "https://")):
         raise ValueError(f"judge {spec!r}: expected openai:MODEL@http(s)://HOST[:PORT]/PATH")

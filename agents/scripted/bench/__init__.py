@@ -17,6 +17,7 @@ from agents.scripted.bench.store import BENCH_FORMAT, CELLS, MANIFEST, RESULT_FI
 from agents.scripted.bench.sweep import (Sweep, coinciding, format_sweep, plot_sweep, run_sweep, sweep_figure,
                                          sweep_specs, tick_label)
 from agents.scripted.bench.tables import format_benchmark_tables, official_columns
+from agents.scripted.bench.trace import trace_cells
 from agents.scripted.qa_strategies import STRATEGIES  # the strategies a bench runs unless told
 
 __all__ = ["ALL_STRATEGY_NAMES", "BENCH_FORMAT", "CELLS", "DEFAULT_ENVS", "DEFAULT_EPISODES", "DEFAULT_MAX_FAILURES",
@@ -25,4 +26,4 @@ __all__ = ["ALL_STRATEGY_NAMES", "BENCH_FORMAT", "CELLS", "DEFAULT_ENVS", "DEFAU
            "bench_settings", "check_cells_measured", "check_setup", "coinciding", "default_out", "env_accepts",
            "format_benchmark_tables", "format_sweep", "format_table", "is_model_path", "official_columns",
            "plot_sweep", "plot_tradeoff", "register_cli", "resolve_strategy", "run_bench", "run_episode",
-           "run_sweep", "strategy_name", "sweep_figure", "sweep_specs", "tick_label"]
+           "run_sweep", "strategy_name", "sweep_figure", "sweep_specs", "tick_label", "trace_cells"]

@@ -39,6 +39,7 @@ from typing import Any
 
 import pandas as pd
 
+import memenv.scoring.judges
 from agents.files import write_atomic
 from agents.scripted.bench.run import DEFAULT_MAX_FAILURES, check_setup, format_table, plot_tradeoff, run_bench
 from agents.scripted.bench.specs import ALL_STRATEGY_NAMES, DEFAULT_ENVS, DEFAULT_EPISODES, EnvSpec, strategy_name
@@ -112,6 +113,8 @@ def check_cells_measured(summary: pd.DataFrame, episodes: pd.DataFrame) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "sweep", None) and getattr(args, "trace", False):
+        raise CommandError("--trace writes the page of a plain bench; run it without --sweep")
     if getattr(args, "sweep", None):
         return _run_sweep(args)
     if args.envs is None:
@@ -127,6 +130,11 @@ def _run(args: argparse.Namespace) -> int:
     plot_tradeoff(summary, out / "f1_vs_peak_context.png")
     print(format_benchmark_tables(summary, format_table))
     print(f"\nwrote {out / 'results.csv'}, {out / 'episodes.csv'}, {out / 'f1_vs_peak_context.png'}")
+    if args.trace:
+        from agents.scripted.bench.trace import trace_cells
+
+        print(f"wrote {trace_cells(args.strategies, specs, args.seed, out)} (open it in a browser) and "
+              f"{out / 'trace.jsonl'}")
     check_cells_measured(summary, episodes)
     return 0
 
@@ -141,7 +149,8 @@ def register_cli(subparsers) -> None:
                              "(config.json; a greedy LLM policy, e.g. a memenv train/experiment checkpoint)")
     parser.add_argument("--envs", nargs="+", default=None, metavar="SPEC",
                         help=f"env specs ID[:key=value,...] (default: {' '.join(DEFAULT_ENVS)}; "
-                             f"with --sweep: {' '.join(SWEEP_ENVS)})")
+                             f"with --sweep: {' '.join(SWEEP_ENVS)}); MemDialog-BEAM/-LongMemEval take "
+                             f"{memenv.scoring.judges.JUDGE_SPEC_HELP}")
     parser.add_argument("-n", "--episodes", type=positive_int, default=DEFAULT_EPISODES,
                         help="seeded episodes per (env, strategy) cell")
     parser.add_argument("--seed", type=non_negative_int, default=0,
@@ -161,6 +170,9 @@ def register_cli(subparsers) -> None:
                              "on a served model, retrieval server or judge; 0 stops at the first failure. Failed "
                              "episodes are counted in the failed column and left out of the means")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--trace", action="store_true",
+                        help="also write OUT/trace.html (one self-contained page: the first episode of every cell, "
+                             "invocation by invocation, memory diffs included; memenv view) and OUT/trace.jsonl")
     parser.add_argument("--sweep", metavar="KEY=V1,V2,...", default=None,
                         help="sweep an env kwarg over values on every --envs spec, e.g. objectives=1,2,4,8,16; "
                              "writes sweep.csv and sweep.png (F1 and peak context vs the value) (default: no sweep)")

@@ -1,0 +1,98 @@
+"""``memenv records export``: invocation records as another RL stack's training rows (docs/exchange.md).
+
+    memenv records export records.jsonl --to tinker --out rows.jsonl
+    memenv records export records.jsonl --to slime --weight episode --teacher runs/teacher --out rows.jsonl
+
+Reads JSON lines of :class:`agents.llm.records.InvocationRecord` and writes the target's rows as JSON lines
+(:mod:`agents.llm.exchange`), atomically: a bad input (records of another tokenizer, a cut records file, an
+unknown target) prints one line and exits 2 with nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memenv.cli_common import CommandError, HelpFormatter, positive_int
+
+TARGETS = ("trl", "slime", "skyrl", "tinker", "verl", "prime")  # agents.llm.exchange.TARGETS (no import here)
+WEIGHTS = ("token", "row", "episode")
+
+
+def read_records(path: str, option: str = "RECORDS"):
+    """The records of ``path``, or a :class:`CommandError` naming the file and what is wrong with it."""
+    from agents.llm.records import load_records
+
+    if not Path(path).is_file():
+        raise CommandError(f"{option} {path}: no such file (JSON lines of invocation records)")
+    try:
+        records = load_records(path)
+    except ValueError as exc:
+        raise CommandError(f"{option}: {exc}") from None
+    except OSError as exc:
+        raise CommandError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from None
+    if not records:
+        raise CommandError(f"{option} {path}: no records in it")
+    return records
+
+
+def load_teacher(path: str, records, option: str = "--teacher"):
+    """``(model, tokenizer)`` of a teacher checkpoint whose tokenizer made ``records``, else a CommandError."""
+    from agents.llm.cli import check_checkpoint
+    from agents.llm.exchange import check_tokenizer
+    from agents.llm.models import load_pretrained
+    from agents.llm.records import tokenizer_fingerprint
+
+    check_checkpoint(path, option)
+    model, tokenizer = load_pretrained(path)
+    try:
+        check_tokenizer(records, tokenizer_fingerprint(tokenizer))
+    except ValueError as exc:
+        raise CommandError(f"{option} {path}: {exc}") from None
+    return model, tokenizer
+
+
+def _export(args: argparse.Namespace) -> int:
+    from agents.llm.exchange import export_records, teacher_scores, write_export
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise CommandError(f"--out {args.out}: is a folder (expected a file name)")
+    records = read_records(args.records)
+    teacher = None
+    if args.teacher is not None:
+        model, tokenizer = load_teacher(args.teacher, records)
+        teacher = teacher_scores(model, records, top_k=args.top_k, tokenizer=tokenizer)
+    elif args.top_k:
+        raise CommandError("--top-k needs --teacher (the model whose top-k is exported)")
+    try:
+        rows = export_records(records, args.to, weight=args.weight, teacher=teacher)
+        write_export(out, rows)
+    except ValueError as exc:
+        raise CommandError(f"{args.records}: {exc}") from None
+    if not args.quiet:
+        print(f"{len(records)} records -> {args.out} ({args.to}, weight {args.weight}"
+              f"{', teacher ' + args.teacher if args.teacher else ''})")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Adds ``memenv records`` (entry point group ``memenv.commands``)."""
+    p = subparsers.add_parser("records", help="invocation records: export them to another RL stack's rows",
+                              description=__doc__, formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="records_command", required=True)
+    e = sub.add_parser("export", help="convert records to TRL / slime / SkyRL / Tinker / verl / prime-rl rows",
+                       description=__doc__, formatter_class=HelpFormatter)
+    e.add_argument("records", help="JSON lines of invocation records (agents.llm.records.save_records)")
+    e.add_argument("--to", required=True, choices=TARGETS, help="the target stack's row layout (docs/exchange.md)")
+    e.add_argument("--out", required=True, help="the JSON-lines file to write (written atomically)")
+    e.add_argument("--weight", choices=WEIGHTS, default="token",
+                   help="row weights: token (every action token counts once), row (every invocation counts once), "
+                        "episode (every episode counts once)")
+    e.add_argument("--teacher", default=None,
+                   help="a checkpoint folder of a teacher with the records' tokenizer: its log-probs of the sampled "
+                        "tokens go into the rows (slime teacher_log_probs, verl/prime extras, Tinker, SkyRL)")
+    e.add_argument("--top-k", dest="top_k", type=positive_int, default=0,
+                   help="with --teacher: also its top-k ids and log-probs per position (where the target takes them)")
+    e.add_argument("--quiet", action="store_true", help="print nothing on success")
+    e.set_defaults(func=_export)
