@@ -26,8 +26,9 @@ NEEDS = {
     "sb3": {"stable_baselines3", "sb3_contrib"},           # examples/sb3_ppo.py, memenv.wrappers with SB3
     "openenv": {"openenv"},                                # memenv serve, memenv.openenv
     "bench": {"bm25s"},                                    # benchmarks/search_speed.py
+    "exchange": {"tinker"},                                # agents.llm.exchange: real tinker.Datum rows
     "test": {"pytest", "hypothesis", "torch", "transformers", "gguf", "accelerate", "stable_baselines3",
-             "openenv"},
+             "openenv", "tinker"},
 }
 
 

@@ -105,10 +105,14 @@ def test_heldout_draws_never_occur_in_any_training_episode():
     distinct too, on a sample of each set."""
     from agents.llm.ppo import task_seeds
     from agents.llm.training import eval_seeds
-    from distill.experiment.config import ARMS, ExperimentConfig, world_config
+    from dataclasses import replace
+
+    from distill.experiment.baselines import (SEQKD_BATCH, SFT_ARM_DEMOS, SFT_ARM_SEED_BASE, SFT_ARM_SEED_STRIDE,
+                                              sweep_jobs)
+    from distill.experiment.config import ARMS, SFT_ARMS, fair_config
     from distill.experiment.stages import PROBE_SEED_BASE, arm_config
 
-    cfg = world_config(ExperimentConfig(out="unused"), "fresh")
+    cfg = fair_config("unused")  # the fresh world with every kind of training run: 10 seeds, sweep, SFT arms
     assert cfg.env_kwargs["fresh_facts"] is True
     evaluation = set(eval_seeds(max(cfg.eval_episodes, cfg.seen_eval_episodes)))
     training = {
@@ -117,12 +121,25 @@ def test_heldout_draws_never_occur_in_any_training_episode():
         "tokenizer": set(range(10**6, 10**6 + cfg.tokenizer_episodes)),
         "probe": {PROBE_SEED_BASE + i for i in range(cfg.probe_episodes)},
         "grpo": set(),
+        "lr sweep": set(),
+        # the SFT arms: the oracle's demonstrations, and the teacher's episodes (at most a stride of them)
+        "sft arms": {SFT_ARM_SEED_BASE[source] + s * SFT_ARM_SEED_STRIDE + i for source in SFT_ARM_SEED_BASE
+                     for s in range(cfg.seeds) for i in range(0, SFT_ARM_SEED_STRIDE, 97)}
+                    | {SFT_ARM_SEED_BASE["oracle"] + s * SFT_ARM_SEED_STRIDE + SFT_ARM_DEMOS - 1
+                       for s in range(cfg.seeds)},
     }
+    assert SFT_ARM_DEMOS <= SFT_ARM_SEED_STRIDE and SEQKD_BATCH <= SFT_ARM_SEED_STRIDE
     for arm in ARMS:
+        if arm in SFT_ARMS:
+            continue
         for seed in range(cfg.seeds):
             run = arm_config(cfg, arm, seed, {"path": "student"}, {"path": "teacher"})
             for update in range(cfg.updates):
                 training["grpo"].update(task_seeds(run, update, 0)[0])
+    for lr, seed in sweep_jobs(cfg):
+        run = arm_config(replace(cfg, rl_lr=lr), "rl", seed, {"path": "student"}, {})
+        for update in range(cfg.updates):
+            training["lr sweep"].update(task_seeds(run, update, 0)[0])
     for name, seeds in training.items():
         assert seeds and evaluation.isdisjoint(seeds), name
     # A draw is its seed's: the env's fingerprint equals a draw made from the same seed directly

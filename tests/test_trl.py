@@ -250,7 +250,7 @@ def test_python_version_is_checked(monkeypatch):
 @pytest.mark.parametrize("env_id", ["MemQA-v0", "MemRead-v0", "MemDialog-v0"])
 def test_every_synthetic_env_gives_fixed_row_blocks(env_id):
     tok = memqa_tokenizer()
-    model = tiny_model(tok)
+    model = tiny_model(tok, max_positions=4096)  # MemRead/MemDialog prompts reach ~2k tokens of this tokenizer
     rollout = MemenvRollout(env_id, rows_per_episode=2)
     rows = rollout([task_prompt(env_id, 4)] * 4, _FakeTrainer(model, tok, num_generations=4))
     assert len(rows["prompt_ids"]) == 4 and rows["episode_id"][0] == rows["episode_id"][1] != rows["episode_id"][2]

@@ -355,6 +355,8 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
+    if arm in SFT_ARMS:
+        raise ValueError(f"{arm} is trained by SFT, not GRPO: distill.experiment.baselines.run_sft_arm runs it")
     # The actor keeps shared_prefix (in fp32 unless train_autocast says otherwise); the frozen teacher's scoring may
     # use another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
     teacher_kw = {k: getattr(cfg, k) for k in ("teacher_packing", "teacher_dtype") if getattr(cfg, k) is not None}
