@@ -638,25 +638,32 @@ def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_contr
     assert not wide["MemOPD (aligned) above the teacher-persistent control"]["met"]
 
 
+def _teacher_views_script():
+    """benchmarks/teacher_views.py loaded as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, capsys):
     """benchmarks/teacher_views.py on a run folder of tiny models: the start student's episodes, then the teacher's
     greedy next action under both views of every later invocation (the rows come in aligned/persistent pairs over
     the same invocations); a run without its stages is named, not a traceback."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
     import json
-    from pathlib import Path
 
     from llm_common import memqa_tokenizer, tiny_model
 
     from agents.llm.models import save_pretrained
     from distill.experiment.config import _config_record
 
-    spec = importlib.util.spec_from_file_location(
-        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _teacher_views_script()
     run = tmp_path / "run"
     run.mkdir()
     with pytest.raises(SystemExit):
@@ -687,19 +694,13 @@ def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, ca
     --csv that cannot be written was found after the sampling."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
-    from pathlib import Path
-
     from llm_common import memqa_tokenizer, tiny_model
 
     import agents.llm.models
     from agents.llm.models import save_pretrained
     from distill.experiment.config import _config_record
 
-    spec = importlib.util.spec_from_file_location(
-        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _teacher_views_script()
     run = tmp_path / "run"
     tok = memqa_tokenizer()
     for stage in ("teacher", "student"):
