@@ -140,7 +140,7 @@ def test_cli_rejects_bad_options_in_one_line(tmp_path, capsys):
                           ("--teacher-minutes", "inf"), ("--lr", "0"), ("--lr", "nan"), ("--distill-coef", "-1"),
                           ("--distill-coef", "nan"), ("--student-start-f1", "1.5"), ("--student-start-f1", "nan"),
                           ("--updates", "-3"), ("--eval-episodes", "2.5"), ("--curve-every", "0"),
-                          ("--seen-eval-episodes", "x"), ("--curve-episodes", "0"), ("--workers", "0"),
+                          ("--seen-eval-episodes", "x"), ("--curve-episodes", "0"), ("--workers", "0"), ("--sft-threads", "0"),
                           ("--threads", "nan"), ("--student-steps", "0"), ("--student-max-steps", "-1"),
                           ("--until", "arms")):
         with pytest.raises(SystemExit) as err:

@@ -47,6 +47,27 @@ def test_cli_fair_flag_refuses_other_presets(tmp_path, capsys):
 
 
 @pytest.mark.slow  # an end-to-end miniature: ~1-2 min on a loaded 2-core machine
+def test_cli_fair_run_settings_reach_the_config(tmp_path, monkeypatch):
+    """The fair run's command (docs/results.md): SFT at 1 thread (a CPU-minute budget buys more steps there), arms
+    in 2 processes of 1 thread each."""
+    import distill.experiment.cli as cli
+    from memenv.cli import main
+
+    seen = []
+
+    def capture(cfg, until=None):
+        seen.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "run_experiment", capture)
+    with pytest.raises(SystemExit):
+        main(["experiment", "memopd", "--fair", "--out", str(tmp_path / "x"), "--sft-threads", "1", "--workers", "2",
+              "--threads", "1", "--quiet"])
+    cfg = seen[0]
+    assert (cfg.sft_threads, cfg.workers, cfg.threads) == (1, 2, 1)
+    assert cfg.arms == FAIR_ARMS and cfg.teacher.sft_views == ("memory", "persistent")
+
+
 def test_miniature_fair_run_sweep_warmup_and_equal_cpu_sft_arms(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

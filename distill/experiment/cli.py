@@ -21,7 +21,7 @@ from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_n
 def _run(args: argparse.Namespace) -> int:
     check_out_dir(args.out)  # a file, or a folder that cannot be made: one line, before any work
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
-                                                               "workers", "student_start_f1", "student_max_steps",
+                                                               "workers", "sft_threads", "student_start_f1", "student_max_steps",
                                                                "lr", "distill_coef", "seen_eval_episodes",
                                                                "curve_every", "curve_episodes")
                                  if getattr(args, k) is not None}
@@ -98,6 +98,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
                    help=f"default: {' '.join(DEFAULT_ARMS)} (quick: every GRPO-trained arm; --fair: {' '.join(FAIR_ARMS)})")
     m.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default 1)")
+    m.add_argument("--sft-threads", dest="sft_threads", type=positive_int, default=None,
+                   help="torch threads of the teacher's and student's SFT (default: one per core; a CPU-minute budget "
+                        "buys more steps at 1 thread)")
     m.add_argument("--workers", type=positive_int, default=None,
                    help="arm runs in parallel processes (default: one per core)")
     m.add_argument("--teacher-minutes", dest="teacher_minutes", type=positive_float, default=None,
