@@ -7,8 +7,9 @@ reference log-probs (:func:`score_records`). See :mod:`agents.llm.ppo`'s module 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 

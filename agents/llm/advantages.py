@@ -8,7 +8,8 @@ group whose returns are all equal (:func:`zero_variance_groups`). See :mod:`agen
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -71,20 +71,41 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from agents.llm.actor import (ActorForward, ActorOutput, LossHook, collate_forward, flat_tokens,  # noqa: F401
-                              micro_batches, score_records)
-from agents.llm.advantages import (advantage_moments, assign_advantages, episode_gae, gae,  # noqa: F401
-                                   group_advantages, grpo_assign, zero_variance_groups)
+from agents.llm.actor import (
+    ActorForward,
+    ActorOutput,
+    LossHook,
+    collate_forward,
+    flat_tokens,
+    micro_batches,
+    score_records,
+)
+from agents.llm.advantages import (
+    advantage_moments,
+    assign_advantages,
+    episode_gae,
+    gae,
+    group_advantages,
+    grpo_assign,
+    zero_variance_groups,
+)
 from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
-from agents.llm.ppo_update import Learner, UpdateBatch, clip_gradients, ppo_loss, ppo_update  # noqa: F401
+from agents.llm.ppo_update import (
+    Learner,
+    UpdateBatch,
+    clip_gradients,
+    ppo_loss,
+    ppo_update,
+)
 from agents.llm.precision import host_line, resolve_autocast
 from agents.llm.rollouts import records_of, rollout
 from agents.llm.training import (

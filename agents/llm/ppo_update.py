@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.llm.actor import ActorForward, LossHook, flat_tokens, micro_batches, minibatch_units
+from agents.llm.actor import (
+    ActorForward,
+    LossHook,
+    flat_tokens,
+    micro_batches,
+    minibatch_units,
+)
 from agents.llm.records import InvocationRecord
 from agents.llm.training import check_finite_step
 
