@@ -213,11 +213,12 @@ def test_old_flat_module_paths_are_gone():
 # failure; what is over them today is named below and may only shrink.
 MAX_MODULE_LINES = 650
 MAX_TRAINER_FUNCTION_LINES = 90
-TRAINER_MODULES = ("agents/llm/ppo.py", "agents/llm/sft.py", "agents/llm/training.py", "agents/llm/trl.py",
-                   "agents/llm/verl.py", "distill/trainer.py", "distill/trl.py")
-# Over the limits today, to be split (then removed here): ppo.py and its train_rl, and train_sft, by issue 49's
-# item 2 (train_rl as a loop of named steps); distill/experiment/stages.py grew past the limit on main meanwhile.
-STILL_TOO_LONG = {"agents/llm/ppo.py", "agents/llm/ppo.py:train_rl", "agents/llm/sft.py:train_sft"}
+TRAINER_MODULES = ("agents/llm/ppo.py", "agents/llm/ppo_update.py", "agents/llm/actor.py", "agents/llm/advantages.py",
+                   "agents/llm/sft.py", "agents/llm/training.py", "agents/llm/trl.py", "agents/llm/verl.py",
+                   "distill/trainer.py", "distill/trl.py")
+# Over the limits today, to be split (then removed here); may only shrink. Issue 49's item 2 emptied it (train_rl
+# as a loop of named steps, train_sft likewise).
+STILL_TOO_LONG: set[str] = set()
 
 
 def _long_modules(root: Path, limit: int) -> set[str]:

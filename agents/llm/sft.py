@@ -213,7 +213,85 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
     oracle's demonstrations on seeds ``demo_seed_base .. demo_seed_base + episodes - 1``."""
     from tqdm.auto import tqdm
 
+    run = sft_setup(cfg, data)
+    dist, data = run.dist, run.data
+    timer, tokens, last = Timer(run.elapsed), 0, {}
+    # A run its time budget ends shows that budget filling (seconds on its clock, so the ETA is the budget's), not
+    # steps out of a cap it will never reach (a 70-minute teacher showed "5507/100000, 16 hours left").
+    budgeted = cfg.max_seconds is not None
+    spent = lambda: min(int(timer.budget(cfg.budget_clock)), int(cfg.max_seconds))  # noqa: E731
+    bar = tqdm(total=int(cfg.max_seconds) if budgeted else cfg.steps, initial=spent() if budgeted else run.start,
+               desc="sft", unit=f"{cfg.budget_clock}-s" if budgeted else "step",
+               disable=not (cfg.progress and dist.main))
+    sums = [0.0, 0.0, 0.0]  # this rank's action-token NLL, argmax hits and tokens since the last logged row
+    batches = length_buckets([len(d.prompt_ids) + len(d.response_ids) for d in data], cfg.batch_size, cfg.bucket,
+                             run.rng)
+    for step in range(run.start, cfg.steps):
+        lr = lr_at(step, cfg, timer.budget(cfg.budget_clock))
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        batch = sft_batch(cfg, run, next(batches))
+        logp, grad_norm = sft_step(cfg, run, batch, step)
+        tokens += int(batch.attention_mask.sum())
+        sums[0] += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens
+        sums[1] += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
+        sums[2] += len(logp)
+        bar.update(spent() - bar.n if budgeted else 1)
+        done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
+        if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
+            done = dist.mean({"d": float(done)})["d"] > 0
+        row = None
+        if (cfg.log_every > 0 and (step + 1) % cfg.log_every == 0) or done:
+            loss_all, acc_all, n_all = dist.sum(sums)  # token means over every rank
+            stats = {"loss": loss_all / max(1, n_all), "token_acc": acc_all / max(1, n_all)}
+            row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
+                   "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
+            sums = [0.0, 0.0, 0.0]
+            bar.set_postfix(step=step + 1, loss=f"{stats['loss']:.3f}")
+        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
+            row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
+            row.update(evaluate_off_budget(run.sampler, run.envs, cfg.eval_episodes, dist, timer,
+                                           cfg.budget_counts_eval, cfg.progress))
+            bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
+        if row is not None:
+            run.log.append(row)
+            last = row
+            run.log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
+        if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
+            _save(cfg, dist, run.out, step + 1, run.lm, run.tok, run.optimizer, timer)
+        if done:
+            break
+    bar.close()
+    if dist.enabled:
+        dist.barrier()
+    return last
 
+
+@dataclass
+class SFTRun:
+    """What the steps of :func:`train_sft` share, as :func:`sft_setup` builds it."""
+
+    dist: Any
+    out: Path
+    lm: torch.nn.Module
+    tok: Any
+    model: ActorCritic
+    train_model: torch.nn.Module  # model, DDP-wrapped under torchrun
+    optimizer: torch.optim.Optimizer
+    sampler: LLMPolicy  # greedy: the oracle's demonstrations' prompts and the evaluation
+    data: list[Demonstration]
+    envs: list
+    log: MetricsLog
+    rng: np.random.Generator  # the batches and the prompt-loss token subset
+    autocast: str
+    start: int
+    elapsed: tuple[float, float]
+
+
+def sft_setup(cfg: SFTConfig, data: Sequence[Demonstration] | None) -> SFTRun:
+    """Everything before the first step: the process group, the model (resumed from ``cfg.out_dir``'s last
+    checkpoint with ``cfg.resume``), the optimizer, the data (default the oracle's demonstrations), the envs and
+    the metrics log."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     dist = init_distributed()
@@ -241,9 +319,7 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
         start = int(state["step"])
         set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
     seed_everything(cfg.seed * 1000 + dist.rank + start)  # rank-specific batches, reproducible on resume
-    train_model = model
-    if dist.enabled:
-        train_model = torch.nn.parallel.DistributedDataParallel(model)
+    train_model = torch.nn.parallel.DistributedDataParallel(model) if dist.enabled else model
     sampler = LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
     if data is None:
         data = expert_data(sampler, cfg, range(cfg.demo_seed_base, cfg.demo_seed_base + cfg.episodes))
@@ -254,75 +330,39 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
     log = MetricsLog(out, enabled=dist.main, resume=resume_from is not None)
     log.truncate("step", start)
     rng = np.random.default_rng(cfg.seed * 7919 + dist.rank * 104729 + start)
-    pad = tok.pad_token_id
-    timer, tokens, last = Timer(elapsed), 0, {}
-    # A run its time budget ends shows that budget filling (seconds on its clock, so the ETA is the budget's), not
-    # steps out of a cap it will never reach (a 70-minute teacher showed "5507/100000, 16 hours left").
-    budgeted = cfg.max_seconds is not None
-    spent = lambda: min(int(timer.budget(cfg.budget_clock)), int(cfg.max_seconds))  # noqa: E731
-    bar = tqdm(total=int(cfg.max_seconds) if budgeted else cfg.steps, initial=spent() if budgeted else start,
-               desc="sft", unit=f"{cfg.budget_clock}-s" if budgeted else "step",
-               disable=not (cfg.progress and dist.main))
-    loss_sum = acc_sum = n_sum = 0.0
-    step = start
-    batches = length_buckets([len(d.prompt_ids) + len(d.response_ids) for d in data], cfg.batch_size, cfg.bucket, rng)
-    device_type = torch.device(dist.device).type
-    for step in range(start, cfg.steps):
-        lr = lr_at(step, cfg, timer.budget(cfg.budget_clock))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        idx = next(batches)
-        batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], pad, device=dist.device,
-                        include_prompt=cfg.prompt_loss_weight > 0, action_masks=[
-                            data[i].action_mask if data[i].action_mask is not None else [1] * len(data[i].response_ids)
-                            for i in idx])
-        if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:
-            keep = ~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))).to(batch.prompt.device)
-                                    < cfg.prompt_loss_fraction)
-            batch = batch.select_targets(keep)
-        model.train()
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-            logp_all, _, _ = train_model(**batch.inputs())
-        logp = logp_all[~batch.prompt]
-        total, _ = sft_loss(logp_all, batch.prompt, cfg.prompt_loss_weight, dist)
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        check_finite_step(grad_norm, f"step {step + 1}")
-        optimizer.step()
-        tokens += int(batch.attention_mask.sum())
-        loss_sum += -float(logp.detach().sum())  # this rank's sum: the logged mean is over every rank's tokens
-        acc_sum += float((logp.detach() > math.log(0.5)).float().sum())  # p(target) > 1/2: argmax hit
-        n_sum += len(logp)
-        bar.update(spent() - bar.n if budgeted else 1)
-        done = step + 1 == cfg.steps or (cfg.max_seconds is not None and timer.budget(cfg.budget_clock) > cfg.max_seconds)
-        if dist.enabled and cfg.max_seconds is not None:  # every rank must agree to stop
-            done = dist.mean({"d": float(done)})["d"] > 0
-        row = None
-        if (cfg.log_every > 0 and (step + 1) % cfg.log_every == 0) or done:
-            loss_all, acc_all, n_all = dist.sum([loss_sum, acc_sum, n_sum])  # token means over every rank
-            stats = {"loss": loss_all / max(1, n_all), "token_acc": acc_all / max(1, n_all)}
-            row = {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2), **stats, "lr": lr,
-                   "grad_norm": float(grad_norm), "tokens_per_s": tokens * dist.world / max(1e-9, timer())}
-            loss_sum = acc_sum = n_sum = 0.0
-            bar.set_postfix(step=step + 1, loss=f"{stats['loss']:.3f}")
-        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
-            row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
-                                           cfg.progress))
-            bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
-        if row is not None:
-            log.append(row)
-            last = row
-            log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
-        if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
-            _save(cfg, dist, out, step + 1, lm, tok, optimizer, timer)
-        if done:
-            break
-    bar.close()
-    if dist.enabled:
-        dist.barrier()
-    return last
+    return SFTRun(dist, out, lm, tok, model, train_model, optimizer, sampler, data, envs, log, rng, autocast,
+                  start, elapsed)
+
+
+def sft_batch(cfg: SFTConfig, run: SFTRun, idx) -> Any:
+    """The examples ``idx`` of ``run.data`` as one right-padded batch (:func:`agents.llm.training.collate`),
+    the observation tokens' targets thinned to ``prompt_loss_fraction`` when they get a loss."""
+    data = run.data
+    batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], run.tok.pad_token_id,
+                    device=run.dist.device, include_prompt=cfg.prompt_loss_weight > 0, action_masks=[
+                        data[i].action_mask if data[i].action_mask is not None else [1] * len(data[i].response_ids)
+                        for i in idx])
+    if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:
+        keep = ~batch.prompt | (torch.from_numpy(run.rng.random(len(batch.prompt))).to(batch.prompt.device)
+                                < cfg.prompt_loss_fraction)
+        batch = batch.select_targets(keep)
+    return batch
+
+
+def sft_step(cfg: SFTConfig, run: SFTRun, batch, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step on ``batch``; returns the action tokens' log-probs and the gradient norm (before
+    clipping)."""
+    run.model.train()
+    with torch.autocast(torch.device(run.dist.device).type, dtype=torch.bfloat16, enabled=run.autocast == "bf16"):
+        logp_all, _, _ = run.train_model(**batch.inputs())
+    logp = logp_all[~batch.prompt]
+    total, _ = sft_loss(logp_all, batch.prompt, cfg.prompt_loss_weight, run.dist)
+    run.optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+    check_finite_step(grad_norm, f"step {step + 1}")
+    run.optimizer.step()
+    return logp, grad_norm
 
 
 def sft_loss(logp_all: torch.Tensor, prompt: torch.Tensor, prompt_loss_weight: float, dist) -> tuple:
