@@ -100,6 +100,7 @@ class SessionHub:
             SESSION_LOG.exception("memenv serve: session %s: the env could not be made", session.id[:8])
             await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
             return None
+        session.last_active = time.monotonic()  # idle from now: a slow build is no reason to reap it at once
         return session
 
     async def serve(self, websocket: WebSocket) -> None:
@@ -332,6 +333,7 @@ class SessionHub:
             for session in list(self.sessions.values()):
                 if not session.busy and session.env is not None and now - session.last_active > timeout:
                     await self.end(session, CLOSE_IDLE, reason)
+            session = None  # the loop variable would keep the last one reaped (its socket) until the next sweep
 
 async def _close(websocket: Any, code: int, reason: str) -> None:
     """Close the socket with a close frame (code and reason) unless the client already closed it."""
