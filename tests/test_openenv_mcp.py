@@ -10,6 +10,7 @@ Every server binds 127.0.0.1 on a free port. Skips when openenv is absent (pip i
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import gymnasium as gym
@@ -199,7 +200,9 @@ def test_http_mcp_sessions_count_toward_the_limit_and_are_reaped():
         error = _post(server.url, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["error"]
         assert error["message"].startswith("this env has no MCP tools") and "\n" not in error["message"]
         assert _post(server.url, {})["error"]["message"].startswith("a JSON-RPC request needs")
-        assert _post(server.url, b"{")["error"]["code"] == -32700
+        with pytest.raises(urllib.error.HTTPError) as refused:  # not JSON at all: 400, a JSON-RPC parse error
+            _post(server.url, b"{")
+        assert refused.value.code == 400 and json.loads(refused.value.read())["error"]["code"] == -32700
         ids = [_post(server.url, {"jsonrpc": "2.0", "id": i, "method": "openenv/session/create"})["result"]["session_id"]
                for i in range(2)]
         assert server.sessions.open_sessions == 2

@@ -190,13 +190,17 @@ class SessionHub:
             SESSION_LOG.exception("memenv serve: session %s: %s failed", session.id[:8], kind)
             return error_reply(f"{kind} failed on the server: {type(exc).__name__}: {exc}", "EXECUTION_ERROR")
 
-    async def serve_rpc(self, request: Request) -> dict:
+    async def serve_rpc(self, request: Request) -> Any:
         """``POST /mcp``: one JSON-RPC request, answered with status 200 and a JSON-RPC reply (an error reply
-        for a request that is not JSON-RPC: one line naming the field)."""
+        for a JSON value that is not a JSON-RPC request: one line naming the field). A body that is not JSON at
+        all (not UTF-8, not valid JSON) is status 400 with a JSON-RPC parse error (-32700, one line), as MCP's
+        HTTP transport answers a body that is no JSON-RPC message."""
+        from starlette.responses import JSONResponse
+
         try:
             data = request_json_body(await request.body())
         except RequestError as exc:
-            return rpc_error(None, -32700, str(exc))
+            return JSONResponse(rpc_error(None, -32700, str(exc)), status_code=400)
         return await self._rpc(data, None)
 
     async def _rpc(self, data: Any, session: _Session | None) -> dict:
