@@ -253,11 +253,11 @@ def as_text(value: Any, field: str, loc: RecordLocation) -> str:
     return text
 
 
-def as_answer(value: Any, field: str, loc: RecordLocation) -> str:
+def as_answer(value: Any, field: str, loc: RecordLocation, *, lists: bool = True) -> str:
     """A gold answer of any type an official file writes it in (:func:`tasks.types.gold_answer_text`: numbers,
-    lists), stripped and non-empty, else a located error."""
+    lists unless ``lists=False``), stripped and non-empty, else a located error."""
     try:
-        return gold_answer_text(value)
+        return gold_answer_text(value, lists=lists)
     except (TypeError, ValueError) as err:
         loc.fail(f"{field}: {err}")
 

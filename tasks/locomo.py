@@ -20,7 +20,8 @@ Mapping onto :mod:`tasks.conversations` types:
   ``adversarial_answer``;
 * category 5 (adversarial) questions have as gold :data:`~tasks.conversations.ABSTENTION_ANSWER` (the
   conversation does not contain the answer). The two category-5 items of the release that do carry an
-  ``answer`` ("No") keep it as a second accepted answer. Numeric answers become strings;
+  ``answer`` ("No") keep it as a second accepted answer. Numeric answers become strings; a list as an
+  answer is refused (one value per question: a list is a damaged record);
 * ``supporting_ids`` are the evidence ``dia_id`` s, split where one string holds several ("D8:6; D9:17") and
   normalised ("D:11:26" -> "D11:26", "D30:05" -> "D30:5"), as in nine entries of the release.
 
@@ -131,11 +132,12 @@ def _questions(qa: Any, sample_id: str, loc: RecordLocation) -> tuple[Question, 
         if category == 5:
             answers = [ABSTENTION_ANSWER]
             if "adversarial_answer" in raw:
-                meta["adversarial_answer"] = as_answer(raw["adversarial_answer"], f"{where}.adversarial_answer", loc)
+                meta["adversarial_answer"] = as_answer(raw["adversarial_answer"], f"{where}.adversarial_answer", loc,
+                                                     lists=False)
             if raw.get("answer") is not None:
-                answers.append(as_answer(raw["answer"], f"{where}.answer", loc))
+                answers.append(as_answer(raw["answer"], f"{where}.answer", loc, lists=False))
         else:
-            answers = [as_answer(get_field(raw, "answer", loc, within=where), f"{where}.answer", loc)]
+            answers = [as_answer(get_field(raw, "answer", loc, within=where), f"{where}.answer", loc, lists=False)]
         questions.append(Question(
             id=f"{sample_id}/q{i}", question=text, answers=tuple(dict.fromkeys(answers)),
             supporting_ids=tuple(evidence), hops=max(1, len(evidence)), kind=CATEGORY_TYPES[category], meta=meta,

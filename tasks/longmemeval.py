@@ -24,7 +24,7 @@ type), ``abstention`` (``_abs`` in the id), ``question_date``, ``evidence`` (the
 
 Malformed input raises :class:`~tasks.types.DataFormatError` naming the file, the item (0-based position and
 ``question_id``) and the field: not UTF-8, not a JSON array, invalid or truncated JSON, a missing field, a wrong
-type, an empty answer, an item without sessions, an unknown ``question_type``, dates or ids that do not match the
+type, an empty answer or a list as the answer (one value per item), an item without sessions, an unknown ``question_type``, dates or ids that do not match the
 sessions, a repeated ``question_id``.
 """
 
@@ -232,7 +232,7 @@ def _item_from(fields: dict[str, Any], position: int, offset: int, counts: tuple
     if not question.strip():
         stream.fail("empty question")
     try:
-        answer = gold_answer_text(fields["answer"])
+        answer = gold_answer_text(fields["answer"], lists=False)  # one value: a list is damage
     except (TypeError, ValueError) as err:
         stream.fail(f"answer: {err}")
     n_sessions, n_messages, n_tokens, evidence = counts

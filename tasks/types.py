@@ -53,13 +53,23 @@ def answer_text(value: Any) -> str:
     return str(int(number)) if number.is_integer() else repr(number)
 
 
-def gold_answer_text(value: Any) -> str:
+def gold_answer_text(value: Any, *, lists: bool = True) -> str:
     """:func:`answer_text` of a gold answer, stripped, refusing one that is empty (no reply could score on it):
-    ``ValueError("empty answer")``; loaders add the file and the record."""
+    ``ValueError("empty answer")``; loaders add the file and the record. ``lists=False``: a list (or tuple) is
+    refused too (``TypeError`` naming it), for formats whose answer is one value (LongMemEval, LoCoMo), where a
+    list is a damaged record that joined by ", " would score silently against a text nobody wrote."""
+    if not lists and isinstance(value, (list, tuple)):
+        raise TypeError(f"an answer must be a string or a number, got {type(value).__name__} {_short(value)} "
+                        "(this format has one answer per question)")
     text = answer_text(value).strip()
     if not text:
         raise ValueError("empty answer (no reply can score on it)")
     return text
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)

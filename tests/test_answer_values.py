@@ -71,7 +71,7 @@ def test_a_longmemeval_number_answer_scores_the_reply_that_says_it(tmp_path):
     assert info["summary"]["score"] == 1.0  # kept as "3.0" it scored 0
 
 
-@pytest.mark.parametrize("answer", ["", "   ", None, []])
+@pytest.mark.parametrize("answer", ["", "   ", None])
 def test_an_empty_longmemeval_answer_is_refused_naming_the_item(tmp_path, answer):
     with pytest.raises(DataFormatError, match=r"lme\.json: item 0 \(t1\): answer: empty answer"):
         index_longmemeval(_longmemeval(tmp_path, answer=answer))
@@ -80,6 +80,28 @@ def test_an_empty_longmemeval_answer_is_refused_naming_the_item(tmp_path, answer
 def test_a_longmemeval_answer_of_another_type_is_refused_naming_it(tmp_path):
     with pytest.raises(DataFormatError, match=r"item 0 \(t1\): answer: .*got bool"):
         index_longmemeval(_longmemeval(tmp_path, answer=True))
+
+
+@pytest.mark.parametrize("answer", [["Biscuit", "Pepper"], ["Biscuit"], []])
+def test_a_list_as_a_longmemeval_or_locomo_answer_is_refused_naming_the_record(tmp_path, answer):
+    """Before: a list was joined by ", " ("Biscuit, Pepper") and scored silently; both formats have one answer
+    per question, so a list is a damaged record."""
+    with pytest.raises(DataFormatError, match=r"lme\.json: item 0 \(t1\): answer: an answer must be a string or a "
+                                              r"number, got list"):
+        index_longmemeval(_longmemeval(tmp_path, answer=answer))
+    with pytest.raises(DataFormatError, match=r"lme\.json"):  # the env too, at make
+        gym.make("MemDialog-LongMemEval-v0", data_path=_longmemeval(tmp_path, answer=answer))
+    for key, category in (("answer", 1), ("answer", 5), ("adversarial_answer", 5)):
+        data = _tiny_locomo()
+        qa = data[0]["qa"][0]
+        qa["category"] = category
+        qa[key] = answer
+        path = tmp_path / "locomo.json"
+        path.write_text(json.dumps(data), encoding="utf-8")
+        with pytest.raises(DataFormatError, match=rf"locomo\.json: record 0.*qa\[0\]\.{key}: an answer must be "
+                                                  r"a string or a number, got list"):
+            load_locomo(path)
+    assert answer_text(["a", 2]) == "a, 2"  # where lists are answers (BEAM's event ordering) they still are
 
 
 def test_a_longmemeval_item_without_sessions_is_a_clear_error(tmp_path):

@@ -765,6 +765,34 @@ def test_a_damaged_stage_file_or_a_dangling_out_link_is_one_line(tmp_path, capsy
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("damage, says", [
+    (lambda p: p.write_text('{"seeds": 2, "lr'), "cannot be read as the settings of an earlier run (JSONDecodeError"),
+    (lambda p: p.write_bytes(b"\xff\xfe{}"), "cannot be read as the settings of an earlier run (UnicodeDecodeError"),
+    (lambda p: p.write_text("[1, 2]"), "is not the settings of an earlier run (a JSON list, not an object)"),
+    (lambda p: p.mkdir(), "cannot be read as the settings of an earlier run (IsADirectoryError"),
+])
+def test_an_unreadable_experiment_json_of_an_earlier_run_is_refused_not_overwritten(tmp_path, capsys, monkeypatch,
+                                                                                    damage, says):
+    """Before: with no stage folder yet, a damaged experiment.json was overwritten silently by the new run's."""
+    import distill.experiment.cli
+
+    def started(*args, **kwargs):
+        raise AssertionError("the run started (and overwrote experiment.json)")
+
+    monkeypatch.setattr(distill.experiment.cli, "run_experiment", started)
+    out = tmp_path / "out"
+    out.mkdir()
+    record = out / "experiment.json"
+    damage(record)
+    before = record.read_bytes() if record.is_file() else None
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--until", "teacher", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{record} {says}" in err and "not overwritten: move it away, or use another --out" in err, err
+    assert (record.read_bytes() if record.is_file() else None) == before  # untouched
+    assert sorted(p.name for p in out.iterdir()) == ["experiment.json"]  # and no work was done
+
+
 def test_a_moved_run_folder_resumes_and_a_cut_probes_file_is_named(tmp_path):
     """Before: the stages stored absolute checkpoint paths, so a moved run folder failed to resume (and its arms'
     settings no longer matched); a probes.json cut short was a traceback."""

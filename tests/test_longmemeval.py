@@ -273,3 +273,53 @@ def test_env_survives_pickling_mid_episode(tmp_path: Path) -> None:
     obs, info = vec.reset(seed=[0, 1])
     assert list(info["question_ids"]) == [["synth00000000"], ["synth00000001"]]
     vec.close()
+
+
+def test_a_data_file_rewritten_under_a_live_env_is_read_again_at_reset(tmp_path: Path) -> None:
+    """Before: the env indexed the file at make and scored every later episode against that copy (and read the
+    sessions at offsets of the old file). Now a reset after the file changed reads it as it is now; a rewrite
+    that the env's settings cannot serve is refused at that reset, naming the file, and the old copy is kept."""
+    path = _write(tmp_path / "lme.json", [_item()])
+    env = gym.make("MemDialog-LongMemEval-v0", data_path=path, memory_mode="tools")
+
+    def play(answer: str) -> float:
+        env.reset(seed=0)
+        while env.unwrapped.reading:
+            env.step("<next/>")
+        *_, info = env.step(f"<answer>{answer}</answer>")
+        return info["summary"]["score"]
+
+    assert play("Biscuit") == 1.0
+    _write(tmp_path / "lme.json", [_item(answer="Pepper", sessions=3)])  # rewritten: another answer, offsets
+    assert play("Biscuit") == 0.0 and play("Pepper") == 1.0
+    assert env.unwrapped.n_sessions == 3
+    _write(tmp_path / "lme.json", [_item(qtype="multi-session")])
+    picky = gym.make("MemDialog-LongMemEval-v0", data_path=path, abilities=["multi-session"])
+    _write(tmp_path / "lme.json", [_item()])
+    with pytest.raises(ValueError, match=f"no item of {path} has a question type in abilities"):
+        picky.reset(seed=0)
+
+
+@pytest.mark.parametrize("env_id, kwargs", [
+    ("MemDialog-LoCoMo-v0", {"questions": 2, "question_types": ["single-hop"]}),
+    ("MemDialog-BEAM-v0", {"dataset": "locomo", "questions": 2, "abilities": ["single-hop"]})])
+def test_a_locomo_file_rewritten_under_a_live_env_is_read_again_at_reset(tmp_path: Path, env_id, kwargs) -> None:
+    from conftest import _tiny_locomo
+
+    data = _tiny_locomo()
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    env = gym.make(env_id, data_path=str(path), **kwargs)
+    env.reset(seed=0)
+    assert not any(a.startswith("new ") for q in env.unwrapped.questions for a in q.answers)
+    for qa in data[0]["qa"]:
+        qa["answer"] = f"new {qa.get('answer', '')}"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    env.reset(seed=0)
+    answers = [a for q in env.unwrapped.questions for a in q.answers]
+    assert answers and all(a.startswith("new ") for a in answers), answers
+    for qa in data[0]["qa"]:
+        qa["category"] = 3 if qa["category"] == 4 else qa["category"]  # no single-hop question left
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match="no question left in"):
+        env.reset(seed=0)

@@ -606,8 +606,15 @@ def test_bad_http_bodies_get_a_4xx_of_one_line_and_memory_stays_bounded():
     with BackgroundServer("MemQA-v0", {"objectives": 1}) as server:
         status, reply = _http(server.url, "/reset", b'{"seed": "\xff\xfe"}')
         assert status == 400 and _one_line(reply).startswith("the request body is not UTF-8 text (byte 10)")
-        status, reply = _http(server.url, "/mcp", b"\xff")
-        assert status == 200 and reply["error"]["code"] == -32700 and "not UTF-8" in _one_line(reply)
+        status, reply = _http(server.url, "/mcp", b"\xff")  # a 400, not a 200 with an error (nor a 500)
+        assert status == 400 and reply["error"]["code"] == -32700 and reply["id"] is None
+        assert _one_line(reply) == "the request body is not UTF-8 text (byte 0); send JSON as UTF-8"
+        status, reply = _http(server.url, "/mcp", b'{"jsonrpc": "2.0", "method": "tools/list", "x": "\xe9"}')
+        assert status == 400 and _one_line(reply) == "the request body is not UTF-8 text (byte 49); send JSON as UTF-8"
+        status, reply = _http(server.url, "/mcp", b"{")
+        assert status == 400 and _one_line(reply).startswith("the request body is not valid JSON")
+        status, reply = _http(server.url, "/mcp", b"{}")  # JSON but not JSON-RPC: 200 and a JSON-RPC error (the
+        assert status == 200 and reply["jsonrpc"] == "2.0" and "error" in reply  # openenv validator's probe)
         for session_id, kind in (([1, 2], "an array"), ({"a": 1}, "an object"), (7, "a number")):
             for method in ("openenv/session/close", "tools/list"):
                 body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"session_id": session_id}}

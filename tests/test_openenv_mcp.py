@@ -10,6 +10,7 @@ Every server binds 127.0.0.1 on a free port. Skips when openenv is absent (pip i
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import gymnasium as gym
@@ -199,7 +200,9 @@ def test_http_mcp_sessions_count_toward_the_limit_and_are_reaped():
         error = _post(server.url, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["error"]
         assert error["message"].startswith("this env has no MCP tools") and "\n" not in error["message"]
         assert _post(server.url, {})["error"]["message"].startswith("a JSON-RPC request needs")
-        assert _post(server.url, b"{")["error"]["code"] == -32700
+        with pytest.raises(urllib.error.HTTPError) as refused:  # not JSON at all: 400, a JSON-RPC parse error
+            _post(server.url, b"{")
+        assert refused.value.code == 400 and json.loads(refused.value.read())["error"]["code"] == -32700
         ids = [_post(server.url, {"jsonrpc": "2.0", "id": i, "method": "openenv/session/create"})["result"]["session_id"]
                for i in range(2)]
         assert server.sessions.open_sessions == 2
@@ -237,3 +240,86 @@ def test_a_tool_argument_of_another_json_type_is_refused_as_in_process():
         assert env.state.step_count == 2
     finally:
         env.close()
+
+
+def test_the_env_of_a_reaped_or_closed_session_is_garbage_collected():
+    """Before: FastMCP's cache of tool functions (an lru_cache of 5000) held every tools-mode session's env
+    through the functions' closure, so a server whose clients never close grew by each reaped session's env
+    (~64 MB over 15 sessions with --max-sessions 3 --session-timeout 1). Now the env of every ended session,
+    reaped or closed, over POST /mcp or /ws, is garbage once the session ends."""
+    import gc
+    import time
+    import weakref
+
+    from websockets.sync.client import connect as ws_connect
+
+    kwargs = {"objectives": 1, "memory_mode": "tools"}
+    refs = {}
+
+    def watch(session_id, how):
+        session = server.sessions.sessions[session_id]
+        refs[how] = (weakref.ref(session.env), weakref.ref(session.env.env.unwrapped))
+
+    def create(i):
+        return _post(server.url, {"jsonrpc": "2.0", "id": i, "method": "openenv/session/create"})["result"]["session_id"]
+
+    def call(session_id, i):  # reset over a socket attached to the session, then a tool call over POST /mcp
+        with ws_connect(server.url.replace("http", "ws", 1) + f"/ws?session_id={session_id}", open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+        reply = _post(server.url, {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+            "session_id": session_id, "name": "mem_add", "arguments": {"text": f"entry {i}"}}})
+        assert reply["result"]["data"]["text"], reply
+
+    # A timeout that leaves time to look at each session before the reaper ends it.
+    with BackgroundServer("MemQA-v0", kwargs, max_sessions=3, session_timeout_s=4.0) as server:
+        closed = create(0)
+        watch(closed, "closed over /mcp")
+        call(closed, 0)
+        assert _post(server.url, {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/close",
+                                  "params": {"session_id": closed}})["result"]["closed"] is True
+        reaped = create(2)  # clients that never close: the reaper ends these
+        watch(reaped, "reaped over /mcp")
+        call(reaped, 3)
+        with ws_connect(server.url.replace("http", "ws", 1) + "/ws", open_timeout=10) as ws:
+            for message in ({"type": "reset", "data": {"seed": 0}}, {"type": "mcp", "data": {
+                    "jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                    "params": {"name": "mem_add", "arguments": {"text": "x"}}}}):
+                ws.send(json.dumps(message))
+                assert "error" not in json.loads(ws.recv(timeout=30))["data"]
+            (ws_id,) = set(server.sessions.sessions) - {reaped}
+            watch(ws_id, "reaped over /ws")
+            deadline = time.monotonic() + 60  # the idle reaper ends both; it closes the socket
+            while server.sessions.open_sessions and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.sessions.open_sessions == 0
+        gc.collect()
+        alive = {how: sum(ref() is not None for ref in pair) for how, pair in refs.items()}
+        assert alive == {"closed over /mcp": 0, "reaped over /mcp": 0, "reaped over /ws": 0}, alive
+
+
+def test_a_session_is_idle_from_when_its_env_is_made_not_from_when_it_was_asked_for(monkeypatch):
+    """Before: ``last_active`` was the moment the session was asked for, so an env that took longer to make than
+    --session-timeout was reaped at the reaper's next sweep, before its client could use it."""
+    import asyncio
+
+    import memenv.openenv.sessions as sessions
+    from memenv.openenv.sessions import SessionHub
+
+    clock = [100.0]
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: clock[0])
+
+    def slow_factory():
+        clock[0] += 50.0  # the env takes 50 s to make
+        return MemenvToolsEnvironment("MemQA-v0", {"objectives": 1, "memory_mode": "tools"})
+
+    hub = SessionHub(slow_factory, max_sessions=1, idle_timeout_s=None)
+
+    async def open_one():
+        session = await hub._open(None)
+        try:
+            return session.last_active
+        finally:
+            await hub.end(session, sessions.CLOSE_BY_CLIENT, "test over")
+
+    assert asyncio.run(open_one()) == 150.0

@@ -234,3 +234,28 @@ def test_an_unwritable_cache_or_out_is_one_line(fake_conversion, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a file, so no folder can be made under it" in err, err
     assert not fake_conversion
+
+
+def test_an_out_that_cannot_be_written_is_one_line(fake_conversion, tmp_path, capsys, monkeypatch):
+    """``models prepare --out`` into a place that cannot be written (what a read-only mount or missing permission
+    gives past the up-front access check, which root always passes): one line naming the place, no traceback."""
+    from memenv.cli import main
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    (parent / ".m.lock").mkdir()  # the lock file beside --out cannot be opened
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--out", str(parent / "m"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{parent} cannot be written" in err and "--out DIR" in err, err
+    (parent / ".m.lock").rmdir()
+
+    def refused(gguf_path, out, fingerprint, progress=True):
+        raise PermissionError(13, "Permission denied", str(out))
+
+    monkeypatch.setattr(pretrained, "convert_gguf", refused)
+    assert main(["models", "prepare", "smollm2-135m-instruct", "--out", str(parent / "m"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"smollm2-135m-instruct: cannot write {parent / 'm'} (Permission denied)" in err, err
+    assert not (parent / "m").exists()

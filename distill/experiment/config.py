@@ -387,12 +387,19 @@ def check_settings(cfg: ExperimentConfig) -> None:
     :data:`ARM_SETTINGS` while no arm, timing or diagnostics exists there): its cached stages were made with
     them."""
     path = Path(cfg.out) / "experiment.json"
-    if not path.exists() or not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
-        return  # no stage made with those settings (a run that failed first): nothing to protect
-    try:
-        old = json.loads(path.read_text())
+    if not path.exists() and not path.is_symlink():
+        return
+    try:  # an unreadable one is refused even without stages: the run would overwrite another run's record
+        old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise SettingsMismatchError(f"{path}: cannot be read as the settings of an earlier run ({err})") from None
+        detail = f"{type(err).__name__}: {getattr(err, 'strerror', None) or err}".splitlines()[0]
+        raise SettingsMismatchError(f"{path} cannot be read as the settings of an earlier run ({detail}); not "
+                                    "overwritten: move it away, or use another --out") from None
+    if not isinstance(old, dict):
+        raise SettingsMismatchError(f"{path} is not the settings of an earlier run (a JSON {type(old).__name__}, "
+                                    "not an object); not overwritten: move it away, or use another --out")
+    if not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
+        return  # no stage made with those settings (a run that failed first): nothing to protect
     new = _config_record(cfg)
     # A setting added after that run was made is read as its default (what that run did): fill it in, at the
     # top level and inside the model specs, before comparing.

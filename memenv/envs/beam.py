@@ -254,26 +254,13 @@ class MemDialogBeamEnv(MemEnvBase):
         self.n_dialog_sessions = 8 if sessions is None else sessions
         self.conversations: tuple = ()
         self.paths: list[str] = []
-        if self.dataset == "locomo":
-            path = required_data_file(data_path, "MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
-                                      "../shared/data/locomo/locomo10.json", "LoCoMo")
-            self.conversations = _load_locomo(path, file_stamps(path))
-            _check_index(conversation, len(self.conversations), path)
-            pools = [[q.kind for q in c.questions] for c in self.conversations]
-            where = path
-        elif self.dataset == "longmemeval":
-            path = required_data_file(data_path, "MemDialog-LongMemEval-v0",
-                                      "a LongMemEval JSON file: the oracle, S or M variant",
-                                      "../shared/data/longmemeval/longmemeval_dev.json", "LongMemEval")
-            items = _longmemeval_index(path, file_stamps(path))
-            # One question per item: abilities= (question types) picks the items.
-            self.lme_items = tuple(it for it in items if self.abilities is None or it.question_type in self.abilities)
-            if not self.lme_items:
-                raise ValueError(f"no item of {path} has a question type in abilities={self.abilities}")
-            _check_index(conversation, len(self.lme_items), path)
-            self.lme_path = path
-            pools = [[self.lme_items[0].question_type]]
-            where = f"every item of {path} (one question each)"
+        if self.dataset in ("locomo", "longmemeval"):
+            self._data_file = required_data_file(data_path, *(
+                ("MemDialog-BEAM-v0", "the LoCoMo JSON file with dataset='locomo'",
+                 "../shared/data/locomo/locomo10.json", "LoCoMo") if self.dataset == "locomo" else
+                ("MemDialog-LongMemEval-v0", "a LongMemEval JSON file: the oracle, S or M variant",
+                 "../shared/data/longmemeval/longmemeval_dev.json", "LongMemEval")))
+            self._read_data_file(conversation)
         elif self.dataset == "memdialog":
             if data_path is not None or conversation is not None:
                 raise ValueError("dataset='memdialog' generates its conversations: no data_path= or conversation=")
@@ -292,14 +279,8 @@ class MemDialogBeamEnv(MemEnvBase):
                 raise ValueError("conversation= selects a BEAM conversation directory; it needs data_path=")
             pools = [[a for a in ABILITIES for _ in range(self.questions_per_ability)]]
             where = f"every synthetic chat of questions_per_ability={self.questions_per_ability}"
-        if self.dataset in ("locomo", "beam") or (self.dataset == "longmemeval" and conversation is not None):
-            if conversation is not None and self.dataset == "longmemeval":
-                pools, where = [pools[0]], f"item {conversation} of {self.lme_path}"
-            elif conversation is not None:
-                pools, where = [pools[conversation]], f"conversation {conversation} of {where}"
-            else:
-                where = f"every conversation of {where}" if len(pools) > 1 else f"the conversation of {where}"
-        self._check_question_capacity(pools, where)
+        if self.dataset not in ("locomo", "longmemeval"):
+            self._check_question_capacity(pools, where, conversation)
         n_skeleton = self.n_questions or 1
         self._check_context_budget(self._compose_task(n_skeleton))
         self.conversation_index = conversation
@@ -333,18 +314,47 @@ class MemDialogBeamEnv(MemEnvBase):
             lines.append("Your memory strategy (refined from earlier episodes): " + sanitize(self.strategy_text))
         return "<task>\n" + "\n".join(lines) + "\n</task>"
 
-    def _check_question_capacity(self, pools: list[list[str]], holder: str) -> None:
+    def _read_data_file(self, conversation: int | None) -> None:
+        """Read and check the LoCoMo or LongMemEval file: at make, and at a reset after the file changed (its
+        stamps), so an episode never plays or scores a stale copy. The loaders cache on the stamps."""
+        path, stamps = self._data_file, file_stamps(self._data_file)
+        if self.dataset == "locomo":
+            conversations = _load_locomo(path, stamps)
+            _check_index(conversation, len(conversations), path)
+            pools, where = [[q.kind for q in c.questions] for c in conversations], path
+        else:  # one question per item: abilities= (question types) picks the items
+            items = tuple(it for it in _longmemeval_index(path, stamps)
+                          if self.abilities is None or it.question_type in self.abilities)
+            if not items:
+                raise ValueError(f"no item of {path} has a question type in abilities={self.abilities}")
+            _check_index(conversation, len(items), path)
+            pools, where = [[items[0].question_type]], f"every item of {path} (one question each)"
+        self._check_question_capacity(pools, where, conversation)
+        if self.dataset == "locomo":
+            self.conversations = conversations
+        else:
+            self.lme_path, self.lme_items = path, items
+        self._data_stamps = stamps
+
+    def _check_question_capacity(self, pools: list[list[str]], where: str, conversation: int | None) -> None:
         """Refuse ``abilities`` or ``questions`` that a conversation cannot serve, rather than cut silently.
 
         ``pools``: the abilities of the questions of each conversation an episode may draw (the guaranteed
-        ones for generated conversations), so the smallest count is the limit; ``holder`` names them.
+        ones for generated conversations), so the smallest count is the limit; ``where`` names them.
         """
+        if self.dataset in ("locomo", "beam") or (self.dataset == "longmemeval" and conversation is not None):
+            if conversation is not None and self.dataset == "longmemeval":
+                pools, where = [pools[0]], f"item {conversation} of {self._data_file}"
+            elif conversation is not None:
+                pools, where = [pools[conversation]], f"conversation {conversation} of {where}"
+            else:
+                where = f"every conversation of {where}" if len(pools) > 1 else f"the conversation of {where}"
         counts = [sum(1 for kind in pool if self.abilities is None or kind in self.abilities) for pool in pools]
         filters = "" if self.abilities is None else f" with abilities={self.abilities}"
         if min(counts) == 0:
-            raise ValueError(f"no question left in {holder}{filters}: widen abilities")
+            raise ValueError(f"no question left in {where}{filters}: widen abilities")
         if self.n_questions is not None and self.n_questions > min(counts):
-            raise ValueError(f"questions={self.n_questions} is more than {holder}{filters} holds: "
+            raise ValueError(f"questions={self.n_questions} is more than {where}{filters} holds: "
                              f"at most {min(counts)}")
 
     @property
@@ -429,6 +439,8 @@ class MemDialogBeamEnv(MemEnvBase):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
+        if self.dataset in ("locomo", "longmemeval") and file_stamps(self._data_file) != self._data_stamps:
+            self._read_data_file(self.conversation_index)  # rewritten since the last episode: read as it is now
         if self.dataset == "locomo":
             index = self.conversation_index
             if index is None:

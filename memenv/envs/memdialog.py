@@ -152,13 +152,8 @@ class MemDialogEnv(MemEnvBase):
                                                   tuple(CATEGORY_TYPES.values()))
             path = required_data_file(data_path, "MemDialog-LoCoMo-v0", "the LoCoMo JSON file",
                                       "../shared/data/locomo/locomo10.json", "LoCoMo")
-            self.conversations = _load_locomo(path, file_stamps(path))
-            if conversation is not None and conversation >= len(self.conversations):
-                raise ValueError(f"conversation must be an index in 0..{len(self.conversations) - 1} "
-                                 f"({path} holds {len(self.conversations)}), got {conversation!r}")
-            self.dataset = "locomo"
-            self.sessions = sessions
-            self._check_locomo_capacity(conversation, path)
+            self.dataset, self.sessions, self._data_file = "locomo", sessions, path
+            self._read_locomo(conversation)
         else:
             self.question_types = check_str_tuple("question_types", question_types, QUESTION_TYPES)
             if conversation is not None:
@@ -200,6 +195,21 @@ class MemDialogEnv(MemEnvBase):
                                                             n=n_questions, abstain=ABSTENTION_ANSWER)]
         lines += [f"Question {i}: {sanitize(q)}" for i, q in enumerate(shown, 1)]
         return "<task>\n" + "\n".join(lines) + "\n</task>"
+
+    def _read_locomo(self, conversation: int | None) -> None:
+        """Read and check the LoCoMo file: at make, and at a reset after the file changed (its stamps), so an
+        episode never plays or scores a stale copy. The loader caches on the stamps."""
+        path, stamps = self._data_file, file_stamps(self._data_file)
+        kept, self.conversations = self.conversations, _load_locomo(path, stamps)
+        try:
+            if conversation is not None and conversation >= len(self.conversations):
+                raise ValueError(f"conversation must be an index in 0..{len(self.conversations) - 1} "
+                                 f"({path} holds {len(self.conversations)}), got {conversation!r}")
+            self._check_locomo_capacity(conversation, path)
+        except ValueError:
+            self.conversations = kept
+            raise
+        self._data_stamps = stamps
 
     def _check_locomo_capacity(self, conversation: int | None, path: str) -> None:
         """Refuse ``sessions``, ``question_types`` or ``questions`` that the LoCoMo conversations cannot serve.
@@ -258,6 +268,8 @@ class MemDialogEnv(MemEnvBase):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
+        if self.dataset == "locomo" and file_stamps(self._data_file) != self._data_stamps:
+            self._read_locomo(self.conversation_index)  # rewritten since the last episode: read as it is now
         if self.dataset == "locomo":
             index = self.conversation_index
             if index is None:

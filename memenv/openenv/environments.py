@@ -4,6 +4,7 @@ tools)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -214,6 +215,14 @@ def tool_argument_error(function: Any, tool: str, arguments: Any) -> str | None:
     return None
 
 
+def _play_held(holder: dict[str, Any], text: str) -> dict[str, Any]:
+    """Play ``text`` on the environment in ``holder`` (:class:`MemenvToolsEnvironment` empties it on close)."""
+    env = holder.get("env")
+    if env is None:
+        raise RequestError("the session's env is closed", "EXECUTION_ERROR")
+    return env._play(text)
+
+
 class MemenvToolsEnvironment(MCPEnvironment):
     """A memory-tools env (``memory_mode="tools"``) as an OpenEnv MCP environment: its calls (``mem_add``,
     ``mem_update``, ``mem_delete``, ``mem_search``, ``search`` or ``next``, ``answer``, ``strategy``:
@@ -237,7 +246,11 @@ class MemenvToolsEnvironment(MCPEnvironment):
             raise ValueError(f"{env_id} with {self.env_kwargs or 'its defaults'} is not in memory-tools mode: "
                              "it has no tools (memory_mode='tools')")
         server = FastMCP(f"memenv {env_id}")
-        functions = _tool_functions(self._play)
+        # The tool functions reach this environment through a holder that close() empties, never directly:
+        # FastMCP caches every tool function it is given (functools.lru_cache of 5000, keyed on the function),
+        # so a function closing over self (or self._play) kept each closed session's env alive for good.
+        self._holder: dict[str, MemenvToolsEnvironment] = {"env": self}
+        functions = _tool_functions(functools.partial(_play_held, self._holder))
         self._functions = {name: functions[name] for name in self.tools}
         for name in self.tools:
             server.tool(functions[name])
@@ -290,5 +303,6 @@ class MemenvToolsEnvironment(MCPEnvironment):
         return self.core.get_metadata()
 
     def close(self) -> None:
+        self._holder.clear()  # the cached tool functions no longer reach this environment (see __init__)
         super().close()
         self.core.close()

@@ -100,6 +100,7 @@ class SessionHub:
             SESSION_LOG.exception("memenv serve: session %s: the env could not be made", session.id[:8])
             await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
             return None
+        session.last_active = time.monotonic()  # idle from now: a slow build is no reason to reap it at once
         return session
 
     async def serve(self, websocket: WebSocket) -> None:
@@ -189,13 +190,17 @@ class SessionHub:
             SESSION_LOG.exception("memenv serve: session %s: %s failed", session.id[:8], kind)
             return error_reply(f"{kind} failed on the server: {type(exc).__name__}: {exc}", "EXECUTION_ERROR")
 
-    async def serve_rpc(self, request: Request) -> dict:
+    async def serve_rpc(self, request: Request) -> Any:
         """``POST /mcp``: one JSON-RPC request, answered with status 200 and a JSON-RPC reply (an error reply
-        for a request that is not JSON-RPC: one line naming the field)."""
+        for a JSON value that is not a JSON-RPC request: one line naming the field). A body that is not JSON at
+        all (not UTF-8, not valid JSON) is status 400 with a JSON-RPC parse error (-32700, one line), as MCP's
+        HTTP transport answers a body that is no JSON-RPC message."""
+        from starlette.responses import JSONResponse
+
         try:
             data = request_json_body(await request.body())
         except RequestError as exc:
-            return rpc_error(None, -32700, str(exc))
+            return JSONResponse(rpc_error(None, -32700, str(exc)), status_code=400)
         return await self._rpc(data, None)
 
     async def _rpc(self, data: Any, session: _Session | None) -> dict:
@@ -332,6 +337,7 @@ class SessionHub:
             for session in list(self.sessions.values()):
                 if not session.busy and session.env is not None and now - session.last_active > timeout:
                     await self.end(session, CLOSE_IDLE, reason)
+            session = None  # the loop variable would keep the last one reaped (its socket) until the next sweep
 
 async def _close(websocket: Any, code: int, reason: str) -> None:
     """Close the socket with a close frame (code and reason) unless the client already closed it."""
