@@ -280,6 +280,7 @@ def test_models_shrink_writes_a_student_with_the_tokenizer_and_the_prompt(tmp_pa
     (["--layers", "0"], "--layers"),
     (["--out", "FILE"], "is a file"),
     (["--out", "FULL"], "exists and is not empty"),
+    (["SOURCE", "FULL"], "no model folder there (config.json missing)"),
 ])
 def test_models_shrink_refuses_bad_input_in_one_line(tmp_path, capsys, args, expected):
     from memenv.cli import main
@@ -289,11 +290,11 @@ def test_models_shrink_refuses_bad_input_in_one_line(tmp_path, capsys, args, exp
     (tmp_path / "FULL").mkdir()
     (tmp_path / "FULL" / "keep.txt").write_text("mine")
     capsys.readouterr()
-    argv = {"--layers": "2", "--out": str(tmp_path / "student")}
+    argv = {"SOURCE": str(source), "--layers": "2", "--out": str(tmp_path / "student")}
     for key, value in zip(args[::2], args[1::2]):
         argv[key] = str(tmp_path / value) if value in ("FILE", "FULL") else value
     try:
-        code = main(["models", "shrink", str(source), *[x for kv in argv.items() for x in kv]])
+        code = main(["models", "shrink", argv.pop("SOURCE"), *[x for kv in argv.items() for x in kv]])
         err = capsys.readouterr().err.strip()
     except SystemExit as exc:  # argparse's own refusal: its usage line, then one error line
         code, err = exc.code, capsys.readouterr().err.strip().splitlines()[-1]

@@ -7,7 +7,7 @@ weights, but a GGUF-loaded model refuses ``save_pretrained``; :func:`prepare` th
 plain fp32 safetensors folder (drop the GGUF quantization config, rebuild the model from its config, load the
 dequantized weights strictly, save model and tokenizer) and caches it:
 
-    memenv models prepare smollm2-135m-instruct          # ~40 s the first time, then instant
+    memenv models prepare smollm2-135m-instruct          # once (cost: memenv.costs, below), then instant
     memenv train --algo sft --model smollm2-135m-instruct ...   # a registered name works wherever a folder does
     memenv models shrink smollm2-135m-instruct --layers 10 --out runs/student10   # a student: its first 10 layers
 
@@ -351,12 +351,22 @@ def shrink(model, layers: int):
     return student
 
 
+#: The files of a tokenizer a student copies from its source folder as they are (whichever exist).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
+
 def shrink_folder(source_path: str | os.PathLike, layers: int, out: str | os.PathLike) -> Path:
     """Write to ``out`` a student of the model folder (or registered name) ``source_path``: its first ``layers``
-    decoder layers (:func:`shrink`), its tokenizer, and its prompt settings (``memenv_prompt.json``: the same
-    system prompt as the source, so a teacher and the student cut from it see one prompt; a source without one
-    gets ``{"system_prompt": null}`` written, which says so). ``out`` must not exist or be an empty folder."""
-    from agents.llm.models import load_pretrained, save_pretrained
+    decoder layers (:func:`shrink`), its tokenizer files copied byte for byte, and its prompt settings
+    (``memenv_prompt.json``: the same system prompt as the source, so a teacher and the student cut from it see one
+    prompt; a source without one gets ``{"system_prompt": null}``, which says so). ``out`` must not exist or be an
+    empty folder; it is written atomically."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from agents.llm.prompt_settings import read_prompt_settings
 
     folder = resolve(source_path)
@@ -366,11 +376,20 @@ def shrink_folder(source_path: str | os.PathLike, layers: int, out: str | os.Pat
     total = json.loads((folder / "config.json").read_text()).get("num_hidden_layers")
     if isinstance(total, int) and not 1 <= layers <= total:  # before the weights are loaded
         raise ValueError(f"layers must be an int in 1..{total} (the model's decoder layers), got {layers!r}")
-    settings = read_prompt_settings(folder)
-    model, tokenizer = load_pretrained(folder)
+    settings = read_prompt_settings(folder) or {"system_prompt": None}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
     student = shrink(model, layers)
-    tokenizer.memenv_prompt = dict(settings) if settings else {"system_prompt": None}
-    return save_pretrained(student, tokenizer, target)
+    del model
+
+    def fill(tmp: Path) -> None:
+        student.save_pretrained(tmp, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, tmp / name)
+        write_text_atomic(tmp / PROMPT_FILE, json.dumps(settings, indent=2) + "\n")
+
+    write_directory_atomic(target, fill)
+    return target
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
@@ -421,10 +440,14 @@ def _prepare_cli(args: argparse.Namespace) -> int:
 
 
 def _shrink_cli(args: argparse.Namespace) -> int:
-    from agents.llm.cli import check_checkpoint
     from memenv.cli_common import CommandError, check_out_dir
 
-    source_folder = check_checkpoint(args.source, "SOURCE")
+    try:
+        source_folder = resolve(args.source)
+    except ModelNotInstalledError as exc:
+        raise CommandError(f"memenv models shrink {args.source}: {exc}") from None
+    if not (source_folder / "config.json").is_file():
+        raise CommandError(f"memenv models shrink {args.source}: no model folder there (config.json missing)")
     check_out_dir(args.out)
     try:
         folder = shrink_folder(source_folder, args.layers, args.out)
@@ -454,11 +477,14 @@ def _list_cli(args: argparse.Namespace) -> int:
 def register_cli(subparsers) -> None:
     """Adds ``memenv models`` (entry point group ``memenv.commands``)."""
     from memenv.cli_common import positive_int
+    from memenv.costs import cost
 
     p = subparsers.add_parser("models", help="real pretrained models from installed packages (no hub)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="models_command", required=True)
-    prep = sub.add_parser("prepare", help="convert a registered model once to a safetensors folder (cached)")
+    prep = sub.add_parser("prepare", help="convert a registered model once to a safetensors folder (cached)",
+                          description="Convert a registered model once into a cached fp32 safetensors folder "
+                                      f"(SmolLM2-135M-Instruct: {cost('prepare')}).")
     prep.add_argument("name", choices=sorted(MODELS), help="registered model")
     prep.add_argument("--out", default=None, help=f"folder to write (default: {cache_root()}/models/NAME)")
     prep.add_argument("--force", action="store_true", help="convert again even if the cached folder matches")
