@@ -207,3 +207,24 @@ def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkey
     worst = max(float((runs[True][1][k] - runs[False][1][k]).abs().max()) for k in runs[False][1])
     assert worst <= 1e-5
     assert runs[False][0][-1] < runs[False][0][0]  # and the steps did train
+
+
+def test_an_evaluation_pause_is_left_out_of_the_training_bars_eta():
+    """The SFT/PPO bar's rate and ETA count training only: the time inside ``off_the_bar`` (an evaluation, a
+    checkpoint) moves the bar's start and last-print times on by the pause (a fake clock: no timed test)."""
+    import io
+
+    from tqdm import tqdm
+
+    from agents.llm import training
+
+    bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
+    clock = iter([1000.0, 1060.0] + [1060.0] * 10)  # the pause: 60 s (then close reads it)
+    bar._time = lambda: next(clock)
+    bar.start_t, bar.last_print_t = 900.0, 990.0
+    with training.off_the_bar(bar):
+        pass
+    assert (bar.start_t, bar.last_print_t) == (960.0, 1050.0)
+    bar.close()
+    with training.off_the_bar(tqdm(total=1, disable=True)):  # a disabled bar has no clock: nothing to move
+        pass

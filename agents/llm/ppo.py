@@ -84,6 +84,7 @@ from agents.llm.training import (
     Timer,
     check_finite_step,
     collate,
+    off_the_bar,
     enable_activation_checkpointing,
     evaluate_off_budget,
     init_distributed,
@@ -681,7 +682,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         if dist.enabled and cfg.max_seconds is not None:
             done = dist.mean({"d": float(done)})["d"] > 0
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            with cpu("eval"):
+            with cpu("eval"), off_the_bar(bar):
                 row.update(evaluate_off_budget(greedy, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
                                                cfg.progress))
         row.update(cpu.columns())
@@ -693,8 +694,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:
-            _save(cfg, dist, out, update + 1, lm, tok, optimizer, model, timer,
-                  {"sampler": policy.generator.get_state(), "minibatch": mb_rng.bit_generator.state})
+            with off_the_bar(bar):
+                _save(cfg, dist, out, update + 1, lm, tok, optimizer, model, timer,
+                      {"sampler": policy.generator.get_state(), "minibatch": mb_rng.bit_generator.state})
         if done:
             break
     bar.close()

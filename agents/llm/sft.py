@@ -34,6 +34,7 @@ from agents.llm.training import (
     Timer,
     check_finite_step,
     collate,
+    off_the_bar,
     enable_activation_checkpointing,
     evaluate_off_budget,
     init_distributed,
@@ -308,15 +309,17 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
             bar.set_postfix(step=step + 1, loss=f"{stats['loss']:.3f}")
         if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
-                                           cfg.progress))
+            with off_the_bar(bar):  # the ETA counts training steps only
+                row.update(evaluate_off_budget(sampler, envs, cfg.eval_episodes, dist, timer, cfg.budget_counts_eval,
+                                               cfg.progress))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
             log.append(row)
             last = row
             log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
         if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
-            _save(cfg, dist, out, step + 1, lm, tok, optimizer, timer)
+            with off_the_bar(bar):
+                _save(cfg, dist, out, step + 1, lm, tok, optimizer, timer)
         if done:
             break
     bar.close()

@@ -505,6 +505,22 @@ def distributed_evaluate(policy, envs, n: int, dist: Dist, progress: bool = Fals
             "eval_invalid_rate": sums[4] / max(1.0, sums[3])}
 
 
+@contextmanager
+def off_the_bar(bar):
+    """Time spent inside (an evaluation, a checkpoint write) is left out of ``bar``'s rate and ETA: its start and
+    last-print times move on by the pause, so an SFT or PPO bar's ETA counts training only instead of swinging
+    after every evaluation (3 h -> 25 min). The evaluation's own bar shows the pause meanwhile."""
+    clock = getattr(bar, "_time", None) if not getattr(bar, "disable", True) else None  # tqdm's own clock
+    begin = clock() if clock is not None else 0.0
+    try:
+        yield
+    finally:
+        if clock is not None and hasattr(bar, "start_t"):
+            pause = clock() - begin
+            bar.start_t += pause
+            bar.last_print_t += pause
+
+
 def evaluate_off_budget(policy, envs, n: int, dist: Dist, timer: "Timer", counts: bool = False,
                         progress: bool = False) -> dict[str, float]:
     """:func:`distributed_evaluate` outside ``timer``'s clocks (unless ``counts``), plus the cumulative
