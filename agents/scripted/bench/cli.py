@@ -144,7 +144,7 @@ def register_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="benchmark memory strategies",
                                    description=f"{__doc__}\nCost at the defaults: {cost('bench')} (memenv.costs).\n",
                                    formatter_class=HelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
+    parser.add_argument("--strategies", "--strategy", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
                         help=f"memory strategies to run: {' '.join(ALL_STRATEGY_NAMES)}, openai:MODEL@URL "
                              "(an OpenAI-compatible completions server), or PATH: a local checkpoint folder "
                              "(config.json; a greedy LLM policy, e.g. a memenv train/experiment checkpoint)")
