@@ -82,10 +82,14 @@ class SFTConfig(RunConfig):
     # "auto": bf16 only where the device computes it natively (agents.llm.precision), fp32 elsewhere
     schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
     # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
+    pad_multiple: int = 64  # batch widths rounded up to a multiple of this (1: the longest row): CPU bf16 kernels
+    # cache a plan per input shape, and a run that saw every width grew by GBs (issue 51)
 
     def __post_init__(self) -> None:
         if self.autocast not in AUTOCAST_CHOICES:
             raise ValueError(f"SFTConfig.autocast must be one of {AUTOCAST_CHOICES}, got {self.autocast!r}")
+        if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
+            raise ValueError(f"SFTConfig.pad_multiple must be an integer >= 1, got {self.pad_multiple!r}")
         if self.schedule_by not in ("steps", "budget"):
             raise ValueError(f"SFTConfig.schedule_by must be 'steps' or 'budget', got {self.schedule_by!r}")
         if isinstance(self.demo_worlds, bool) or not isinstance(self.demo_worlds, int) or self.demo_worlds < 0:
@@ -274,7 +278,8 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
             group["lr"] = lr
         idx = next(batches)
         batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], pad, device=dist.device,
-                        include_prompt=cfg.prompt_loss_weight > 0, action_masks=[
+                        include_prompt=cfg.prompt_loss_weight > 0, pad_multiple=cfg.pad_multiple,
+                        max_width=getattr(lm.config, "max_position_embeddings", None), action_masks=[
                             data[i].action_mask if data[i].action_mask is not None else [1] * len(data[i].response_ids)
                             for i in idx])
         if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:
