@@ -68,6 +68,8 @@ def build_config(args: argparse.Namespace):
                               "recompute_old_logprobs": args.recompute_old_logprobs}
     if args.student and args.student != "tiny":
         values["model"] = _checkpoint(args.student, "--student")
+        if not is_served(values["teacher"]):
+            check_same_system_prompt(values["teacher"], values["model"])
     if args.kw is not None:
         values["env_kwargs"] = parse_kwargs(args.kw)
     for name in _FIELDS:
@@ -84,6 +86,24 @@ def build_config(args: argparse.Namespace):
         return cfg
     except (TypeError, ValueError) as exc:
         raise _fail(str(exc)) from None
+
+
+def check_same_system_prompt(teacher: str, student: str) -> None:
+    """Refuse, in one line naming both folders, a teacher and a student whose saved system prompts
+    (``memenv_prompt.json``) differ: the teacher would score the student's actions under another prompt than the
+    one the student acts in. A folder without the file counts as no system prompt."""
+    from agents.llm.prompt_settings import PROMPT_FILE, read_prompt_settings
+
+    try:
+        prompts = [read_prompt_settings(folder).get("system_prompt") for folder in (teacher, student)]
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if prompts[0] != prompts[1]:
+        def said(prompt):
+            return "none" if prompt is None else f"{len(prompt):,} characters, {prompt[:24]!r}..."
+        raise _fail(f"--teacher {teacher} and --student {student} have different system prompts ({PROMPT_FILE}: "
+                    f"{said(prompts[0])} vs {said(prompts[1])}): make the student from the teacher's folder with "
+                    f"`memenv models shrink TEACHER --layers N --out DIR`, or copy the teacher's {PROMPT_FILE}")
 
 
 def _teacher(value: str) -> str:

@@ -225,7 +225,7 @@ def _run_command(args: argparse.Namespace, command: str) -> int:
     clock = CostClock()
     try:
         status = int(args.func(args) or 0)
-        if status == 0 and args.command in TIMED_COMMANDS and getattr(args, "models_command", "prepare") == "prepare":
+        if status == 0 and args.command in TIMED_COMMANDS and getattr(args, "models_command", "prepare") in ("prepare", "shrink"):
             print(clock.line(command), file=sys.stderr)
         return status
     except CommandError as exc:

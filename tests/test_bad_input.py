@@ -1246,3 +1246,24 @@ def test_pair_of_good_files_still_loads(files) -> None:
     dataset = load_qa_pair(files["corpus"], files["questions"])
     assert [q.supporting_ids for q in dataset.questions] == [("d1", "d2"), ("d1",)]
     assert len(load_hotpotqa(files["hotpot"])) == 4
+
+
+@pytest.mark.parametrize("env_id, typo, meant", [("MemQA-v0", "objectivs", "objectives"),
+                                                 ("MemRead-v0", "doc_token", "doc_tokens"),
+                                                 ("MemDialog-v0", "sesions", "sessions"),
+                                                 ("MemDialog-BEAM-v0", "bogus", None)])
+def test_a_misspelled_kwarg_is_one_line_listing_the_valid_ones(env_id: str, typo: str, meant) -> None:
+    """Not Python's bare "unexpected keyword argument": the unknown name, the closest valid one, every valid one."""
+    import inspect
+
+    with pytest.raises(TypeError) as caught:
+        gym.make(env_id, **{typo: 1})
+    text = str(caught.value)
+    assert "\n" not in text and f"unknown keyword argument(s) '{typo}'" in text
+    assert (f"did you mean '{meant}'?" in text) if meant else "did you mean" not in text
+    env_class = gym.spec(env_id).entry_point.split(":")[1]
+    import importlib
+
+    module, name = gym.spec(env_id).entry_point.split(":")
+    valid = [p for p in inspect.signature(getattr(importlib.import_module(module), name)).parameters if p != "self"]
+    assert env_class in text and "valid kwargs: " + ", ".join(valid) in text

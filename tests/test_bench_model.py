@@ -59,3 +59,22 @@ def test_a_folder_without_config_is_refused_naming_it(tmp_path, capsys):
     message = capsys.readouterr().err
     assert "not_a_model" in message and "config.json" in message
     assert not (tmp_path / "o").exists()
+
+
+def test_a_models_bench_bar_shows_tokens_inside_invocations(checkpoint, capsys, monkeypatch):
+    """A real model's batch of invocations takes minutes: the bench bar's postfix shows the tokens generated inside
+    them as they come (not only after each batch), and the invocations after each batch."""
+    from agents.llm import rollouts
+
+    monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # report every decoding step, so the text is seen
+    seen = []
+    real = rollouts._Progress.tokens
+    monkeypatch.setattr(rollouts._Progress, "tokens", lambda self, n: (real(self, n), seen.append(self.generated)))
+    run_bench([str(checkpoint)], [SPEC], episodes=2, seed=5, progress=True)
+    err = capsys.readouterr().err
+    assert seen and seen == sorted(seen)
+    assert f"{seen[-1]} tokens" in err and "tok/s" in err and "invocations" in err
+    import re
+
+    # tokens shown before the first batch of invocations ended (the bar moves inside an invocation)
+    assert re.search(r": 0 invocations, [0-9.]+/s, [1-9][0-9]* tokens, [0-9.]+ tok/s", err), err[-500:]

@@ -223,3 +223,28 @@ def test_cost_clock_counts_this_process_and_reads_minutes_and_hours(monkeypatch)
     assert "done in 22 min 07 s wall" in clock.line("x")
     wall[0] = 100 + 3 * 3600 + 5 * 60
     assert "done in 3 h 05 min wall" in clock.line("x")
+
+
+def test_bench_takes_strategy_singular_as_an_alias():
+    args = build_parser().parse_args(["bench", "--strategy", "relevance", "keep-all"])
+    assert args.strategies == ["relevance", "keep-all"]
+
+
+def _help_text(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_every_index_build_option_has_help_text(capsys):
+    text = _help_text(["index", "build"], capsys)
+    blocks = re.split(r"\n  (?=-)", text.split("options:")[1])  # one block per option: flag, metavar, help
+    for flag in ("--k1", "--b", "--epsilon", "--chunk-docs", "--workers", "--range-docs"):
+        block = next(b for b in blocks if b.startswith(flag + " "))
+        assert "default" in block and len(block.split()) > 4, block
+
+
+def test_experiment_help_shows_the_memopd_options_before_the_long_description(capsys):
+    text = _help_text(["experiment", "memopd"], capsys)
+    assert text.index("--quick") < 2500  # the options come after a short summary, not a 50-line docstring
+    assert text.index("options:") < text.index("What the experiment does")  # the whole text after them

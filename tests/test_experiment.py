@@ -493,6 +493,12 @@ def test_report_compares_memopd_with_every_arm_that_ran_on_paired_differences(tm
     assert "| memopd | teacher_persistent | 10 | +0.030 ± 0.000 | no spread across seeds: no t | [+0.030, +0.030] | " \
            "0.00195 |" in md
     assert "with 10 seeds no p below 0.00195" in md
+    assert "MISSED" in md and "not judged" not in md and "Smoke run" not in md  # continued SFT beats MemOPD
+    # a smoke run (--quick) says what it is and judges no target: no unexplained "MISSED"
+    smoke = format_markdown(dataclasses.replace(cfg, smoke=True), table, comparisons, teacher, student, timing,
+                            None, "host", list(goals.values()))
+    assert "MISSED" not in smoke and "met" not in smoke.split("Targets")[1].replace("not expected to be met", "")
+    assert smoke.split("Targets")[1].count("not judged: smoke run") == len(goals) and "Smoke run (--quick)" in smoke
     for b in ("rl", "sft_continued", "seqkd"):
         row = vs.loc[b]
         assert f"| memopd | {b} | 10 | {row['diff']:+.3f} ± {row.se:.3f} | t {row.t:.2f} (df 9) | " \
@@ -821,3 +827,45 @@ def test_a_moved_run_folder_resumes_and_a_cut_probes_file_is_named(tmp_path):
     with pytest.raises(StageFileError, match=r"probes.json is damaged \(JSONDecodeError: .*delete it to redo the "
                                              r"weak start's probes"):
         run_experiment(dataclasses.replace(cfg, out=str(moved)), until="student")
+
+
+def test_quick_says_it_is_a_smoke_run_and_the_stages_have_headers(tmp_path, capsys, monkeypatch):
+    """``--quick`` prints, before any work, that it is a smoke test of the pipeline (figures near 0, targets not
+    judged) and its cost; a run prints a header before each stage, and transformers' checkpoint bars are off during
+    it (restored after)."""
+    import distill.experiment.cli as experiment_cli
+    import distill.experiment.run as run_module
+    from distill.experiment.config import quick_config
+    from memenv.costs import COSTS
+    from transformers.utils import logging as hf_logging
+
+    seen = {}
+
+    def fake_run(cfg, until=None):
+        seen["cfg"] = cfg
+        return pd.DataFrame({"stage": ["teacher"], "path": ["x"]})
+
+    monkeypatch.setattr(experiment_cli, "run_experiment", fake_run)
+    assert main(["experiment", "memopd", "--quick", "--quiet", "--until", "teacher", "--out", str(tmp_path / "q")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert seen["cfg"].smoke and "Smoke run (--quick)" in first and "not expected to be met" in first
+    assert COSTS["quick"] in first
+    assert quick_config("x").smoke and not ExperimentConfig().smoke
+    # a full (non-quick) configuration prints no such header
+    monkeypatch.setattr(experiment_cli, "run_experiment", fake_run)
+    assert main(["experiment", "memopd", "--quiet", "--until", "teacher", "--out", str(tmp_path / "f")]) == 0
+    assert "Smoke run" not in capsys.readouterr().out and not seen["cfg"].smoke
+
+    bars = []
+
+    def fake_teacher(cfg):
+        bars.append(hf_logging.is_progress_bar_enabled())
+        return {"f1": 0.0, "em": 0.0, "seen_f1": 0.0}
+
+    monkeypatch.setattr(run_module, "build_teacher", fake_teacher)
+    monkeypatch.setattr(run_module, "host_line", lambda *a: "host", raising=False)
+    was = hf_logging.is_progress_bar_enabled()
+    run_module.run_experiment(_tiny(tmp_path / "s", progress=True), until="teacher")
+    out = capsys.readouterr().out
+    assert "== teacher: SFT on oracle demonstrations" in out and out.index("== teacher") < out.index("teacher: held-out")
+    assert bars == [False] and hf_logging.is_progress_bar_enabled() == was

@@ -207,3 +207,48 @@ def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkey
     worst = max(float((runs[True][1][k] - runs[False][1][k]).abs().max()) for k in runs[False][1])
     assert worst <= 1e-5
     assert runs[False][0][-1] < runs[False][0][0]  # and the steps did train
+
+
+def test_an_evaluation_pause_is_left_out_of_the_training_bars_eta():
+    """The SFT/PPO bar's rate and ETA count training only: the time inside ``off_the_bar`` (an evaluation, a
+    checkpoint) moves the bar's start and last-print times on by the pause (a fake clock: no timed test)."""
+    import io
+
+    from tqdm import tqdm
+
+    from agents.llm import training
+
+    bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
+    clock = iter([1000.0, 1060.0] + [1060.0] * 10)  # the pause: 60 s (then close reads it)
+    bar._time = lambda: next(clock)
+    bar.start_t, bar.last_print_t = 900.0, 990.0
+    with training.off_the_bar(bar):
+        pass
+    assert (bar.start_t, bar.last_print_t) == (960.0, 1050.0)
+    bar.close()
+    with training.off_the_bar(tqdm(total=1, disable=True)):  # a disabled bar has no clock: nothing to move
+        pass
+
+
+def test_sft_batches_pad_to_a_multiple_and_the_loss_does_not_change():
+    """SFT pads each batch's width up to ``pad_multiple`` (few distinct shapes for the CPU kernels' per-shape
+    caches), never past the model's positions and never below the longest row; the action log-probs are those
+    of the unpadded batch (right padding is masked)."""
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.training import ActorCritic, collate, release_free_memory
+
+    rows = [([5, 6, 7, 8, 9], [10, 11]), ([5, 6, 7], [12, 13, 14])]
+    assert collate(rows, 0).input_ids.shape[1] == 7
+    assert collate(rows, 0, pad_multiple=64).input_ids.shape[1] == 64
+    assert collate(rows, 0, pad_multiple=64, max_width=32).input_ids.shape[1] == 32
+    assert collate(rows, 0, pad_multiple=64, max_width=4).input_ids.shape[1] == 7  # the longest row stays whole
+    model = ActorCritic(tiny_model(memqa_tokenizer()))
+    plain = model(**collate(rows, 0, include_prompt=True).inputs())[0]
+    padded = model(**collate(rows, 0, include_prompt=True, pad_multiple=64).inputs())[0]
+    assert torch.allclose(plain, padded, atol=1e-5)
+    assert SFTConfig().pad_multiple == 64
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="pad_multiple"):
+            SFTConfig(pad_multiple=bad)
+    assert release_free_memory() in (True, False)  # glibc's malloc_trim where there is one; never raises

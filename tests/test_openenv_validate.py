@@ -142,3 +142,42 @@ def test_semantic_checks_oracle_max_floor_gap_and_determinism_over_the_wire():
     assert floor[-1]["done"] and high - floor[-1]["reward"] >= manifest["reward"]["floor_margin"]  # floor_gap
     assert floor[-1]["reward"] == low
     assert again == played  # replayable: the same seed and actions, the same observations, rewards, infos
+
+
+def test_a_git_work_tree_is_validated_without_its_ignored_files_while_a_job_writes_there(package, tmp_path):
+    """validate_local copies the files git does not ignore: a job writing into the git-ignored runs/ during the
+    validation (as a README command does) does not make it fail with "package source changed"."""
+    import threading
+
+    repo = tmp_path / "repo"
+    shutil.copytree(package, repo)
+    (repo / ".gitignore").write_text("runs/\n")
+    (repo / "runs").mkdir()
+    (repo / "runs" / "old.txt").write_text("a job's output")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "package"], check=True)
+    (repo / "NEW.md").write_text("untracked, not ignored: part of the package")
+    files = validate_local.package_files(repo)
+    assert "openenv.yaml" in files and "NEW.md" in files and ".gitignore" in files
+    assert not any(name.startswith("runs/") for name in files)
+    assert validate_local.package_files(package) is None  # not a git work tree: validated in place
+    stop = threading.Event()
+
+    def job() -> None:
+        step = 0
+        while not stop.is_set():
+            (repo / "runs" / f"step{step % 3}.txt").write_text(str(step))
+            step += 1
+            stop.wait(0.05)
+
+    writer = threading.Thread(target=job)
+    writer.start()
+    try:
+        report = validate_local.validate(repo, "runtime", log_dir=tmp_path)
+    finally:
+        stop.set()
+        writer.join()
+    problems = [r for r in report.results if r.status.value in ("fail", "error")]
+    assert not problems and report.verdict.value != "fail", problems

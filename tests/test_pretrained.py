@@ -259,3 +259,106 @@ def test_an_out_that_cannot_be_written_is_one_line(fake_conversion, tmp_path, ca
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"smollm2-135m-instruct: cannot write {parent / 'm'} (Permission denied)" in err, err
     assert not (parent / "m").exists()
+
+
+def _tiny_folder(path, prompt):
+    """A tiny random Qwen2 folder (4 decoder layers) with ``prompt`` as its saved system prompt (None: no file)."""
+    from agents.llm.models import save_pretrained
+    from llm_common import memqa_tokenizer, tiny_model
+
+    tok = memqa_tokenizer()
+    model = tiny_model(tok, layers=4)
+    saved = tok.memenv_prompt if hasattr(tok, "memenv_prompt") else None
+    tok.memenv_prompt = {"system_prompt": prompt} if prompt is not None else None
+    try:
+        save_pretrained(model, tok, path)
+    finally:
+        tok.memenv_prompt = saved
+    return path
+
+
+def test_models_shrink_writes_a_student_with_the_tokenizer_and_the_prompt(tmp_path, capsys):
+    from agents.llm.models import load_pretrained
+    from memenv.cli import main
+
+    source = _tiny_folder(tmp_path / "teacher", "You are a careful agent.")
+    assert main(["models", "shrink", str(source), "--layers", "2", "--out", str(tmp_path / "student")]) == 0
+    out = tmp_path / "student"
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((out / "memenv_prompt.json").read_text()) == {"system_prompt": "You are a careful agent."}
+    assert (out / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
+    student, tok = load_pretrained(out)
+    teacher, _ = load_pretrained(source)
+    assert student.config.num_hidden_layers == 2
+    assert tok.memenv_prompt == {"system_prompt": "You are a careful agent."}
+    import torch
+    assert torch.equal(student.model.layers[1].mlp.up_proj.weight, teacher.model.layers[1].mlp.up_proj.weight)
+    assert "the first 2 decoder layers" in capsys.readouterr().out
+    # a source without a prompt file: the student says so ({"system_prompt": null}), the same prompt as its source
+    bare = _tiny_folder(tmp_path / "bare", None)
+    assert main(["models", "shrink", str(bare), "--layers", "1", "--out", str(tmp_path / "bare_student")]) == 0
+    assert json.loads((tmp_path / "bare_student" / "memenv_prompt.json").read_text()) == {"system_prompt": None}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--layers", "9"], "layers must be an int in 1..4"),
+    (["--layers", "0"], "--layers"),
+    (["--out", "FILE"], "is a file"),
+    (["--out", "FULL"], "exists and is not empty"),
+    (["SOURCE", "FULL"], "no model folder there (config.json missing)"),
+])
+def test_models_shrink_refuses_bad_input_in_one_line(tmp_path, capsys, args, expected):
+    from memenv.cli import main
+
+    source = _tiny_folder(tmp_path / "teacher", "p")
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "FULL").mkdir()
+    (tmp_path / "FULL" / "keep.txt").write_text("mine")
+    capsys.readouterr()
+    argv = {"SOURCE": str(source), "--layers": "2", "--out": str(tmp_path / "student")}
+    for key, value in zip(args[::2], args[1::2]):
+        argv[key] = str(tmp_path / value) if value in ("FILE", "FULL") else value
+    try:
+        code = main(["models", "shrink", argv.pop("SOURCE"), *[x for kv in argv.items() for x in kv]])
+        err = capsys.readouterr().err.strip()
+    except SystemExit as exc:  # argparse's own refusal: its usage line, then one error line
+        code, err = exc.code, capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and expected in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "FULL" / "keep.txt").read_text() == "mine"
+    assert not (tmp_path / "student").exists()
+
+
+def test_distill_refuses_a_teacher_and_student_with_different_system_prompts(tmp_path, capsys, monkeypatch):
+    import argparse
+
+    import distill.trainer
+
+    def never(cfg):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(distill.trainer, "train_memopd", never)
+
+    from distill.cli import build_config, register_cli
+    from memenv.cli import main
+    from memenv.cli_common import CommandError
+
+    teacher = _tiny_folder(tmp_path / "teacher", "Prompt A")
+    other = _tiny_folder(tmp_path / "other", "Prompt B")
+    capsys.readouterr()
+    code = main(["distill", "--teacher", str(teacher), "--student", str(other), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "different system prompts" in err and str(teacher) in err and str(other) in err
+    assert "memenv models shrink" in err and not (tmp_path / "run").exists()
+    # the student `memenv models shrink` makes from the teacher is accepted (the config builds)
+    assert main(["models", "shrink", str(teacher), "--layers", "2", "--out", str(tmp_path / "student")]) == 0
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    args = parser.parse_args(["distill", "--teacher", str(teacher), "--student", str(tmp_path / "student"),
+                              "--out", str(tmp_path / "run")])
+    cfg = build_config(args)
+    assert cfg.model == str(tmp_path / "student")
+    # a student without a prompt file against a teacher with one: refused too
+    bare = _tiny_folder(tmp_path / "bare", None)
+    with pytest.raises(CommandError, match="different system prompts"):
+        build_config(parser.parse_args(["distill", "--teacher", str(teacher), "--student", str(bare)]))

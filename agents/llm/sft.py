@@ -36,6 +36,7 @@ from agents.llm.training import (
     collate,
     enable_activation_checkpointing,
     evaluate_off_budget,
+    off_the_bar,
     init_distributed,
     latest_checkpoint,
     load_or_build_model,
@@ -81,8 +82,12 @@ class SFTConfig(RunConfig):
     # "auto": bf16 only where the device computes it natively (agents.llm.precision), fp32 elsewhere
     schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
     # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
+    pad_multiple: int = 64  # batch widths rounded up to a multiple of this (1: the longest row): CPU bf16 kernels
+    # cache a plan per input shape, and a run that saw every width grew by GBs (issue 51)
 
     def __post_init__(self) -> None:
+        if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
+            raise ValueError(f"SFTConfig.pad_multiple must be an integer >= 1, got {self.pad_multiple!r}")
         if self.autocast not in AUTOCAST_CHOICES:
             raise ValueError(f"SFTConfig.autocast must be one of {AUTOCAST_CHOICES}, got {self.autocast!r}")
         if self.schedule_by not in ("steps", "budget"):
@@ -250,15 +255,17 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
             bar.set_postfix(step=step + 1, loss=f"{stats['loss']:.3f}")
         if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or done):  # 0: never evaluate
             row = row or {"step": step + 1, "seconds": round(timer(), 2), "cpu_seconds": round(timer.cpu(), 2)}
-            row.update(evaluate_off_budget(run.sampler, run.envs, cfg.eval_episodes, dist, timer,
-                                           cfg.budget_counts_eval, cfg.progress))
+            with off_the_bar(bar):  # the ETA counts training steps only
+                row.update(evaluate_off_budget(run.sampler, run.envs, cfg.eval_episodes, dist, timer,
+                                               cfg.budget_counts_eval, cfg.progress))
             bar.set_postfix(loss=row.get("loss"), f1=f"{row['eval_f1']:.3f}")
         if row is not None:
             run.log.append(row)
             last = row
             run.log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
         if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
-            _save(cfg, dist, run.out, step + 1, run.lm, run.tok, run.optimizer, timer)
+            with off_the_bar(bar):
+                _save(cfg, dist, run.out, step + 1, run.lm, run.tok, run.optimizer, timer)
         if done:
             break
     bar.close()
@@ -339,7 +346,8 @@ def sft_batch(cfg: SFTConfig, run: SFTRun, idx) -> Any:
     the observation tokens' targets thinned to ``prompt_loss_fraction`` when they get a loss."""
     data = run.data
     batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], run.tok.pad_token_id,
-                    device=run.dist.device, include_prompt=cfg.prompt_loss_weight > 0, action_masks=[
+                    device=run.dist.device, include_prompt=cfg.prompt_loss_weight > 0, pad_multiple=cfg.pad_multiple,
+                    max_width=getattr(run.lm.config, "max_position_embeddings", None), action_masks=[
                         data[i].action_mask if data[i].action_mask is not None else [1] * len(data[i].response_ids)
                         for i in idx])
     if cfg.prompt_loss_weight > 0 and cfg.prompt_loss_fraction < 1.0:

@@ -44,15 +44,17 @@ class CheckpointStrategy:
 
     def run_episodes(self, make_env: Callable[[], Any], seeds: Sequence[int], run_episode=None,
                      on_done: Callable[[], None] | None = None,
-                     on_invocations: Callable[[int], None] | None = None) -> list[tuple[dict[str, Any], int, dict]]:
+                     on_invocations: Callable[[int], None] | None = None,
+                     on_tokens: Callable[[int], None] | None = None) -> list[tuple[dict[str, Any], int, dict]]:
         """One greedy episode per seed, batched over ``num_envs`` envs; ``(summary, steps, {})`` in seed order.
         ``on_done()`` is called as each episode ends (not all at the end: a real model's episodes take minutes),
-        ``on_invocations(total)`` after each batch of invocations."""
+        ``on_invocations(total)`` after each batch of invocations, ``on_tokens(total)`` as tokens are generated
+        (at most every half second: a real model's batch of invocations takes minutes)."""
         envs = [make_env() for _ in range(min(self.num_envs, max(1, len(seeds))))]
         try:
             episodes = rollout(self.policy, envs, list(seeds),
                                on_episode=None if on_done is None else (lambda episode: on_done()),
-                               on_invocations=on_invocations)
+                               on_invocations=on_invocations, on_tokens=on_tokens)
         finally:
             for env in envs:
                 env.close()

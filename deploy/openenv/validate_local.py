@@ -116,11 +116,52 @@ class LocalProcessProvider:
             time.sleep(0.1)
 
 
+def package_files(root: Path) -> list[str] | None:
+    """The package's files when ``root`` is the top of a git work tree: tracked and untracked ones, never what git
+    ignores (``runs/``, ``bench_out/``, caches, a virtual environment); None when ``root`` is no git work tree."""
+    try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        if Path(top).resolve() != Path(root).resolve():
+            return None
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sorted({name for name in listed.decode().split("\0") if name})
+
+
+def copy_package(root: Path, dest: Path) -> bool:
+    """Copy ``root``'s package files (:func:`package_files`: regular files only; a deleted tracked file is
+    skipped) into ``dest``; False when ``root`` is no git work tree (nothing copied)."""
+    import shutil
+
+    names = package_files(root)
+    if names is None:
+        return False
+    for name in names:
+        source = Path(root) / name
+        if source.is_file() and not source.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return True
+
+
 def validate(root: Path, level: str = "semantic", log_dir: Path | None = None):
-    """``openenv.validation.run_validation`` of the package at ``root`` up to ``level``, on a local process."""
+    """``openenv.validation.run_validation`` of the package at ``root`` up to ``level``, on a local process.
+
+    A git work tree is validated on a copy of its files that git does not ignore (:func:`copy_package`): the
+    runner fails a package whose source changes during validation, and a job writing into the git-ignored
+    ``runs/`` would change it. Any other folder is validated in place."""
+    import tempfile
+
     from openenv.validation import Level, run_validation
 
-    return run_validation(Path(root), max_level=Level[level.upper()], provider=LocalProcessProvider(log_dir=log_dir))
+    def run(target: Path):
+        return run_validation(target, max_level=Level[level.upper()], provider=LocalProcessProvider(log_dir=log_dir))
+
+    with tempfile.TemporaryDirectory(prefix="memenv-validate-pkg-") as tmp:
+        return run(Path(tmp)) if copy_package(Path(root), Path(tmp)) else run(Path(root))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        print(f"Validation report for {report.target} (provider: local-process, policy {report.policy_version}); "
+        copied = Path(str(report.target)).resolve() != Path(args.root).resolve()
+        print(f"Validation report for {args.root}{' (a copy of its files git does not ignore)' if copied else ''} "
+              f"(provider: local-process, policy {report.policy_version}); "
               f"levels run: {', '.join(level.name.lower() for level in report.levels_run)}")
         for result in report.results:
             print(f"  {result.status.value.upper():5s} {result.check_id}: {'; '.join(result.evidence)[:160]}")

@@ -16,6 +16,7 @@ from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, Exp
 from distill.experiment.run import STAGES, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
+from memenv.costs import cost
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -55,6 +56,10 @@ def _run(args: argparse.Namespace) -> int:
 
             check_checkpoint(cfg.model, "--model")
         check_settings(cfg)
+    if cfg.smoke:
+        from distill.experiment.report import SMOKE_NOTE
+
+        print(f"{SMOKE_NOTE} Cost: {cost('quick')}.", flush=True)
     t0 = time.perf_counter()
     try:
         table = run_experiment(cfg, until=args.until)
@@ -73,14 +78,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv experiment memopd`` (entry point ``memenv.commands``)."""
-    p = subparsers.add_parser("experiment", help="reproducible experiments (memopd)", description=experiment.__doc__,
+    # the summary and examples first, the options next, the whole text after them (not 50 lines before the options)
+    summary = "\n\n".join(experiment.__doc__.strip().split("\n\n")[:2])
+    details = "What the experiment does (distill.experiment):\n\n" + experiment.__doc__.strip()
+    p = subparsers.add_parser("experiment", help="reproducible experiments (memopd)", description=summary,
+                              epilog="memenv experiment memopd --help: its options, then what it does",
                               formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="experiment", metavar="{memopd}", required=True)
     m = sub.add_parser("memopd", help="teacher, weak student, arms x training seeds, seed-level held-out statistics",
-                       description=experiment.__doc__, formatter_class=HelpFormatter)
+                       description=summary, epilog=details, formatter_class=HelpFormatter)
     m.add_argument("--out", required=True, help="output folder (stages cached there; a rerun resumes)")
     m.add_argument("--quick", action="store_true",
-                   help="smoke run (~8 CPU-minutes): small models, few updates; checks the pipeline, not the claims")
+                   help=f"smoke run, {cost('quick')}: small models, few updates; checks that the pipeline "
+                        "runs, not the claims (F1 near 0 expected; targets not judged)")
     m.add_argument("--model", default=None,
                    help="a pretrained base (registered name, e.g. smollm2-135m-instruct, or a checkpoint folder): "
                         "teacher = its SFT, student = its first layers (sizes: "

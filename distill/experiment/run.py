@@ -4,6 +4,7 @@ the student's stage (:data:`STAGES`, :func:`stage_summary`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -115,6 +116,32 @@ def _rl_precision(cfg: ExperimentConfig) -> str:
     return f"SFT: autocast as shown; RL and distillation: sampling fp32, training passes {passes}"
 
 
+@contextlib.contextmanager
+def _no_checkpoint_bars():
+    """transformers' own bars (``Loading weights``, ``Writing model shards``, one per checkpoint) off for the run,
+    in this process and in the arm workers it spawns (``HF_HUB_DISABLE_PROGRESS_BARS``), so they do not mix with
+    the stage headers and the experiment's bars; restored after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on, env = hf_logging.is_progress_bar_enabled(), os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if env is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = env
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _stage(cfg: ExperimentConfig, name: str, what: str) -> None:
+    """A stage header between the stages' output (with the progress output only)."""
+    _log(cfg, f"\n== {name}: {what} ==")
+
+
 def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFrame:
     """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``.
 
@@ -123,6 +150,11 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
     of the results table: the teacher's and the weak start's F1 can be measured before the arms are paid for."""
     if until is not None and until not in STAGES:
         raise ValueError(f"until must be one of {list(STAGES)} or None, got {until!r}")
+    with _no_checkpoint_bars():
+        return _run_stages(cfg, until)
+
+
+def _run_stages(cfg: ExperimentConfig, until: str | None) -> pd.DataFrame:
     import torch
 
     from agents.llm.precision import host_line, resolve_autocast
@@ -134,10 +166,12 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
     host = host_line(resolve_autocast("auto")) + f" ({_rl_precision(cfg)})"
     _log(cfg, host)
     write_text_atomic(out / "experiment.json", json.dumps(_config_record(cfg), indent=2))
+    _stage(cfg, "teacher", "SFT on oracle demonstrations, then held-out and seen evaluation (cached)")
     teacher = build_teacher(cfg)
     _log(cfg, f"teacher: held-out F1 {teacher['f1']:.3f} (EM {teacher['em']:.3f}), seen {teacher['seen_f1']:.3f}")
     if until == "teacher":
         return stage_summary({"teacher": teacher})
+    _stage(cfg, "student", "the weak start: SFT rounds until the probe F1 target, then evaluation (cached)")
     student = build_student(cfg, teacher)
     _log(cfg, f"student start: held-out F1 {student['f1']:.3f} (EM {student['em']:.3f}), seen "
               f"{student['seen_f1']:.3f}")
@@ -145,16 +179,20 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
         return stage_summary({"teacher": teacher, "student": student})
     start = pd.read_csv(out / "student" / "start_eval.csv")
     start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
+    _stage(cfg, "timing", "the actor's cost on one update's records")
     timing = actor_timing(cfg, student)
-    if "rl" in cfg.arms:
+    if "rl" in cfg.arms and sweep_jobs(cfg):
+        _stage(cfg, "lr sweep", "GRPO alone's learning rate")
         cfg = tune_rl_lr(cfg, student)
     jobs = arm_jobs(cfg)
+    _stage(cfg, "arms", f"{len(cfg.arms)} arm(s) x {cfg.seeds} training seed(s): {' '.join(cfg.arms)}")
     results = _run_arms(cfg, jobs, student, teacher)
     runs = {arm: [results[(arm, s)] for s in range(cfg.seeds)] for arm in cfg.arms}
     read = lambda arm, name: [pd.read_csv(out / "arms" / arm / f"seed{s}" / name)  # noqa: E731
                               for s in range(cfg.seeds)]
     ends = {arm: read(arm, "end_eval.csv") for arm in cfg.arms}
     ends_seen = {arm: read(arm, "end_eval_seen.csv") for arm in cfg.arms}
+    _stage(cfg, "report", "statistics, results.md, learning curves")
     diagnostics = persistent_diagnostics(cfg) if "flattening" in cfg.arms else None
     table = results_table(cfg, start, ends, runs, timing, start_seen, ends_seen)
     comparisons = comparisons_table(ends, ends_seen)

@@ -147,6 +147,9 @@ def _sft_settings(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str 
                      episodes=spec.sft_episodes, demo_worlds=spec.sft_worlds, steps=spec.sft_steps, batch_size=16,
                      lr=spec.lr, warmup=spec.warmup if spec.warmup is not None else min(100, max(1, spec.sft_steps // 10)),
                      autocast="auto", bucket=8,
+                     # unpadded widths, as every experiment's SFT was made (the fair run's teacher included): its
+                     # buckets of similar lengths already bound the shapes the bf16 kernels see
+                     pad_multiple=1,
                      schedule_by="budget" if spec.sft_minutes else "steps", tiny_split_spaces="suffix",
                      tiny_vocab=cfg.vocab, tiny_min_frequency=1, tiny_tokenizer_episodes=cfg.tokenizer_episodes,
                      # A model from scratch also learns the task text (an LM loss on 30% of the observation tokens);

@@ -149,6 +149,30 @@ def text_space(max_length: int, min_length: int = 0) -> MemText:
     return space
 
 
+def _refusing_unknown_kwargs(owner: str, init: Callable) -> Callable:
+    """``init`` that first refuses keywords its signature does not take (a TypeError: one line with the valid
+    ones); an ``init`` taking ``**kwargs`` is returned as it is."""
+    import difflib
+    import inspect
+
+    params = inspect.signature(init).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return init
+    valid = [name for name, p in params.items() if name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        unknown = [key for key in kwargs if key not in params]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"{owner}: unknown keyword argument(s) {', '.join(map(repr, unknown))}{hint}; valid "
+                            f"kwargs: {', '.join(valid)}")
+        init(self, *args, **kwargs)
+
+    return checked
+
+
 class MemEnvBase(gym.Env):
     """Base class: observation assembly under a context mode and budget, snapshots, episode summary.
 
@@ -157,6 +181,14 @@ class MemEnvBase(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each env's ``__init__`` refuses an unknown keyword (a misspelled env kwarg) in one line naming it, the
+        closest valid one and every valid one, instead of Python's bare "unexpected keyword argument"."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls.__init__ = _refusing_unknown_kwargs(cls.__name__, init)
 
     def __init__(self, *, context: str = "memory", context_budget: int | None = None,
                  token_counter: TokenCounter | None = None, memory_budget: int | None = None,

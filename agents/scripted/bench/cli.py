@@ -1,7 +1,6 @@
 """``memenv bench``: memory strategies x environments x episodes -> a table, ``results.csv`` and a PNG.
 
-    memenv bench                                   # the default below, < 1 minute on 2 cores
-                                                   # (measured: 15 CPU-s, 39 s wall at load average 8)
+    memenv bench                                   # the default below, < 1 minute on 2 cores (cost: below)
     memenv bench --strategies relevance history --envs "MemQA-v0:objectives=8,context_budget=800" -n 50
 
 An env spec is ``ID`` or ``ID:key=value,key=value`` (values parsed as Python literals).
@@ -48,6 +47,7 @@ from agents.scripted.bench.sweep import Sweep, format_sweep, plot_sweep, run_swe
 from agents.scripted.bench.tables import format_benchmark_tables
 from agents.scripted.qa_strategies import STRATEGIES
 from memenv.cli_common import CommandError, HelpFormatter, non_negative_int, positive_int, user_input
+from memenv.costs import cost
 
 
 SWEEP_ENVS = ("MemQA-v0",)  # the base specs of ``--sweep`` when --envs is not given
@@ -141,9 +141,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv bench`` (entry point ``memenv.commands``)."""
-    parser = subparsers.add_parser("bench", help="benchmark memory strategies", description=__doc__,
+    parser = subparsers.add_parser("bench", help="benchmark memory strategies",
+                                   description=f"{__doc__}\nCost at the defaults: {cost('bench')} (memenv.costs).\n",
                                    formatter_class=HelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
+    parser.add_argument("--strategies", "--strategy", nargs="+", default=list(STRATEGIES), type=strategy_name, metavar="NAME",
                         help=f"memory strategies to run: {' '.join(ALL_STRATEGY_NAMES)}, openai:MODEL@URL "
                              "(an OpenAI-compatible completions server), or PATH: a local checkpoint folder "
                              "(config.json; a greedy LLM policy, e.g. a memenv train/experiment checkpoint)")

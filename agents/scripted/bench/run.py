@@ -105,6 +105,25 @@ def run_bench(strategies: Iterable[str], envs: Iterable[str | EnvSpec], episodes
     return pd.DataFrame(summary, columns=SUMMARY_COLUMNS + extra_columns), pd.DataFrame(rows)
 
 
+def _live_postfix(bar, name: str, start: float, tokens: bool) -> dict[str, Any]:
+    """``on_invocations`` (and with ``tokens`` ``on_tokens``) callbacks that keep ``bar``'s postfix current: the
+    invocations and generated tokens so far and their rates."""
+    seen = {"invocations": 0, "tokens": 0}
+
+    def show(**counts: int) -> None:
+        seen.update(counts)
+        elapsed = max(1e-9, time.perf_counter() - start)
+        text = f"{name}: {seen['invocations']} invocations, {seen['invocations'] / elapsed:.2f}/s"
+        if seen["tokens"]:
+            text += f", {seen['tokens']} tokens, {seen['tokens'] / elapsed:.1f} tok/s"
+        bar.set_postfix_str(text)
+
+    callbacks = {"on_invocations": lambda n: show(invocations=n)}
+    if tokens:
+        callbacks["on_tokens"] = lambda n: show(tokens=n)
+    return callbacks
+
+
 def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: EpisodeRunner, bar) -> dict[str, Any]:
     """One (env, strategy) cell: ``{"env", "strategy", "summary": row, "episodes": rows}``."""
     policy = resolve_strategy(name, spec.env_id, spec.kwargs.get("memory_mode"))
@@ -117,10 +136,10 @@ def _run_cell(spec: EnvSpec, name: str, episodes: int, seed: int, runner: Episod
     try:
         if concurrent:
             progress = {"on_done": lambda: bar.update(1)}
-            if "on_invocations" in inspect.signature(policy.run_episodes).parameters:  # a model in this process:
-                # its episodes end together after minutes, so the bar shows the invocations as they happen
-                progress["on_invocations"] = lambda n: bar.set_postfix_str(
-                    f"{name}: {n} invocations, {n / max(1e-9, time.perf_counter() - start):.2f}/s")
+            accepted = inspect.signature(policy.run_episodes).parameters
+            if "on_invocations" in accepted:  # a model in this process: its episodes end together after minutes,
+                # so the bar shows the invocations and the tokens generated inside them as they happen
+                progress.update(_live_postfix(bar, name, start, tokens="on_tokens" in accepted))
             results = policy.run_episodes(lambda: gym.make(spec.env_id, **kwargs), seeds, runner, **progress)
         else:
             results = (runner(env, policy, s) + ({},) for s in seeds)

@@ -27,10 +27,15 @@ def register_cli(sub, run=build_command) -> None:
     build.add_argument("corpus", help="corpus JSONL: {id, title, text} or {id, contents} per line")
     build.add_argument("out_dir", help="index folder to create, or an index to replace (atomically); any other "
                                        "existing folder or file is refused")
-    build.add_argument("--k1", type=float, default=BM25Params.k1)
-    build.add_argument("--b", type=float, default=BM25Params.b)
-    build.add_argument("--epsilon", type=float, default=BM25Params.epsilon)
-    build.add_argument("--chunk-docs", type=int, default=32768, help="documents per chunk (bounds memory)")
+    build.add_argument("--k1", type=float, default=BM25Params.k1,
+                       help=f"BM25 term-frequency saturation, > 0 (default {BM25Params.k1})")
+    build.add_argument("--b", type=float, default=BM25Params.b,
+                       help=f"BM25 document-length normalisation, in [0, 1] (default {BM25Params.b})")
+    build.add_argument("--epsilon", type=float, default=BM25Params.epsilon,
+                       help="BM25 Okapi's floor for negative IDF, as a fraction of the mean IDF, >= 0 "
+                            f"(default {BM25Params.epsilon})")
+    build.add_argument("--chunk-docs", type=int, default=32768,
+                       help="documents per chunk (bounds memory; default 32768)")
     build.add_argument("--workers", type=int, default=None, help="tokenising processes (default 2)")
     build.add_argument("--range-docs", type=int, default=8,
                        help="documents per range of the block-max bounds that prune queries (default 8)")

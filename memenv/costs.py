@@ -1,0 +1,27 @@
+"""One source for the documented cost of memenv's commands: the ``--help`` texts read these strings, and
+``tests/test_costs.py`` checks that the README states the same figures, so the two cannot drift apart.
+
+Each figure is what was measured on the 2-core dev machine (shared with other work, so the CPU time of a command
+can rise when other jobs share the cores); where two measurements differ, both are stated. Re-measure with the
+command itself: ``memenv`` prints ``done in ... wall, ... CPU-s`` after every timed command.
+"""
+
+from __future__ import annotations
+
+#: command -> its cost as documented (README and ``--help``).
+COSTS: dict[str, str] = {
+    # `memenv bench` at its defaults: 15 CPU-s (39 s wall at load average 8) and 18 CPU-s in two measurements.
+    "bench": "15-18 CPU-s",
+    # `memenv models prepare smollm2-135m-instruct`, the first time (the conversion); then 0.1 s (a cache check).
+    "prepare": "32 s measured here, 115 s on a busy 2-core machine; later 0.1 s",
+    # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine.
+    "quick": "7-11 CPU-min (7.2 alone, 4.8 wall-min; 10.7 on a shared machine)",
+}
+
+
+def cost(command: str) -> str:
+    """The documented cost of ``command`` (a key of :data:`COSTS`)."""
+    return COSTS[command]
+
+
+__all__ = ["COSTS", "cost"]
