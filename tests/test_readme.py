@@ -320,3 +320,9 @@ def test_the_readme_lists_every_registered_env_id_and_the_trl_example():
     missing = [env_id for env_id in ENVIRONMENTS if f"`{env_id}`" not in text]
     assert not missing, missing
     assert "examples/trl_grpo_memqa.py" in text and "GRPOTrainer" in text
+
+
+def test_readme_reads_at_a_glance():
+    """Issue 49: the README stays at most 200 lines; long material goes to docs/ pages it links."""
+    lines = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move material into docs/"
