@@ -408,7 +408,8 @@ def advantages_step(run: RLRun, episodes, records, cpu: PartClock) -> UpdateBatc
     # the first epoch's minibatch order, drawn now (the same draw ppo_update would make): its first minibatch's
     # old / reference log-probs may come from that minibatch's own forward (PPOConfig.old_logprobs_from_first_forward)
     first_order = run.mb_rng.permutation(len(minibatch_units(records, unit)))
-    ref_is_actor = run.ref is not None and cfg.ref_logprobs_from_actor and same_as_reference(run)
+    with cpu("score"):  # the check reads every weight while they are equal (a fresh run's first update)
+        ref_is_actor = run.ref is not None and cfg.ref_logprobs_from_actor and same_as_reference(run)
     first = first_minibatch(cfg, records, first_order) if (cfg.old_logprobs_from_first_forward and not cfg.uses_value
                                                            and not has_dropout(run.model)) else []
     actor_logps = old_values = None
