@@ -54,7 +54,10 @@ Loss per action token, averaged over all action tokens of the minibatch (token-m
 ``KL_k3 = exp(ref - logp) - (ref - logp) - 1`` against a frozen copy of the starting model.
 With ``recompute_old_logprobs=True`` the old log-probs are instead recomputed with the training forward before
 the first minibatch (needed wherever the training forward differs from sampling: another precision, a packing,
-a reconstruction of the context).
+a reconstruction of the context). GRPO's first minibatch of an update takes them from its own training forward instead
+(``old_logprobs_from_first_forward``: it runs before any optimizer step, so they are exactly what a scoring pass
+would give, and its ratio is exactly 1); while the actor's weights equal the reference's (a fresh run's first
+update) the reference's log-probs are the actor's, with no pass of their own (``ref_logprobs_from_actor``).
 
 Extension points (what ``distill.trainer`` plugs in instead of copying this loop):
 
