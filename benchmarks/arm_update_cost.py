@@ -32,6 +32,11 @@ episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32
 
     python benchmarks/arm_update_cost.py --base ~/.cache/memenv/models/smollm2-135m-instruct --teacher-check 2
     python benchmarks/arm_update_cost.py --run runs/memopd_smol --arm memopd [--updates 1]
+    python benchmarks/arm_update_cost.py --base ... --student-layers 6 --baseline reuse --updates 2   # issue 46's lever
+
+``--baseline reuse``: the left side is the update now without the scoring passes it saves by reusing forwards (the
+first minibatch's old log-probs from its training forward; no reference pass while the actor equals the reference,
+a fresh run's first update only: hence ``--updates 2``).
 """
 
 from __future__ import annotations
@@ -51,9 +56,14 @@ PARTS = (("rollout", "rollout_cpu_s"), ("reference log-probs", "score_cpu_s"), (
          ("actor forward/backward", "actor_cpu_s"), ("optimizer", "optimizer_cpu_s"), ("evaluation", "eval_cpu_s"))
 
 
-def before(run_cfg):
-    """The earlier update's settings on the same arm config (see the module doc)."""
-    changes = {"generation": "padded", "train_autocast": "none"}
+def before(run_cfg, baseline: str = "before"):
+    """The earlier update's settings on the same arm config (see the module doc); ``baseline="reuse"``: the
+    arms' settings now less the scoring passes saved by reusing forwards (``old_logprobs_from_first_forward``,
+    ``ref_logprobs_from_actor``), everything else as after."""
+    if baseline == "reuse":
+        return replace(run_cfg, old_logprobs_from_first_forward=False, ref_logprobs_from_actor=False)
+    changes = {"generation": "padded", "train_autocast": "none",
+               "old_logprobs_from_first_forward": False, "ref_logprobs_from_actor": False}
     if hasattr(run_cfg, "teacher_packing"):
         changes.update(teacher_packing=None, teacher_dtype=None, fused_head=False)
     return replace(run_cfg, **changes)
@@ -113,6 +123,9 @@ def main(argv=None) -> int:
     parser.add_argument("--student-layers", type=int, default=None, metavar="N",
                         help="with --base: the student keeps the base's first N decoder layers (default: the preset's "
                              "student.layers; 0 = the whole model)")
+    parser.add_argument("--baseline", choices=["before", "reuse"], default="before",
+                        help="the left side: the update before issue 33's speed work (default), or the update now "
+                             "without the scoring passes it saves by reusing forwards (reuse)")
     parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
                         help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
     args = parser.parse_args(argv)
@@ -176,7 +189,7 @@ def main(argv=None) -> int:
             run_cfg = replace(arm_config(cfg, args.arm, 0, student, teacher), out_dir=scratch, progress=False,
                               threads=1)
             if side == "before":
-                run_cfg = before(run_cfg)
+                run_cfg = before(run_cfg, args.baseline)
             results[side] = run_side(run_cfg, args.arm, student_fn)
         m = results[side]["metrics"]
         print(f"{side}: {results[side]['cpu']:.1f} CPU-s, {results[side]['wall']:.0f} wall-s; "

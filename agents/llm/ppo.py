@@ -54,7 +54,10 @@ Loss per action token, averaged over all action tokens of the minibatch (token-m
 ``KL_k3 = exp(ref - logp) - (ref - logp) - 1`` against a frozen copy of the starting model.
 With ``recompute_old_logprobs=True`` the old log-probs are instead recomputed with the training forward before
 the first minibatch (needed wherever the training forward differs from sampling: another precision, a packing,
-a reconstruction of the context).
+a reconstruction of the context). GRPO's first minibatch of an update takes them from its own training forward instead
+(``old_logprobs_from_first_forward``: it runs before any optimizer step, so they are exactly what a scoring pass
+would give, and its ratio is exactly 1); while the actor's weights equal the reference's (a fresh run's first
+update) the reference's log-probs are the actor's, with no pass of their own (``ref_logprobs_from_actor``).
 
 Extension points (what ``distill.trainer`` plugs in instead of copying this loop):
 
@@ -86,6 +89,7 @@ from agents.llm.actor import (
     collate_forward,
     flat_tokens,
     micro_batches,
+    minibatch_units,
     score_records,
 )
 from agents.llm.advantages import (
@@ -157,6 +161,14 @@ class PPOConfig(RunConfig):
     grpo_drop_zero_variance: bool = True  # GRPO: groups with equal rewards contribute no loss and no tokens
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
     recompute_old_logprobs: bool = False  # old log-probs from the training forward, not the records' behaviour ones
+    # Scoring passes saved, exactly (docs/distill.md, "Cost of one arm update"): the first minibatch of an update
+    # (GRPO) takes its recomputed old log-probs, and its reference log-probs while the actor equals the reference,
+    # from its own training forward, which runs before any optimizer step, at the policy a scoring pass would see;
+    # only the other records are scored. Off where the actor has an active dropout (train and eval forwards differ)
+    old_logprobs_from_first_forward: bool = True
+    # the reference's log-probs are the actor's (no separate reference pass) while the actor's weights equal the
+    # reference's bit for bit (a fresh run's first update; lr 0): the same weights through the same forward
+    ref_logprobs_from_actor: bool = True
     minibatch_unit: str = "invocation"  # "invocation" | "episode" (whole episodes: a persistent reconstruction)
     grad_accumulation: bool = False  # backward per micro-batch of a minibatch (bounded memory; same gradient)
     micro_batch_size: int = 8  # records per micro-batch of the default (collate) forward, with grad_accumulation
@@ -289,6 +301,7 @@ class RLRun:
     on_update: Callable | None
     start: int
     elapsed: tuple[float, float]
+    ref_may_equal: bool = True  # the actor may still equal the reference (same_as_reference)
 
 
 def setup(cfg: PPOConfig, model, tokenizer, env_fn, actor_forward: ActorForward | None,
@@ -397,19 +410,34 @@ def advantages_step(run: RLRun, episodes, records, cpu: PartClock) -> UpdateBatc
     moments."""
     cfg, dist, learner = run.cfg, run.dist, run.learner
     unit = cfg.minibatch_unit
-    old_logps = old_values = None
-    if cfg.uses_value or run.recompute_old:
-        with cpu("score"):
-            old_logps, old_values = score_records(run.model, records, learner.forward, learner.temperature,
-                                                  values=cfg.uses_value, unit=unit)
+    # the first epoch's minibatch order, drawn now (the same draw ppo_update would make): its first minibatch's
+    # old / reference log-probs may come from that minibatch's own forward (PPOConfig.old_logprobs_from_first_forward)
+    first_order = run.mb_rng.permutation(len(minibatch_units(records, unit)))
+    with cpu("score"):  # the check reads every weight while they are equal (a fresh run's first update)
+        ref_is_actor = run.ref is not None and cfg.ref_logprobs_from_actor and same_as_reference(run)
+    first = first_minibatch(cfg, records, first_order) if (cfg.old_logprobs_from_first_forward and not cfg.uses_value
+                                                           and not has_dropout(run.model)) else []
+    actor_logps = old_values = None
+    if cfg.uses_value or run.recompute_old or ref_is_actor:
+        scored = [i for i in range(len(records)) if i not in set(first)]
+        logps = values = []
+        if scored:
+            with cpu("score"):
+                logps, values = score_records(run.model, [records[i] for i in scored], learner.forward,
+                                              learner.temperature, values=cfg.uses_value, unit=unit)
+        actor_logps, old_values = [None] * len(records), [None] * len(records)
+        for i, lp, v in zip(scored, logps, values):
+            actor_logps[i], old_values[i] = lp, v
     flat = assign_advantages(cfg, episodes, old_values)
     dropped = {id(r) for ep in episodes if ep.group in flat for r in ep.records} \
         if cfg.grpo_drop_zero_variance else set()
-    if not run.recompute_old:
-        old_logps = [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
-    with cpu("score"):
-        ref_logps = score_records(run.ref, records, learner.forward, learner.temperature, values=False,
-                                  unit=unit)[0] if run.ref is not None else None
+    old_logps = list(actor_logps) if run.recompute_old else \
+        [[lp for lp, m in zip(r.response_logprobs, r.action_mask) if m] for r in records]
+    ref_logps = list(actor_logps) if ref_is_actor else None
+    if run.ref is not None and not ref_is_actor:
+        with cpu("score"):
+            ref_logps = score_records(run.ref, records, learner.forward, learner.temperature, values=False,
+                                      unit=unit)[0]
     with cpu("hook"):
         hook_stats = run.on_update(episodes, records, run.model) if run.on_update is not None else {}
     if cfg.algo == "grpo" and cfg.grpo_drop_zero_variance:  # on every rank (DDP averages the same keys)
@@ -418,7 +446,46 @@ def advantages_step(run: RLRun, episodes, records, cpu: PartClock) -> UpdateBatc
             1 for r in records if id(r) in dropped for a, m in zip(r.token_advantages, r.action_mask)
             if m and a != 0))
     adv_mean, adv_std = advantage_moments(flat_tokens(records, "token_advantages"), dist)
-    return UpdateBatch(records, old_logps, ref_logps, dropped, adv_mean, adv_std, episodes, flat, hook_stats)
+    return UpdateBatch(records, old_logps, ref_logps, dropped, adv_mean, adv_std, episodes, flat, hook_stats,
+                       first_order)
+
+
+def first_minibatch(cfg: PPOConfig, records, order: np.ndarray) -> list[int]:
+    """The record indices of the first (non-empty) minibatch :func:`agents.llm.ppo_update.ppo_update` steps on
+    when the first epoch's unit order is ``order``."""
+    units = minibatch_units(records, cfg.minibatch_unit)
+    for unit_part in np.array_split(order, cfg.num_minibatches):
+        part = [i for u in unit_part for i in units[u]]
+        if part:
+            return part
+    return []
+
+
+def has_dropout(module: torch.nn.Module) -> bool:
+    """Whether ``module`` drops anything in training mode (a dropout layer with p > 0, or an LM config's
+    ``*dropout`` setting > 0): then a training forward's log-probs are not a scoring pass's."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules()):
+        return True
+    configs = [m.config for m in module.modules() if hasattr(m, "config") and hasattr(m.config, "to_dict")]
+    return any(isinstance(v, float) and "dropout" in k and v > 0 for c in configs[:1] for k, v in c.to_dict().items())
+
+
+def same_as_reference(run: RLRun) -> bool:
+    """Whether the actor's LM computes what the reference computes: the same class, config, autocast and every
+    parameter and buffer equal bit for bit (a fresh run until its first optimizer step). Once they differ, not
+    checked again (the frozen reference does not come back)."""
+    if not run.ref_may_equal:
+        return False
+    a, b = run.model.lm, run.ref.lm
+    same = (type(a) is type(b) and run.model.autocast == run.ref.autocast
+            and a.config.to_dict() == b.config.to_dict())
+    for named in ("named_parameters", "named_buffers"):
+        if same:
+            xs, ys = list(getattr(a, named)()), list(getattr(b, named)())
+            same = len(xs) == len(ys) and all(n == m and x.dtype == y.dtype and x.shape == y.shape
+                                              and torch.equal(x, y) for (n, x), (m, y) in zip(xs, ys))
+    run.ref_may_equal = same
+    return same
 
 
 def log_row(run: RLRun, update: int, batch: UpdateBatch, stats: dict[str, list[float]], stop_early: bool,

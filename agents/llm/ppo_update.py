@@ -100,14 +100,19 @@ class UpdateBatch:
     hook's ``on_update`` metrics ride along for the log."""
 
     records: list[InvocationRecord]
-    old_logps: list[list[float]]
-    ref_logps: list[list[float]] | None
+    old_logps: list[list[float] | None]  # None: taken from the first minibatch's own forward (see first_order)
+    ref_logps: list[list[float] | None] | None
     dropped: set[int]
     adv_mean: float
     adv_std: float
     episodes: list[Any] = field(default_factory=list)
     flat: set = field(default_factory=set)
     hook_stats: dict[str, float] = field(default_factory=dict)
+    # the first epoch's order of the minibatch units, drawn before the scoring passes (from the same generator,
+    # so the minibatches are those ppo_update would draw): the records of its first minibatch are the only ones
+    # whose old / reference log-probs may be None, filled by that minibatch's training forward before any
+    # optimizer step (the policy the scoring pass would have seen); None: ppo_update draws it
+    first_order: np.ndarray | None = None
 
 
 @dataclass
@@ -132,11 +137,15 @@ def ppo_update(cfg, dist, learner: Learner, batch: UpdateBatch, mb_rng: np.rando
     stats: dict[str, list[float]] = {}
     units = minibatch_units(batch.records, cfg.minibatch_unit)
     for epoch in range(cfg.epochs):
-        order = mb_rng.permutation(len(units))
+        order = batch.first_order if epoch == 0 and batch.first_order is not None else mb_rng.permutation(len(units))
         for unit_part in np.array_split(order, cfg.num_minibatches):
             part = [i for u in unit_part for i in units[u]]
             if part:
                 minibatch_step(cfg, dist, learner, batch, part, cpu, update, stats)
+                if any(lp is None for lp in batch.old_logps) or \
+                        (batch.ref_logps is not None and any(lp is None for lp in batch.ref_logps)):
+                    raise RuntimeError("old/reference log-probs left to a forward after the first optimizer step: "
+                                       "only the first minibatch's may be taken from its own forward")
         if cfg.target_kl is not None and stats.get("approx_kl"):
             kl = dist.mean({"kl": float(np.mean(stats["approx_kl"][-cfg.num_minibatches:]))})["kl"]
             if kl > cfg.target_kl:
@@ -150,14 +159,32 @@ class Minibatch:
 
     records: list[InvocationRecord]
     adv: torch.Tensor
-    old_logp: torch.Tensor
-    ref_logp: torch.Tensor | None
+    old_logp: torch.Tensor | None  # None: old_from_forward
+    ref_logp: torch.Tensor | None  # None: no reference (kl_coef 0), or ref_from_forward
     mask: torch.Tensor | None  # the tokens of the loss terms (None: all): GRPO's dropped groups left out
     pg_mask: torch.Tensor | None  # the policy-gradient term's tokens (mask plus memory-credited dropped tokens)
     denom_all: float
     denom: float
     pg_denom: float
     token_ends: np.ndarray  # record i's action tokens are token_ends[i]:token_ends[i + 1]
+    # the old / reference log-probs are this minibatch's own training forward's (detached): the first minibatch
+    # of an update, before any optimizer step (UpdateBatch.first_order); its log-probs are kept in forward_logp
+    old_from_forward: bool = False
+    ref_from_forward: bool = False
+    forward_logp: torch.Tensor | None = None
+
+
+def _per_token(values: list | None, part: list[int], device, name: str) -> tuple[torch.Tensor | None, bool]:
+    """``part``'s per-record lists of ``values`` as one tensor, or ``(None, True)`` when every one of them is
+    None (left to the minibatch's own forward); ``(None, False)`` when there are no such values."""
+    if values is None:
+        return None, False
+    missing = [values[i] is None for i in part]
+    if all(missing):
+        return None, True
+    if any(missing):
+        raise RuntimeError(f"a minibatch mixes records with scored {name} log-probs and records left to its forward")
+    return torch.tensor([v for i in part for v in values[i]], device=device), False
 
 
 def make_minibatch(cfg, dist, batch: UpdateBatch, part: list[int]) -> Minibatch:
@@ -173,9 +200,8 @@ def make_minibatch(cfg, dist, batch: UpdateBatch, part: list[int]) -> Minibatch:
         pg_mask = mask | (adv != 0)  # dropped groups' advantages are 0 but for the hook's credit
     if cfg.uses_value and cfg.norm_adv:
         adv = (adv - batch.adv_mean) / (batch.adv_std + 1e-8)
-    old_logp = torch.tensor([v for i in part for v in batch.old_logps[i]], device=dist.device)
-    ref_logp = torch.tensor([v for i in part for v in batch.ref_logps[i]], device=dist.device) \
-        if batch.ref_logps is not None else None
+    old_logp, old_from_forward = _per_token(batch.old_logps, part, dist.device, "old")
+    ref_logp, ref_from_forward = _per_token(batch.ref_logps, part, dist.device, "reference")
     counts = [float(len(adv)), float(mask.sum()) if mask is not None else float(len(adv)),
               float(pg_mask.sum()) if pg_mask is not None else float(len(adv))]
     if dist.enabled:
@@ -183,7 +209,10 @@ def make_minibatch(cfg, dist, batch: UpdateBatch, part: list[int]) -> Minibatch:
     # token-mean denominators of the whole minibatch over every rank (DDP averages over ranks)
     denom_all, denom, pg_denom = (max(c, 1.0) / dist.world for c in counts)
     token_ends = np.cumsum([0] + [sum(r.action_mask) for r in mb])
-    return Minibatch(mb, adv, old_logp, ref_logp, mask, pg_mask, denom_all, denom, pg_denom, token_ends)
+    forward_logp = torch.zeros(int(token_ends[-1]), device=dist.device) if old_from_forward or ref_from_forward \
+        else None
+    return Minibatch(mb, adv, old_logp, ref_logp, mask, pg_mask, denom_all, denom, pg_denom, token_ends,
+                     old_from_forward, ref_from_forward, forward_logp)
 
 
 def minibatch_step(cfg, dist, learner: Learner, batch: UpdateBatch, part: list[int], cpu, update: int,
@@ -202,6 +231,13 @@ def minibatch_step(cfg, dist, learner: Learner, batch: UpdateBatch, part: list[i
         for k, v in losses.items():  # loss terms are partial sums; diagnostics are means
             w = share if k in ("approx_kl", "clipfrac") else 1.0
             sums[k] = sums.get(k, 0.0) + float(v.detach()) * w
+    if mb.forward_logp is not None:  # the first minibatch's old / reference log-probs, for the later epochs
+        for k, i in enumerate(part):
+            values = mb.forward_logp[mb.token_ends[k]:mb.token_ends[k + 1]].tolist()
+            if mb.old_from_forward:
+                batch.old_logps[i] = values
+            if mb.ref_from_forward:
+                batch.ref_logps[i] = values
     with cpu("optimizer"):
         grad_norm, value_grad_norm = clip_gradients(learner.lm_params, learner.head, cfg.grad_clip)
         check_finite_step(grad_norm + (value_grad_norm or 0.0), f"update {update + 1}")
@@ -224,15 +260,19 @@ def micro_batch_backward(cfg, dist, learner: Learner, mb: Minibatch, idx: list[i
     share = len(tix) / n_local
     actor_out = learner.forward(learner.train_model, sub, temperature=learner.temperature, entropy=True)
     actor_out.token_denom = mb.denom_all
+    own = actor_out.logp.detach()  # this forward's log-probs at the policy before the minibatch's step
+    if mb.forward_logp is not None:
+        mb.forward_logp[tix] = own
+    old_logp = own if mb.old_from_forward else mb.old_logp[tix]
     kw: dict[str, Any] = {}
     if cfg.uses_value:
         kw = {"values": actor_out.values, "old_values": flat_tokens(sub, "values").to(dist.device),
               "returns": flat_tokens(sub, "token_returns").to(dist.device), "clip_vf": cfg.clip_vf,
               "vf_coef": cfg.vf_coef}
-    if mb.ref_logp is not None:
-        kw["ref_logp"] = mb.ref_logp[tix]
+    if mb.ref_logp is not None or mb.ref_from_forward:
+        kw["ref_logp"] = own if mb.ref_from_forward else mb.ref_logp[tix]
         kw["kl_coef"] = cfg.kl_coef
-    losses = ppo_loss(actor_out.logp, mb.old_logp[tix], mb.adv[tix], clip=cfg.clip,
+    losses = ppo_loss(actor_out.logp, old_logp, mb.adv[tix], clip=cfg.clip,
                       entropy=actor_out.entropy, ent_coef=cfg.ent_coef,
                       mask=mb.mask[tix] if mb.mask is not None else None,
                       pg_mask=mb.pg_mask[tix] if mb.pg_mask is not None else None,

@@ -368,9 +368,10 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
 
 
 # Fields of an arm's trainer config that do not change what it learns (where it writes, how it shows progress, how
-# often it checkpoints, how it computes the same values: the sampler's prefill, the fused LM head): left out of the settings a cached or partial run is checked against.
+# often it checkpoints, how it computes the same values: the sampler's prefill, the fused LM head, the scoring passes
+# an update saves): left out of the settings a cached or partial run is checked against.
 _NOT_SETTINGS = ("out_dir", "progress", "threads", "resume", "save_every", "keep_checkpoints", "keep_every",
-                 "generation", "fused_head")
+                 "generation", "fused_head", "old_logprobs_from_first_forward", "ref_logprobs_from_actor")
 
 
 def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
