@@ -12,6 +12,7 @@ from test_distill_trainer import _cfg, _teacher_model  # noqa: E402
 from test_llm_ppo import ToyYes  # noqa: E402
 
 import agents.llm.ppo as ppo  # noqa: E402
+from agents.llm.lora import BaseReference  # noqa: E402
 from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
 from distill.trainer import train_memopd  # noqa: E402
 
@@ -23,7 +24,9 @@ def _spy(mp):
     score, update = ppo.score_records, ppo.ppo_update
 
     def score_spy(module, records, *a, **k):
-        scored.append((not next(module.parameters()).requires_grad, len(records)))  # (the reference?, count)
+        # (the reference?, count): a frozen copy, or the base under the actor's adapters (PPOConfig.lora_rank)
+        ref = isinstance(module, BaseReference) or not any(p.requires_grad for p in module.parameters())
+        scored.append((ref, len(records)))
         return score(module, records, *a, **k)
 
     def update_spy(cfg, dist, learner, batch, *a, **k):

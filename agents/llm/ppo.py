@@ -183,11 +183,20 @@ class PPOConfig(RunConfig):
     # old log-probs are recomputed by the training forward (recompute_old_logprobs), so the first minibatch's
     # ratio is exactly 1 and the clip acts on the policy's movement, not on bf16 rounding.
     train_autocast: str = "none"
+    # Low-rank adapters (agents.llm.lora; off at 0): the actor trains rank-r adapters (scaled by alpha / r; alpha
+    # None: 2 r) on its linear layers named lora_targets instead of its weights, which stay frozen. The reference is
+    # the base (the adapters off, no second copy); checkpoints hold the merged model plus the adapters' weights
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
         from agents.llm.precision import AUTOCAST_CHOICES
 
+        from agents.llm.lora import check_lora_settings
+
+        check_lora_settings(self.lora_rank, self.lora_alpha, self.lora_targets)
         if self.train_autocast not in AUTOCAST_CHOICES:
             raise ValueError(f"train_autocast must be one of {', '.join(AUTOCAST_CHOICES)}, "
                              f"got {self.train_autocast!r}")
@@ -325,7 +334,7 @@ def setup(cfg: PPOConfig, model, tokenizer, env_fn, actor_forward: ActorForward 
     lm, tok, actor, ref = build_models(cfg, dist, model, tokenizer, resume_from, train_autocast)
     head = list(actor.value_head.parameters()) if actor.value_head is not None else []
     head_ids = {id(p) for p in head}
-    lm_params = [p for p in actor.parameters() if id(p) not in head_ids]
+    lm_params = [p for p in actor.parameters() if id(p) not in head_ids and (p.requires_grad or not cfg.lora_rank)]
     groups = [{"params": lm_params, "lr": cfg.lr}]
     if head:
         groups.append({"params": head, "lr": cfg.lr * cfg.value_lr_mult})
@@ -363,16 +372,27 @@ def build_models(cfg: PPOConfig, dist, model, tokenizer, resume_from, train_auto
     """``(lm, tokenizer, actor, ref)``: the policy LM (``model``, else loaded or built), the actor(-critic) on it
     and the frozen reference (the starting policy, also after a resume; None without ``kl_coef``)."""
     start_lm = model
-    if model is not None and resume_from is None:
+    if model is not None and (resume_from is None or cfg.lora_rank):
         lm, tok = model.to(dist.device), tokenizer
-    else:
-        lm, tok = load_or_build_model(cfg, dist, resume_from)
+    else:  # with adapters, the base is the starting model, also on a resume (the adapters come from the checkpoint)
+        lm, tok = load_or_build_model(cfg, dist, None if cfg.lora_rank else resume_from)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(lm)
+    if cfg.lora_rank:
+        from agents.llm.lora import add_adapters, resume_adapters
+
+        if resume_from is not None:
+            resume_adapters(lm, resume_from, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+        else:
+            add_adapters(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     actor = ActorCritic(lm, value_head=cfg.uses_value, detach_value=cfg.value_detach,
                         autocast=train_autocast).to(dist.device)
     ref = None
-    if cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
+    if cfg.kl_coef > 0 and cfg.lora_rank:  # the base: the actor's LM with its adapters off (no second copy)
+        from agents.llm.lora import BaseReference
+
+        ref = BaseReference(lm, autocast=train_autocast).to(dist.device)
+    elif cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
         if start_lm is not None:
             ref_lm = copy.deepcopy(start_lm) if start_lm is not lm else copy.deepcopy(lm)
         else:
@@ -477,6 +497,11 @@ def same_as_reference(run: RLRun) -> bool:
     if not run.ref_may_equal:
         return False
     a, b = run.model.lm, run.ref.lm
+    if a is b:  # adapters (PPOConfig.lora_rank): the reference is the base; the actor computes it while every B is 0
+        from agents.llm.lora import adapters_are_zero
+
+        run.ref_may_equal = run.model.autocast == run.ref.autocast and adapters_are_zero(a)
+        return run.ref_may_equal
     same = (type(a) is type(b) and run.model.autocast == run.ref.autocast
             and a.config.to_dict() == b.config.to_dict())
     for named in ("named_parameters", "named_buffers"):
@@ -556,11 +581,17 @@ def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer, sampling: di
         torch.distributed.all_gather_object(gathered, (rng_state(), sampling))
         rngs, samplings = [g[0] for g in gathered], [g[1] for g in gathered]
     if dist.main:
+        extra = {}
+        if cfg.lora_rank:  # the merged model (from_pretrained loads it), plus the adapters to resume from
+            from agents.llm.lora import adapter_files, merged_copy
+
+            extra, lm = adapter_files(lm), merged_copy(lm)
         save_checkpoint(out, update, lm, tok, {"update": update, "optimizer": optimizer.state_dict(), "rng": rngs,
                                                "sampling": samplings,
                                                "config": cfg.to_json(), "algo": cfg.algo,
                                                "elapsed": (timer(), timer.cpu())},
-                        value_head=model.value_head, keep=cfg.keep_checkpoints, keep_every=cfg.keep_every)
+                        value_head=model.value_head, keep=cfg.keep_checkpoints, keep_every=cfg.keep_every,
+                        extra_files=extra)
     dist.barrier()
 
 

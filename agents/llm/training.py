@@ -317,16 +317,18 @@ def check_finite_step(grad_norm, where: str) -> None:
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state: dict[str, Any],
-                    value_head: nn.Module | None = None, keep: int = 2, keep_every: int = 0) -> Path:
+                    value_head: nn.Module | None = None, keep: int = 2, keep_every: int = 0,
+                    extra_files: dict[str, Any] | None = None) -> Path:
     """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt``
     (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
     then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
-    are removed, except those whose step is a multiple of ``keep_every`` (when > 0). Weights holding a NaN or an
+    are removed, except those whose step is a multiple of ``keep_every`` (when > 0); ``extra_files``: more files
+    written into the folder (name -> callable(path), e.g. a run's adapters). Weights holding a NaN or an
     infinity are refused before anything is written (:class:`agents.llm.models.NonFiniteWeightsError`)."""
     out_dir = Path(out_dir)
     # Before anything is written: a checkpoint with NaN or infinite weights never exists, nor becomes latest.
     check_finite_weights(out_dir / f"checkpoint-{step:07d}", lm, value_head)
-    extra = {"trainer_state.pt": lambda p: torch.save(state, p)}
+    extra = {**(extra_files or {}), "trainer_state.pt": lambda p: torch.save(state, p)}
     if value_head is not None:
         extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)
     path = save_pretrained(lm, tokenizer, out_dir / f"checkpoint-{step:07d}", extra_files=extra)

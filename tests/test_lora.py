@@ -1,0 +1,136 @@
+"""Low-rank adapters for the actor (PPOConfig.lora_rank; agents.llm.lora): only the adapters train (the base is
+unchanged), the reference is the base bit for bit with no second copy, the scoring levers stay exact, the records'
+log-probs are the sampling policy's, a checkpoint's merged model reproduces the adapted one's log-probs and
+loads with from_pretrained, a resume continues bit for bit, and bad settings are refused in one line."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
+from test_score_reuse import _run  # noqa: E402
+
+from agents.llm import lora  # noqa: E402
+from agents.llm.actor import collate_forward, score_records  # noqa: E402
+from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
+from agents.llm.policy import LLMPolicy  # noqa: E402
+from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
+from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.training import ActorCritic  # noqa: E402
+from distill.scoring import rce  # noqa: E402
+
+ENV = {"objectives": 1, "hops": 1, "max_turns": 2}
+
+
+def _cfg(out, **kw):
+    base = dict(algo="grpo", out_dir=str(out), updates=2, episodes_per_update=4, group_size=2, num_minibatches=1,
+                epochs=1, lr=3e-2, max_new_tokens=8, num_envs=2, eval_every=0, save_every=1, progress=False,
+                grpo_drop_zero_variance=False, ent_coef=0.05, kl_coef=0.05, env_kwargs=ENV, lora_rank=4)
+    return PPOConfig(**{**base, **kw})
+
+
+def _records(lm, tok, n=2):
+    policy = LLMPolicy(lm, tok, temperature=1.0, max_new_tokens=8, seed=3)
+    return records_of(rollout(policy, memqa_envs(2, **ENV), list(range(n)), groups=[0] * n))
+
+
+def _base(lm):
+    return {n.replace(".base_layer.", "."): p.detach().clone() for n, p in lm.named_parameters()
+            if ".lora_" not in n}
+
+
+def test_bad_lora_settings_are_refused_in_one_line():
+    for kw, field in [({"lora_rank": -1}, "lora_rank"), ({"lora_rank": 2.5}, "lora_rank"),
+                      ({"lora_alpha": 0}, "lora_alpha"), ({"lora_alpha": float("nan")}, "lora_alpha"),
+                      ({"lora_targets": "q_proj"}, "lora_targets"), ({"lora_targets": []}, "lora_targets")]:
+        with pytest.raises(ValueError, match=field) as err:
+            _cfg("x", **kw)
+        assert "\n" not in str(err.value)
+    tok = memqa_tokenizer()
+    with pytest.raises(ValueError, match="lora_targets: no linear layer named qkv") as err:
+        lora.add_adapters(tiny_model(tok), 4, targets=["q_proj", "qkv"])
+    assert "\n" not in str(err.value)
+    assert _cfg("x", lora_rank=0).lora_rank == 0  # off (the default): nothing changes
+
+
+def test_the_reference_is_the_base_bit_for_bit():
+    tok = memqa_tokenizer()
+    lm = tiny_model(tok, seed=1)
+    records = _records(lm, tok)
+    forward = collate_forward(tok.pad_token_id, "cpu")
+    base_logps = score_records(ActorCritic(lm), records, forward, 1.0, values=False)[0]
+    lora.add_adapters(lm, 4)
+    actor, ref = ActorCritic(lm), lora.BaseReference(lm)
+    # B = 0 at the start: the adapted model computes the base's forward, bit for bit
+    assert lora.adapters_are_zero(lm)
+    assert score_records(actor, records, forward, 1.0, values=False)[0] == base_logps
+    with torch.no_grad():
+        for layer in lora.adapter_layers(lm):
+            layer.lora_B["default"].weight.normal_(0, 0.2)
+    assert not lora.adapters_are_zero(lm)
+    assert score_records(actor, records, forward, 1.0, values=False)[0] != base_logps
+    assert score_records(ref, records, forward, 1.0, values=False)[0] == base_logps  # adapters off: the base
+    assert all(p.requires_grad for n, p in lm.named_parameters() if ".lora_" in n)  # given back after the pass
+    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in actor.parameters())  # no copy
+
+
+def test_adapters_train_alone_merge_exactly_and_resume_bit_for_bit(tmp_path):
+    tok = memqa_tokenizer()
+    save_pretrained(tiny_model(tok, seed=1), tok, tmp_path / "start")
+    start = str(tmp_path / "start")
+    lm, _ = load_pretrained(start)
+    base = _base(lm)
+    train_rl(_cfg(tmp_path / "whole", model=start), model=lm, tokenizer=tok)
+    # only the adapters moved: every base weight is the start's, bit for bit; the adapters' B left zero
+    assert lora.has_adapters(lm) and all(torch.equal(base[n], p) for n, p in _base(lm).items())
+    assert not lora.adapters_are_zero(lm)
+    rows = [json.loads(json.dumps(r)) for r in __import__("csv").DictReader(open(tmp_path / "whole" / "metrics.csv"))]
+    # the reference is the base: no KL while the actor still is it (update 1's first minibatch), some after
+    assert float(rows[0]["kl_ref"]) == 0.0 and float(rows[1]["kl_ref"]) > 0.0
+    ckpt = tmp_path / "whole" / "checkpoint-0000002"
+    info = json.loads((ckpt / lora.ADAPTER_INFO).read_text())
+    assert (info["rank"], info["alpha"]) == (4, 8.0)
+    # records sampled by the adapted policy: their log-probs are its own (RCE), and the merged model of the
+    # checkpoint (a plain from_pretrained load) reproduces them. Merging rounds each weight W + (alpha/r) B A once
+    # in fp32 (relative 6e-8); through 2 layers and the head that moves a log-prob by ~1e-7 (measured below 1e-6):
+    # the bound 1e-5 allows 10x that
+    records = _records(lm, tok, n=4)
+    assert rce(lm, records)["max_abs"] <= 1e-4
+    merged, _ = load_pretrained(ckpt)
+    assert not lora.has_adapters(merged)
+    assert rce(merged, records)["max_abs"] <= 1e-5
+    # interrupted after update 1, resumed from its checkpoint (the base rebuilt from cfg.model): the same adapters,
+    # optimizer state and merged model at the end, bit for bit
+    train_rl(_cfg(tmp_path / "parts", model=start, updates=1))
+    train_rl(_cfg(tmp_path / "parts", model=start, resume=True))
+    end = tmp_path / "parts" / "checkpoint-0000002"
+    a, b = (torch.load(p / lora.ADAPTER_FILE) for p in (ckpt, end))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (end / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    sa, sb = (torch.load(p / "trainer_state.pt", weights_only=False)["optimizer"]["state"] for p in (ckpt, end))
+    assert len(sa) == len(a) and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+    # a resume with other adapters is refused, naming the setting
+    with pytest.raises(ValueError, match="lora_rank: .* was trained with 4, this run has 2"):
+        train_rl(_cfg(tmp_path / "parts", model=start, lora_rank=2, updates=3, resume=True))
+
+
+def test_scoring_levers_stay_exact_with_adapters(tmp_path):
+    """The MemOPD path (packed forward, fused head, bf16-free fp32): the reference is the base with the adapters
+    off, and the levers (first minibatch's old log-probs, no reference pass while the actor is the base) make the
+    same update as without them."""
+    off = _run(tmp_path, False, True, lora_rank=4)
+    on = _run(tmp_path, True, True, lora_rank=4)
+    n = [len(b.records) for b in on[2]]
+    assert off[1] == [(False, n[0]), (True, n[0]), (False, n[1]), (True, n[1])]
+    (a1, k1), (a2, k2), (r2, k3) = on[1]
+    assert (a1, a2, r2) == (False, False, True) and 0 < k1 < n[0] and k3 == n[1]
+    flat = lambda xs: torch.tensor([v for x in xs for v in x])  # noqa: E731
+    for b_off, b_on in zip(off[2], on[2]):
+        assert (flat(b_off.old_logps) - flat(b_on.old_logps)).abs().max() <= 1e-5
+        assert (flat(b_off.ref_logps) - flat(b_on.ref_logps)).abs().max() <= 1e-5
+    assert on[2][0].ref_logps == on[2][0].old_logps and on[2][1].ref_logps != on[2][1].old_logps
+    assert on[0]["first_approx_kl"] == 0.0
