@@ -37,6 +37,13 @@ episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32
 ``--baseline reuse``: the left side is the update now without the scoring passes it saves by reusing forwards (the
 first minibatch's old log-probs from its training forward; no reference pass while the actor equals the reference,
 a fresh run's first update only: hence ``--updates 2``).
+
+``--lora-rank R``: the right side trains rank-R low-rank adapters on the actor's linear layers instead of its weights
+(``PPOConfig.lora_rank``, :mod:`agents.llm.lora`; the reference is the base with the adapters off); the left side is
+the update now with the full weights (``--baseline`` does not apply). ``benchmarks/lora_actor_cost.py`` times the
+actor's step alone.
+
+    python benchmarks/arm_update_cost.py --base ... --student-layers 6 --lora-rank 8 --updates 2
 """
 
 from __future__ import annotations
@@ -126,6 +133,9 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", choices=["before", "reuse"], default="before",
                         help="the left side: the update before issue 33's speed work (default), or the update now "
                              "without the scoring passes it saves by reusing forwards (reuse)")
+    parser.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                        help="the right side trains rank-R adapters (PPOConfig.lora_rank), the left side the full "
+                             "weights, both with the arms' settings now (0: off, the default)")
     parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
                         help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
     args = parser.parse_args(argv)
@@ -188,7 +198,9 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             run_cfg = replace(arm_config(cfg, args.arm, 0, student, teacher), out_dir=scratch, progress=False,
                               threads=1)
-            if side == "before":
+            if args.lora_rank and side == "after":
+                run_cfg = replace(run_cfg, lora_rank=args.lora_rank)
+            elif side == "before" and not args.lora_rank:
                 run_cfg = before(run_cfg, args.baseline)
             results[side] = run_side(run_cfg, args.arm, student_fn)
         m = results[side]["metrics"]

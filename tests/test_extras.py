@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # extra -> modules its features import (beyond the base dependencies), and why
 NEEDS = {
-    "llm": {"torch", "transformers", "tokenizers"},        # agents.llm: models, tokenizers, trainers
+    "llm": {"torch", "transformers", "tokenizers", "peft"},  # agents.llm: models, tokenizers, trainers, adapters
     "real": {"gguf", "accelerate", "transformers", "torch"},  # memenv models prepare: transformers reads the GGUF
                                                             # through gguf and refuses without accelerate
     "trl": {"trl", "transformers", "torch"},               # agents.llm.trl, distill.trl

@@ -49,7 +49,7 @@ RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arm
 ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "temperature", "distill_coef",
                 "attention_backend", "teacher_packing", "teacher_dtype", "train_autocast", "curve_every",
                 "curve_episodes", "timing_rounds", "diagnose_episodes", "warmup_updates", "rl_lr", "rl_lr_sweep",
-                "sweep_seeds", "equal_cpu_arm", "seqkd_sample_share")
+                "sweep_seeds", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
 
 
 class SettingsMismatchError(ValueError):
@@ -157,6 +157,11 @@ class ExperimentConfig:
     # Learning-rate warm-up of every GRPO-trained arm: the lr rises linearly over the first warmup_updates updates
     # (0: none, as every run before the fair-evidence preset; Adam's first steps then move every weight by ~lr).
     warmup_updates: int = 0
+    # Every GRPO-trained arm's actor trains low-rank adapters of this rank instead of its weights (PPOConfig.lora_rank,
+    # agents.llm.lora; 0: no adapters, the full weights, as every run so far), scaled by lora_alpha / lora_rank
+    # (None: 2 * rank); the reference is then the base with the adapters off.
+    lora_rank: int = 0
+    lora_alpha: float | None = None
     # GRPO alone's learning rate: rl_lr when set; else the best of rl_lr_sweep (greedy F1 on train-pool probe
     # episodes after the full run, sweep_seeds seeds each, never the evaluation episodes) when it is non-empty;
     # else lr, as every other arm.
@@ -220,6 +225,10 @@ class ExperimentConfig:
         if self.system_prompt is not None and (not isinstance(self.system_prompt, str) or self.model is None):
             raise ValueError("system_prompt must be a string, and applies to a pretrained base (model) only; got "
                              f"{self.system_prompt!r} with model {self.model!r}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be an integer >= 0 (0: no adapters), got {self.lora_rank!r}")
+        if self.lora_alpha is not None:
+            _finite("lora_alpha", self.lora_alpha, 0, strict_low=True)
         if self.train_autocast not in (None, "auto", "none", "bf16"):
             raise ValueError(f"train_autocast must be None, 'auto', 'none' or 'bf16', got {self.train_autocast!r}")
         if any(a in SFT_ARMS for a in self.arms) and self.equal_cpu_arm not in self.arms:

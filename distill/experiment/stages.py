@@ -354,7 +354,7 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
                   max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, threads=cfg.threads,
                   progress=cfg.progress, resume=True,
                   **({"train_autocast": cfg.train_autocast} if cfg.train_autocast is not None else {}),
-                            warmup_updates=cfg.warmup_updates)
+                            warmup_updates=cfg.warmup_updates, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
     fields = ARMS[arm][1]
     if fields is None:
         return PPOConfig(**common)
@@ -383,7 +383,8 @@ def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
 
 # Trainer settings added after earlier runs were made, with the value those runs had: a cached run whose settings
 # lack one was made with that value.
-_ADDED_LATER = {"warmup_updates": 0}
+_ADDED_LATER = {"warmup_updates": 0, "lora_rank": 0, "lora_alpha": None,
+                "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
 def _same_settings(old: dict[str, Any], settings: dict[str, Any]) -> bool:
