@@ -134,3 +134,25 @@ def test_scoring_levers_stay_exact_with_adapters(tmp_path):
         assert (flat(b_off.ref_logps) - flat(b_on.ref_logps)).abs().max() <= 1e-5
     assert on[2][0].ref_logps == on[2][0].old_logps and on[2][1].ref_logps != on[2][1].old_logps
     assert on[0]["first_approx_kl"] == 0.0
+
+
+def test_the_experiment_setting_reaches_every_grpo_arm_and_keeps_cached_arms():
+    from dataclasses import replace
+
+    from distill.experiment.config import ExperimentConfig
+    from distill.experiment.stages import _arm_settings, _same_settings, arm_config
+
+    cfg = ExperimentConfig(out="x")
+    paths = ({"path": "s"}, {"path": "t"})
+    for arm in ("rl", "memopd"):
+        assert arm_config(cfg, arm, 0, *paths).lora_rank == 0  # off by default
+        assert (arm_config(replace(cfg, lora_rank=8), arm, 0, *paths).lora_rank,
+                arm_config(replace(cfg, lora_rank=8, lora_alpha=4.0), arm, 0, *paths).lora_alpha) == (8, 4.0)
+    # an arm cached before the setting existed was trained without adapters: it matches the default, not rank 8
+    now = _arm_settings(cfg, arm_config(cfg, "memopd", 0, *paths))
+    cached = {k: v for k, v in now.items() if not k.startswith("lora_")}
+    assert _same_settings(cached, now)
+    assert not _same_settings(cached, _arm_settings(cfg, arm_config(replace(cfg, lora_rank=8), "memopd", 0, *paths)))
+    for kw, field in [({"lora_rank": -1}, "lora_rank"), ({"lora_alpha": 0.0}, "lora_alpha")]:
+        with pytest.raises(ValueError, match=field):
+            ExperimentConfig(out="x", **kw)

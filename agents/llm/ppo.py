@@ -59,6 +59,10 @@ a reconstruction of the context). GRPO's first minibatch of an update takes them
 would give, and its ratio is exactly 1); while the actor's weights equal the reference's (a fresh run's first
 update) the reference's log-probs are the actor's, with no pass of their own (``ref_logprobs_from_actor``).
 
+With ``lora_rank > 0`` the actor trains low-rank adapters on its linear layers instead of its weights
+(:mod:`agents.llm.lora`): the reference is then the base (the same LM with its adapters off, no second copy), equal
+to the actor while every adapter's ``B`` is zero; a checkpoint holds the merged model and the adapters.
+
 Extension points (what ``distill.trainer`` plugs in instead of copying this loop):
 
 - ``actor_forward(module, records, temperature=, entropy=) -> ActorOutput``: how a list of records goes through
@@ -370,7 +374,9 @@ def setup(cfg: PPOConfig, model, tokenizer, env_fn, actor_forward: ActorForward 
 
 def build_models(cfg: PPOConfig, dist, model, tokenizer, resume_from, train_autocast: str):
     """``(lm, tokenizer, actor, ref)``: the policy LM (``model``, else loaded or built), the actor(-critic) on it
-    and the frozen reference (the starting policy, also after a resume; None without ``kl_coef``)."""
+    and the frozen reference (the starting policy, also after a resume; None without ``kl_coef``). With
+    ``lora_rank``: the LM is the starting model with adapters (resumed: their weights from the checkpoint), and the
+    reference is that LM with its adapters off."""
     start_lm = model
     if model is not None and (resume_from is None or cfg.lora_rank):
         lm, tok = model.to(dist.device), tokenizer
