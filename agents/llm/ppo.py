@@ -105,6 +105,7 @@ from agents.llm.advantages import (
     grpo_assign,
     zero_variance_groups,
 )
+from agents.llm.lora import DEFAULT_TARGETS
 from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
 from agents.llm.ppo_update import (
@@ -192,7 +193,7 @@ class PPOConfig(RunConfig):
     # the base (the adapters off, no second copy); checkpoints hold the merged model plus the adapters' weights
     lora_rank: int = 0
     lora_alpha: float | None = None
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # the attention and MLP projections
 
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
