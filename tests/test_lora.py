@@ -3,6 +3,7 @@ unchanged), the reference is the base bit for bit with no second copy, the scori
 log-probs are the sampling policy's, a checkpoint's merged model reproduces the adapted one's log-probs and
 loads with from_pretrained, a resume continues bit for bit, and bad settings are refused in one line."""
 
+import csv
 import json
 
 import pytest
@@ -88,7 +89,7 @@ def test_adapters_train_alone_merge_exactly_and_resume_bit_for_bit(tmp_path):
     # only the adapters moved: every base weight is the start's, bit for bit; the adapters' B left zero
     assert lora.has_adapters(lm) and all(torch.equal(base[n], p) for n, p in _base(lm).items())
     assert not lora.adapters_are_zero(lm)
-    rows = [json.loads(json.dumps(r)) for r in __import__("csv").DictReader(open(tmp_path / "whole" / "metrics.csv"))]
+    rows = list(csv.DictReader(open(tmp_path / "whole" / "metrics.csv")))
     # the reference is the base: no KL while the actor still is it (update 1's first minibatch), some after
     assert float(rows[0]["kl_ref"]) == 0.0 and float(rows[1]["kl_ref"]) > 0.0
     ckpt = tmp_path / "whole" / "checkpoint-0000002"

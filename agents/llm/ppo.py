@@ -105,7 +105,16 @@ from agents.llm.advantages import (
     grpo_assign,
     zero_variance_groups,
 )
-from agents.llm.lora import DEFAULT_TARGETS
+from agents.llm.lora import (
+    DEFAULT_TARGETS,
+    BaseReference,
+    adapter_files,
+    adapters_are_zero,
+    add_adapters,
+    check_lora_settings,
+    merged_copy,
+    resume_adapters,
+)
 from agents.llm.models import use_float32_attention
 from agents.llm.policy import LLMPolicy
 from agents.llm.ppo_update import (
@@ -198,8 +207,6 @@ class PPOConfig(RunConfig):
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
         from agents.llm.precision import AUTOCAST_CHOICES
-
-        from agents.llm.lora import check_lora_settings
 
         check_lora_settings(self.lora_rank, self.lora_alpha, self.lora_targets)
         if self.train_autocast not in AUTOCAST_CHOICES:
@@ -386,8 +393,6 @@ def build_models(cfg: PPOConfig, dist, model, tokenizer, resume_from, train_auto
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(lm)
     if cfg.lora_rank:
-        from agents.llm.lora import add_adapters, resume_adapters
-
         if resume_from is not None:
             resume_adapters(lm, resume_from, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
         else:
@@ -396,8 +401,6 @@ def build_models(cfg: PPOConfig, dist, model, tokenizer, resume_from, train_auto
                         autocast=train_autocast).to(dist.device)
     ref = None
     if cfg.kl_coef > 0 and cfg.lora_rank:  # the base: the actor's LM with its adapters off (no second copy)
-        from agents.llm.lora import BaseReference
-
         ref = BaseReference(lm, autocast=train_autocast).to(dist.device)
     elif cfg.kl_coef > 0:  # the reference is the starting policy, also after a resume
         if start_lm is not None:
@@ -505,8 +508,6 @@ def same_as_reference(run: RLRun) -> bool:
         return False
     a, b = run.model.lm, run.ref.lm
     if a is b:  # adapters (PPOConfig.lora_rank): the reference is the base; the actor computes it while every B is 0
-        from agents.llm.lora import adapters_are_zero
-
         run.ref_may_equal = run.model.autocast == run.ref.autocast and adapters_are_zero(a)
         return run.ref_may_equal
     same = (type(a) is type(b) and run.model.autocast == run.ref.autocast
@@ -590,8 +591,6 @@ def _save(cfg, dist, out, update, lm, tok, optimizer, model, timer, sampling: di
     if dist.main:
         extra = {}
         if cfg.lora_rank:  # the merged model (from_pretrained loads it), plus the adapters to resume from
-            from agents.llm.lora import adapter_files, merged_copy
-
             extra, lm = adapter_files(lm), merged_copy(lm)
         save_checkpoint(out, update, lm, tok, {"update": update, "optimizer": optimizer.state_dict(), "rng": rngs,
                                                "sampling": samplings,
