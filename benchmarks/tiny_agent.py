@@ -87,7 +87,9 @@ def losses(rows: list[dict], every: int) -> list[dict]:
 def run(argv: list[str], run_dir: Path, stop_at: int, poll: float) -> dict:
     cmd = [sys.executable, "-m", "memenv.cli", *argv]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    # Ctrl-C (SIGINT) back to its default in the command: started in the background by a non-interactive shell,
+    # it would inherit SIGINT ignored and never stop
+    proc = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     stopped = False
     try:
         while proc.poll() is None:
@@ -117,6 +119,9 @@ def main() -> int:
     args = p.parse_args()
     if args.stop_at < 0:
         raise SystemExit(f"--stop-at must be >= 0, got {args.stop_at}")
+    if args.loss_every < 1:
+        raise SystemExit(f"--loss-every must be >= 1, got {args.loss_every}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a Ctrl-C stops the run and prints its figures
 
     from agents.llm.precision import host_line, resolve_autocast
     from agents.llm.recipes import TINY_SFT_RECIPE

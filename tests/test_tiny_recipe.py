@@ -109,3 +109,22 @@ def test_tiny_agent_benchmark_reads_the_readme_command_and_moves_only_its_out(tm
             {"step": "60", "cpu_seconds": "36", "loss": "1.5", "token_acc": "0.6", "eval_f1": "", "eval_cpu_seconds": ""}]
     assert bench.curve(rows) == [{"step": 50, "train_cpu_min": 0.5, "eval_f1": 0.0, "loss": 2.0, "eval_cpu_min": 0.2}]
     assert [r["step"] for r in bench.losses(rows, 50)] == [50, 60]
+
+
+def test_distills_tiny_student_shares_the_tiny_teachers_tokenizer_and_model_settings(monkeypatch):
+    """`memenv distill --teacher T` without --student builds the tiny model `memenv train --algo sft` trains, so a
+    teacher trained by that command and the student share one tokenizer (else the vocabulary check refuses)."""
+    import distill.cli
+    from agents.llm.recipes import TINY_MODEL_FIELDS
+
+    monkeypatch.setattr(distill.cli, "_teacher", lambda value: value)  # no checkpoint read
+    parser = argparse.ArgumentParser(prog="memenv")
+    distill.cli.register_cli(parser.add_subparsers(dest="command", required=True))
+    student = distill.cli.build_config(parser.parse_args(["distill", "--teacher", "T", "--out", "o"]))
+    teacher = _config(["train", "--algo", "sft", "--out", "o"])
+    assert {k: getattr(student, k) for k in TINY_MODEL_FIELDS} == {k: getattr(teacher, k) for k in TINY_MODEL_FIELDS}
+    assert student.tiny_tokenizer_episodes == teacher.tiny_tokenizer_episodes
+    assert student.tiny_split_spaces == "suffix" and student.lr != 3e-3  # the model, not the SFT optimisation
+    smaller = distill.cli.build_config(parser.parse_args(["distill", "--teacher", "T", "--out", "o",
+                                                          "--set", "tiny_heads=2"]))
+    assert smaller.tiny_heads == 2

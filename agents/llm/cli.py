@@ -323,9 +323,8 @@ class TrainHelpFormatter(HelpFormatter):
         if action.default is not None or action.required or "(default" in text:
             return text
         from agents.llm.ppo import PPOConfig
-        from agents.llm.sft import SFTConfig
-
         from agents.llm.recipes import TINY_SFT_RECIPE
+        from agents.llm.sft import SFTConfig
 
         found = {}
         for algo, cls in (("sft", SFTConfig), ("ppo/grpo", PPOConfig)):

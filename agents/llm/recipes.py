@@ -52,6 +52,11 @@ TINY_SFT_RECIPE: Mapping[str, Any] = MappingProxyType({
     "prompt_loss_fraction": 0.3,
 })
 
+#: The fields that make the tiny model and its tokenizer. ``memenv distill`` without ``--student`` builds its tiny
+#: student with them, so that it shares the tokenizer of a teacher trained by ``memenv train --algo sft``.
+TINY_MODEL_FIELDS: tuple[str, ...] = ("tiny_split_spaces", "tiny_vocab", "tiny_min_frequency", "tiny_hidden",
+                                      "tiny_layers", "tiny_heads")
+
 #: The env the recipe was measured on (the trainers' default env and kwargs).
 TINY_SFT_ENV: tuple[str, Mapping[str, Any]] = ("MemQA-v0", MappingProxyType({"objectives": 1, "hops": 2}))
 
@@ -61,6 +66,11 @@ def tiny_sft_fields(**overrides: Any) -> dict[str, Any]:
     return {**TINY_SFT_RECIPE, **overrides}
 
 
+def tiny_model_fields() -> dict[str, Any]:
+    """The recipe's tokenizer and model fields (:data:`TINY_MODEL_FIELDS`), for any trainer's config."""
+    return {name: TINY_SFT_RECIPE[name] for name in TINY_MODEL_FIELDS}
+
+
 def tiny_sft_config(**overrides: Any):
     """An ``SFTConfig`` of the recipe, ``overrides`` on top (e.g. ``out_dir``, ``steps``, ``max_seconds``)."""
     from agents.llm.sft import SFTConfig
@@ -68,4 +78,5 @@ def tiny_sft_config(**overrides: Any):
     return SFTConfig(**tiny_sft_fields(**overrides))
 
 
-__all__ = ["TINY_SFT_ENV", "TINY_SFT_RECIPE", "tiny_sft_config", "tiny_sft_fields"]
+__all__ = ["TINY_MODEL_FIELDS", "TINY_SFT_ENV", "TINY_SFT_RECIPE", "tiny_model_fields", "tiny_sft_config",
+           "tiny_sft_fields"]
