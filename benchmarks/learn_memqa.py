@@ -1,6 +1,7 @@
 """Learning evidence on MemQA-v0 (1 objective, 2 hops), CPU only, tiny model trained from scratch.
 
-SFT recipe (defaults; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
+SFT recipe (``agents.llm.recipes.TINY_SFT_RECIPE``, the defaults of ``memenv train --algo sft`` without ``--model``
+too; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
 their trailing space (``tiny_split_spaces="suffix"``: names copy as the same ids, prompts ~250 tokens), batches
 of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32) where the CPU
 has native bf16 and fp32 elsewhere (``autocast="auto"``; the host line printed first says which), lr 3e-3
@@ -36,7 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ENV_KW = {"objectives": 1, "hops": 2}
+from agents.llm.recipes import TINY_SFT_ENV, TINY_SFT_RECIPE, tiny_sft_fields  # noqa: E402 - after the path
+
+ENV_ID, ENV_KW = TINY_SFT_ENV[0], dict(TINY_SFT_ENV[1])
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -69,18 +72,22 @@ def pick_weak_checkpoint(sft_dir: Path, low: float, high: float) -> tuple[Path, 
     return saved[int(step)], f1
 
 
+def sft_fields(args) -> dict:
+    """The SFTConfig fields of ``--stage sft``: the tiny-model recipe (agents.llm.recipes, which ``memenv train
+    --algo sft`` without ``--model`` uses too), this script's budget, cadence and model-size options, ``--sft-kw``."""
+    run = dict(env_id=ENV_ID, env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
+               episodes=args.sft_episodes, steps=args.sft_steps, eval_every=args.sft_eval_every,
+               save_every=args.sft_eval_every, keep_checkpoints=1000, eval_episodes=args.eval_episodes,
+               max_seconds=args.sft_minutes * 60, budget_clock="cpu", threads=args.threads, tiny_hidden=args.hidden,
+               tiny_layers=args.layers, tiny_heads=args.heads, prompt_loss_weight=args.prompt_loss_weight,
+               resume=args.resume, progress=not args.quiet)
+    return tiny_sft_fields(**run, **json.loads(args.sft_kw))
+
+
 def run_sft(args) -> dict:
     from agents.llm.sft import SFTConfig, train_sft
 
-    fields = dict(env_id="MemQA-v0", env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
-                  episodes=args.sft_episodes, steps=args.sft_steps, batch_size=16, lr=3e-3, warmup=100,
-                  autocast="auto", bucket=8, schedule_by="budget", tiny_split_spaces="suffix", tiny_vocab=8192,
-                  tiny_min_frequency=1, prompt_loss_fraction=0.3,
-                  eval_every=args.sft_eval_every, save_every=args.sft_eval_every, keep_checkpoints=1000,
-                  eval_episodes=args.eval_episodes, max_seconds=args.sft_minutes * 60, budget_clock="cpu",
-                  threads=args.threads, tiny_hidden=args.hidden, tiny_layers=args.layers, tiny_heads=args.heads,
-                  prompt_loss_weight=args.prompt_loss_weight, resume=args.resume, progress=not args.quiet)
-    cfg = SFTConfig(**{**fields, **json.loads(args.sft_kw)})
+    cfg = SFTConfig(**sft_fields(args))
     train_sft(cfg)
     points = eval_points(read_metrics(args.out / "sft" / "metrics.csv"), "step")
     best = max(points, key=lambda p: p[2])
@@ -179,7 +186,7 @@ def plot_all(out: Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stage", choices=["sft", "ppo", "grpo", "rl", "all", "plot", "eval"], default="all")
     p.add_argument("--out", type=Path, default=Path("runs/learn_memqa"))
@@ -187,15 +194,15 @@ def main() -> int:
     p.add_argument("--env-kw", default=json.dumps(ENV_KW), help="MemQA-v0 kwargs as JSON (default: 1 objective x 2 hops)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads (default: every core; the CPU-minute budgets then count all threads)")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--sft-episodes", type=int, default=3000)
+    p.add_argument("--hidden", type=int, default=TINY_SFT_RECIPE["tiny_hidden"])
+    p.add_argument("--layers", type=int, default=TINY_SFT_RECIPE["tiny_layers"])
+    p.add_argument("--heads", type=int, default=TINY_SFT_RECIPE["tiny_heads"])
+    p.add_argument("--sft-episodes", type=int, default=TINY_SFT_RECIPE["episodes"])
     p.add_argument("--sft-steps", type=int, default=4000)
     p.add_argument("--sft-minutes", type=float, default=20.0)
     p.add_argument("--sft-eval-every", type=int, default=100)
     p.add_argument("--eval-episodes", type=int, default=100)
-    p.add_argument("--prompt-loss-weight", type=float, default=1.0,
+    p.add_argument("--prompt-loss-weight", type=float, default=TINY_SFT_RECIPE["prompt_loss_weight"],
                    help="SFT: weight of an extra LM loss on 30%% of the observation tokens (0: action tokens only)")
     p.add_argument("--sft-kw", default="{}", help="extra SFTConfig fields as JSON")
     p.add_argument("--weak-low", type=float, default=0.15, help="weak SFT checkpoint: held-out F1 range")
@@ -207,7 +214,11 @@ def main() -> int:
     p.add_argument("--rl-kw", default="{}", help="extra PPOConfig fields as JSON")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     import torch
 
     from agents.llm.precision import host_line, resolve_autocast

@@ -1,8 +1,9 @@
 """SFT step time on CPU, bf16 autocast: transformers' "sdpa" attention vs fp32 attention
 (``agents.llm.models.use_float32_attention``, what ``train_sft`` switches on), measured side by side in one run.
 
-The batches are those of the learn_memqa recipe: 16 oracle invocations of MemQA-v0 (1 objective, 2 hops) from
-length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4 layers x 8 heads, LM loss on 30% of the prompt.
+The batches are those of the tiny-model recipe (agents.llm.recipes, learn_memqa's and `memenv train`'s): 16 oracle
+invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
+layers x 8 heads, LM loss on 30% of the prompt.
 
     python benchmarks/sft_step_speed.py [--steps 12] [--rounds 2]
 """
@@ -29,12 +30,12 @@ def main() -> int:
 
     from agents.llm.policy import LLMPolicy
     from agents.llm.models import use_float32_attention
-    from agents.llm.sft import SFTConfig, expert_data, length_buckets
+    from agents.llm.recipes import tiny_sft_config
+    from agents.llm.sft import expert_data, length_buckets
     from agents.llm.training import ActorCritic, Dist, collate, load_or_build_model
 
     torch.set_num_threads(1)
-    cfg = SFTConfig(episodes=args.episodes, tiny_split_spaces="suffix", tiny_vocab=8192, tiny_min_frequency=1,
-                    tiny_heads=8)
+    cfg = tiny_sft_config(episodes=args.episodes)  # the tiny-model recipe's tokenizer and model
     lm, tok = load_or_build_model(cfg, Dist())
     data = expert_data(LLMPolicy(lm, tok, temperature=0.0), cfg, range(cfg.episodes))
     model = ActorCritic(lm)

@@ -9,8 +9,8 @@
     memenv distill --teacher openai:smollm2@http://127.0.0.1:8765 --student S --out runs/served  # served teacher
     memenv distill diagnose --records records.jsonl --model S                               # RCE table
 
-Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``), with the tokenizer of the env's oracle
-text: a teacher trained by ``memenv train`` from scratch shares it. Every field of
+Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``: ``agents.llm.recipes.TINY_MODEL_FIELDS``),
+with the tokenizer of the env's oracle text: a teacher trained by ``memenv train`` from scratch shares it. Every field of
 :class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can be set with ``--set KEY=VALUE``. Writes
 ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic checkpoints ``OUT/checkpoint-N``
 (``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or the vocabulary check is
@@ -70,6 +70,10 @@ def build_config(args: argparse.Namespace):
         values["model"] = _checkpoint(args.student, "--student")
         if not is_served(values["teacher"]):
             check_same_system_prompt(values["teacher"], values["model"])
+    else:  # a tiny student: the tokenizer and model of `memenv train --algo sft`'s tiny model (--set overrides)
+        from agents.llm.recipes import tiny_model_fields
+
+        values = {**tiny_model_fields(), **values}
     if args.kw is not None:
         values["env_kwargs"] = parse_kwargs(args.kw)
     for name in _FIELDS:

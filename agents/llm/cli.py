@@ -6,7 +6,10 @@
     memenv train --algo grpo --out runs/grpo --resume                         # continue from runs/grpo/latest
     torchrun --nproc_per_node 2 -m memenv.cli train --algo grpo --out runs/ddp # DDP (gloo on CPU, nccl on GPU)
 
-Without ``--model`` a tiny Qwen2 model is built from a tokenizer trained on the env's oracle text. Every field of
+Without ``--model`` a tiny Qwen2 model is built from a tokenizer trained on the env's oracle text, and SFT of it
+starts from the tiny-model recipe (``agents.llm.recipes.TINY_SFT_RECIPE``: the "suffix" tokenizer of up to 8192
+tokens, 8 heads, lr 3e-3 with 100 warm-up steps and a cosine, an LM loss on 30% of the observation tokens, 3,000
+demonstrations; the flags below override it); with ``--model`` the config's own defaults apply. Every field of
 the trainer's config dataclass (``agents.llm.sft.SFTConfig``, ``agents.llm.ppo.PPOConfig``) can be set with
 ``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
 checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest).
@@ -205,6 +208,12 @@ def interrupted_note(out: str | os.PathLike) -> str:
     return f"checkpoints kept in {out}, the newest {last.name} (--resume continues from it)"
 
 
+def uses_tiny_recipe(args: argparse.Namespace) -> bool:
+    """SFT of a fresh tiny model (no ``--model``, or ``--model tiny``): its defaults are
+    :data:`agents.llm.recipes.TINY_SFT_RECIPE`, not the SFT config's (those serve a pretrained ``--model``)."""
+    return args.algo == "sft" and (not args.model or args.model == "tiny")
+
+
 def build_config(args: argparse.Namespace):
     """The trainer config from parsed CLI arguments (a user's mistake raises
     :class:`memenv.cli_common.CommandError`)."""
@@ -215,6 +224,10 @@ def build_config(args: argparse.Namespace):
         from agents.llm.ppo import PPOConfig as cls
     values: dict[str, Any] = {"env_id": args.env, "out_dir": args.out, "seed": args.seed, "resume": args.resume,
                               "progress": not args.quiet}
+    if uses_tiny_recipe(args):  # a tiny model from scratch: the recipe that learns; the flags below override it
+        from agents.llm.recipes import TINY_SFT_RECIPE
+
+        values = {**TINY_SFT_RECIPE, **values}
     if args.kw is not None:
         values["env_kwargs"] = parse_kwargs(args.kw)
     if args.model and args.model != "tiny":
@@ -310,6 +323,7 @@ class TrainHelpFormatter(HelpFormatter):
         if action.default is not None or action.required or "(default" in text:
             return text
         from agents.llm.ppo import PPOConfig
+        from agents.llm.recipes import TINY_SFT_RECIPE
         from agents.llm.sft import SFTConfig
 
         found = {}
@@ -317,6 +331,9 @@ class TrainHelpFormatter(HelpFormatter):
             field = next((f for f in fields(cls) if f.name == action.dest), None)
             if field is not None and field.default is not MISSING:
                 found[algo] = field.default
+        if action.dest in TINY_SFT_RECIPE and "sft" in found:  # the tiny model's SFT differs from a --model's
+            tiny = TINY_SFT_RECIPE[action.dest]
+            found = {"sft (tiny model)": tiny, "sft --model": found.pop("sft"), **found}
         if not found:
             return text
         if len(set(map(repr, found.values()))) == 1:
@@ -330,7 +347,9 @@ def register_cli(subparsers) -> None:
                               formatter_class=TrainHelpFormatter)
     p.add_argument("--algo", choices=["sft", "ppo", "grpo"], required=True,
                    help="sft: imitate the oracle; ppo: value head + token GAE; grpo: group-normalised returns")
-    p.add_argument("--model", default=None, help="local checkpoint folder (default: a fresh tiny model)")
+    p.add_argument("--model", default=None,
+                   help="local checkpoint folder or registered model (default: a fresh tiny model; its SFT uses the "
+                        "tiny-model recipe, agents.llm.recipes)")
     p.add_argument("--env", default="MemQA-v0", help="environment id")
     p.add_argument("--kw", nargs="*", action="extend", metavar="KEY=VALUE",
                    help="env kwargs, e.g. objectives=1 hops=2 (default: objectives=1 hops=2)")
