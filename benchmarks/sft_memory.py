@@ -9,8 +9,18 @@ Each variant runs in a fresh Python process (so peak RSS, ``ru_maxrss``, compare
 config field as the CLI's ``--set`` does), with ``OUT`` a temporary folder. Printed per variant: the host line
 (CPU capability, native bf16, compute dtype, torch threads), RSS every ``--every`` steps and after each
 evaluation (with the live ``torch.Tensor`` count there), the growth from the first evaluation to the end and the
-peak. A variant is ``plain`` or ``NAME=VALUE`` environment settings joined by commas (e.g.
-``MALLOC_ARENA_MAX=2``, ``MEMENV_MALLOC_TUNING=0``: the library's allocator settings off).
+peak. A variant is ``plain`` or ``NAME=VALUE`` environment settings joined by commas, e.g.
+``MALLOC_ARENA_MAX=2``, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0``, or ``SFT_MEMORY_UNPADDED_TARGETS=1``: the
+action-token count left unpadded, as before issue 51's fix (the "before" of a side-by-side run).
+``--head 200``: the mechanism alone, cheap (seconds): the tiny model's LM head (a 128 x 4096 linear) under bf16
+autocast, forward and backward at 200 different row counts (100..697, as SFT's action-token counts vary), in a
+fresh process per variant: the rows unpadded, padded to a multiple of 64, and unpadded with oneDNN's primitive
+cache off; RSS growth printed for each.
+
+``--jobs 2`` runs the variants at the same time (each its own process: a busy machine lends each a share).
+
+Figures (issue 51, AVX512 CPU with native bf16, bf16 autocast, 2 torch threads, a busy machine): see
+docs/llm_agents.md#memory.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def rss_mb() -> float:
@@ -62,7 +74,8 @@ def child(steps: int, every: int, sets: list[str]) -> dict:
     step_fn, eval_fn = sft.sft_step, sft.evaluate_off_budget
 
     def sample(kind: str, **extra) -> None:
-        row = {"kind": kind, "step": counter["step"], "rss_mb": round(rss_mb(), 1), **extra}
+        row = {"kind": kind, "step": counter["step"], "rss_mb": round(rss_mb(), 1),
+               "cpu_s": round(time.process_time(), 1), **extra}
         samples.append(row)
         print(json.dumps(row), flush=True)
 
@@ -81,6 +94,11 @@ def child(steps: int, every: int, sets: list[str]) -> dict:
         return result
 
     sft.sft_step, sft.evaluate_off_budget = timed_step, measured_eval
+    if os.environ.get("SFT_MEMORY_UNPADDED_TARGETS") == "1":  # as before the fix: the target count as it comes
+        from agents.llm.training import Batch
+
+        inputs = Batch.inputs
+        Batch.inputs = lambda self, target_multiple=1: inputs(self)
     print(f"config: steps {cfg.steps}, batch {cfg.batch_size}, eval every {cfg.eval_every} x {cfg.eval_episodes} "
           f"episodes, {cfg.episodes} demonstrations, autocast {resolve_autocast(cfg.autocast)}, pad_multiple "
           f"{getattr(cfg, 'pad_multiple', 1)}", flush=True)
@@ -90,6 +108,35 @@ def child(steps: int, every: int, sets: list[str]) -> dict:
     return {"peak_mb": round(peak_mb(), 1), "end_mb": round(rss_mb(), 1), "first_eval_mb": first,
             "growth_after_first_eval_mb": round(rss_mb() - first, 1) if first is not None else None,
             "samples": samples}
+
+
+def head_child(counts: int, pad: int) -> float:
+    """RSS growth (MB) of the tiny LM head's bf16 forward + backward at ``counts`` row counts, padded to ``pad``."""
+    import torch
+
+    torch.set_num_threads(1)
+    head = torch.nn.Linear(128, 4096)
+    start = rss_mb()
+    for n in range(100, 100 + 3 * counts, 3):
+        x = torch.randn(-(-n // pad) * pad, 128, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = head(x).float()
+        torch.log_softmax(logits[:n], dim=-1)[:, 0].sum().backward()
+    return rss_mb() - start
+
+
+def head_variants(counts: int) -> None:
+    import torch
+
+    from agents.llm.precision import host_line
+
+    torch.set_num_threads(1)  # as each child runs
+    print(host_line("bf16"), flush=True)
+    for label, pad, env in (("unpadded", 1, {}), ("padded to 64", 64, {}),
+                            ("unpadded, ONEDNN_PRIMITIVE_CACHE_CAPACITY=0", 1, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"})):
+        out = subprocess.run([sys.executable, __file__, "--head", str(counts), "--head-pad", str(pad), "--child"],
+                             env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout
+        print(f"LM head, {counts} row counts, {label:<45} RSS growth {float(out.split()[-1]):7.1f} MB", flush=True)
 
 
 def run_variant(variant: str, steps: int, every: int, sets: list[str]) -> dict:
@@ -120,13 +167,25 @@ def main() -> None:
     p.add_argument("--every", type=int, default=50, help="print RSS every K steps (0: only at evaluations)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config fields, as memenv train --set")
     p.add_argument("--variant", action="append", help="plain, or NAME=VALUE[,NAME=VALUE] env settings (repeat)")
+    p.add_argument("--jobs", type=int, default=1, help="variants run at the same time")
+    p.add_argument("--head", type=int, default=0, help="the LM head alone at this many row counts (see above)")
+    p.add_argument("--head-pad", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.head and args.child:
+        print(f"{head_child(args.head, args.head_pad):.1f}")
+        return
+    if args.head:
+        head_variants(args.head)
+        return
     if args.child:
         summary = child(args.steps, args.every, args.set)
         print("SUMMARY " + json.dumps(summary), flush=True)
         return
-    results = {v: run_variant(v, args.steps, args.every, args.set) for v in (args.variant or ["plain"])}
+    variants = args.variant or ["plain"]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = pool.map(lambda v: run_variant(v, args.steps, args.every, args.set), variants)
+        results = dict(zip(variants, done))
     print(f"\n{'variant':<40} {'first eval':>10} {'end':>8} {'growth':>8} {'peak':>8}  (MB RSS)")
     for v, s in results.items():
         print(f"{v:<40} {s['first_eval_mb'] or float('nan'):>10.1f} {s['end_mb']:>8.1f} "
