@@ -30,6 +30,7 @@ import gc
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,12 +103,15 @@ def child(steps: int, every: int, sets: list[str]) -> dict:
     print(f"config: steps {cfg.steps}, batch {cfg.batch_size}, eval every {cfg.eval_every} x {cfg.eval_episodes} "
           f"episodes, {cfg.episodes} demonstrations, autocast {resolve_autocast(cfg.autocast)}, pad_multiple "
           f"{getattr(cfg, 'pad_multiple', 1)}", flush=True)
-    sft.train_sft(cfg)
+    try:
+        sft.train_sft(cfg)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     evals = [s for s in samples if s["kind"] == "eval"]
     first = evals[0]["rss_mb"] if evals else None
     return {"peak_mb": round(peak_mb(), 1), "end_mb": round(rss_mb(), 1), "first_eval_mb": first,
             "growth_after_first_eval_mb": round(rss_mb() - first, 1) if first is not None else None,
-            "samples": samples}
+            "first_sample_mb": samples[0]["rss_mb"] if samples else None, "samples": samples}
 
 
 def head_child(counts: int, pad: int) -> float:
@@ -186,10 +190,13 @@ def main() -> None:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = pool.map(lambda v: run_variant(v, args.steps, args.every, args.set), variants)
         results = dict(zip(variants, done))
-    print(f"\n{'variant':<40} {'first eval':>10} {'end':>8} {'growth':>8} {'peak':>8}  (MB RSS)")
+    print(f"\n{'variant':<40} {'1st sample':>10} {'1st eval':>8} {'end':>8} {'growth':>8} {'peak':>8}  (MB RSS; "
+          "growth: end - 1st eval)")
+    nan = float("nan")
     for v, s in results.items():
-        print(f"{v:<40} {s['first_eval_mb'] or float('nan'):>10.1f} {s['end_mb']:>8.1f} "
-              f"{s['growth_after_first_eval_mb'] or 0.0:>8.1f} {s['peak_mb']:>8.1f}")
+        growth = s["growth_after_first_eval_mb"]
+        print(f"{v:<40} {s['first_sample_mb'] or nan:>10.1f} {s['first_eval_mb'] or nan:>8.1f} {s['end_mb']:>8.1f} "
+              f"{nan if growth is None else growth:>8.1f} {s['peak_mb']:>8.1f}")
 
 
 if __name__ == "__main__":
