@@ -364,7 +364,7 @@ def sft_step(cfg: SFTConfig, run: SFTRun, batch, step: int) -> tuple[torch.Tenso
     with torch.autocast(torch.device(run.dist.device).type, dtype=torch.bfloat16, enabled=run.autocast == "bf16"):
         # The target count is padded too: it changes every step, and oneDNN's bf16 kernels keep a plan (and glibc
         # the heap pages around it) per shape of the LM head's products: ~3-5 MB per new count (issue 51).
-        logp_all, _, _ = run.train_model(**batch.inputs())
+        logp_all, _, _ = run.train_model(**batch.inputs(cfg.pad_multiple))
     logp_all = logp_all[:len(batch.targets)]
     logp = logp_all[~batch.prompt]
     total, _ = sft_loss(logp_all, batch.prompt, cfg.prompt_loss_weight, run.dist)
