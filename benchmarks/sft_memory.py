@@ -20,7 +20,7 @@ cache off; RSS growth printed for each.
 ``--jobs 2`` runs the variants at the same time (each its own process: a busy machine lends each a share).
 
 Figures (issue 51, AVX512 CPU with native bf16, bf16 autocast, 2 torch threads, a busy machine): see
-docs/llm_agents.md#memory.
+docs/llm_agents.md ("Memory of a CPU SFT run").
 """
 
 from __future__ import annotations
