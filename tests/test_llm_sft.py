@@ -252,3 +252,48 @@ def test_sft_batches_pad_to_a_multiple_and_the_loss_does_not_change():
         with pytest.raises(ValueError, match="pad_multiple"):
             SFTConfig(pad_multiple=bad)
     assert release_free_memory() in (True, False)  # glibc's malloc_trim where there is one; never raises
+
+
+def _lm_head_rows(tmp_path, monkeypatch, pad_multiple: int) -> tuple[list[int], float]:
+    """The row counts the LM head saw in 4 SFT steps (no evaluation) and the last logged loss."""
+    import csv
+
+    import agents.llm.sft as sft
+
+    seen: list[int] = []
+    step = sft.sft_step
+
+    def watched(cfg, run, batch, i):
+        if i == 0:
+            run.lm.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+        logp, grad_norm = step(cfg, run, batch, i)
+        assert len(logp) == int((~batch.prompt).sum())  # the dummy targets never reach the loss or the logs
+        return logp, grad_norm
+
+    monkeypatch.setattr(sft, "sft_step", watched)
+    cfg = SFTConfig(out_dir=str(tmp_path / str(pad_multiple)), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3},
+                    episodes=4, steps=4, batch_size=3, bucket=1, warmup=1, eval_every=0, save_every=0, log_every=1,
+                    num_envs=2, max_new_tokens=16, threads=1, progress=False, autocast="none", tiny_vocab=300,
+                    tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_tokenizer_episodes=4, pad_multiple=pad_multiple)
+    train_sft(cfg)
+    rows = list(csv.DictReader(open(tmp_path / str(pad_multiple) / "metrics.csv")))
+    return seen, float(rows[-1]["loss"])
+
+
+def test_sft_pads_the_target_count_so_the_lm_head_sees_few_shapes(tmp_path, monkeypatch):
+    """Issue 51: the number of action tokens changes every step, and each new count of the LM head's bf16 products
+    cost a few MB of oneDNN plan and fragmented heap that stayed: the tiny SFT run grew to 8 GB. SFT pads the
+    target count to ``pad_multiple`` (dummy targets, sliced off before the loss): the head sees multiples only, and
+    the loss is the unpadded one."""
+    from agents.llm.training import collate
+
+    batch = collate([([5, 6, 7], [8, 9]), ([5, 6], [10])], 0)
+    padded = batch.inputs(64)
+    assert [len(padded[k]) for k in ("rows", "cols", "targets")] == [64, 64, 64]
+    assert padded["targets"][:3].tolist() == batch.targets.tolist() and not padded["targets"][3:].any()
+    assert len(batch.inputs()["targets"]) == 3
+    seen, loss = _lm_head_rows(tmp_path, monkeypatch, 64)
+    assert len(seen) == 4 and all(n % 64 == 0 for n in seen)
+    seen_plain, loss_plain = _lm_head_rows(tmp_path, monkeypatch, 1)
+    assert any(n % 64 for n in seen_plain)  # unpadded, the counts are whatever the batch holds
+    assert loss == pytest.approx(loss_plain, rel=1e-4)

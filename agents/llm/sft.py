@@ -82,8 +82,8 @@ class SFTConfig(RunConfig):
     # "auto": bf16 only where the device computes it natively (agents.llm.precision), fp32 elsewhere
     schedule_by: str = "steps"  # "steps": cosine over cfg.steps; "budget": cosine over max_seconds on the
     # budget clock (the LR anneals by the end of a time-limited run instead of staying near its peak)
-    pad_multiple: int = 64  # batch widths rounded up to a multiple of this (1: the longest row): CPU bf16 kernels
-    # cache a plan per input shape, and a run that saw every width grew by GBs (issue 51)
+    pad_multiple: int = 64  # batch widths and target counts rounded up to a multiple of this (1: as they are):
+    # CPU bf16 kernels cache a plan per input shape, and a run that saw every width and count grew by GBs (issue 51)
 
     def __post_init__(self) -> None:
         if isinstance(self.pad_multiple, bool) or not isinstance(self.pad_multiple, int) or self.pad_multiple < 1:
@@ -362,7 +362,10 @@ def sft_step(cfg: SFTConfig, run: SFTRun, batch, step: int) -> tuple[torch.Tenso
     clipping)."""
     run.model.train()
     with torch.autocast(torch.device(run.dist.device).type, dtype=torch.bfloat16, enabled=run.autocast == "bf16"):
-        logp_all, _, _ = run.train_model(**batch.inputs())
+        # The target count is padded too: it changes every step, and oneDNN's bf16 kernels keep a plan (and glibc
+        # the heap pages around it) per shape of the LM head's products: ~3-5 MB per new count (issue 51).
+        logp_all, _, _ = run.train_model(**batch.inputs(cfg.pad_multiple))
+    logp_all = logp_all[:len(batch.targets)]
     logp = logp_all[~batch.prompt]
     total, _ = sft_loss(logp_all, batch.prompt, cfg.prompt_loss_weight, run.dist)
     run.optimizer.zero_grad(set_to_none=True)

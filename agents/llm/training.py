@@ -247,9 +247,16 @@ class Batch:
         return Batch(**{f.name: getattr(self, f.name)[keep] if f.name in per_target else getattr(self, f.name)
                         for f in fields(self)})
 
-    def inputs(self) -> dict[str, torch.Tensor]:
+    def inputs(self, target_multiple: int = 1) -> dict[str, torch.Tensor]:
+        """The forward's arguments. ``target_multiple`` > 1: the targets (``rows``/``cols``/``targets``) are padded
+        with dummies (row 0, column 0, id 0) up to a multiple of it, so the LM head's matrix products see few
+        distinct shapes; the forward's outputs then hold ``len(self.targets)`` real entries first (slice them)."""
+        rows, cols, targets = self.rows, self.cols, self.targets
+        extra = -len(targets) % target_multiple if target_multiple > 1 else 0
+        if extra:
+            rows, cols, targets = (torch.cat([t, t.new_zeros(extra)]) for t in (rows, cols, targets))
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
-                "position_ids": self.position_ids, "rows": self.rows, "cols": self.cols, "targets": self.targets}
+                "position_ids": self.position_ids, "rows": rows, "cols": cols, "targets": targets}
 
 
 def collate(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
