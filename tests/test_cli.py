@@ -132,10 +132,13 @@ def test_every_option_shows_its_default(command):
 def test_train_help_shows_each_trainers_default():
     pytest.importorskip("torch")
     from agents.llm.ppo import PPOConfig
+    from agents.llm.recipes import TINY_SFT_RECIPE
     from agents.llm.sft import SFTConfig
 
     help_text = " ".join(_subparser("train").format_help().split())
-    assert f"(default: sft {SFTConfig.lr}, ppo/grpo {PPOConfig.lr})" in help_text
+    # SFT without --model trains with the tiny-model recipe; with --model, SFTConfig's defaults
+    assert (f"(default: sft (tiny model) {TINY_SFT_RECIPE['lr']}, sft --model {SFTConfig.lr}, "
+            f"ppo/grpo {PPOConfig.lr})") in help_text
     assert f"SFT: optimizer steps (default: {SFTConfig.steps})" in help_text
     assert f"PPO/GRPO: updates (default: {PPOConfig.updates})" in help_text
 
