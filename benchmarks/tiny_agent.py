@@ -84,17 +84,46 @@ def losses(rows: list[dict], every: int) -> list[dict]:
              "loss": float(r["loss"]), "token_acc": float(r["token_acc"])} for r in keep]
 
 
+def rss_mb(pid: int) -> float | None:
+    """The resident set of process ``pid`` now (MB), or None once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def last_step(rows: list[dict]) -> int:
+    return int(float(rows[-1]["step"])) if rows else 0
+
+
+def rss_at(samples: list[dict], steps: list[int]) -> dict[int, float]:
+    """The RSS sampled while the run was at each of ``steps`` (the last sample whose logged step is <= it)."""
+    out = {}
+    for step in steps:
+        before = [s["rss_mb"] for s in samples if s["step"] <= step]
+        if before:
+            out[step] = before[-1]
+    return out
+
+
 def run(argv: list[str], run_dir: Path, stop_at: int, poll: float) -> dict:
     cmd = [sys.executable, "-m", "memenv.cli", *argv]
     start = time.perf_counter()
     # Ctrl-C (SIGINT) back to its default in the command: started in the background by a non-interactive shell,
     # it would inherit SIGINT ignored and never stop
     proc = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    stopped = False
+    stopped, samples = False, []
     try:
         while proc.poll() is None:
             time.sleep(poll)
-            evals = curve(read_rows(run_dir / "metrics.csv"))
+            rows = read_rows(run_dir / "metrics.csv")
+            rss = rss_mb(proc.pid)
+            if rss is not None:  # the step logged last: the memory of the run at that point
+                samples.append({"step": last_step(rows), "rss_mb": round(rss, 1)})
+            evals = curve(rows)
             if stop_at and evals and evals[-1]["step"] >= stop_at and not stopped:
                 proc.send_signal(signal.SIGINT)  # as a user's Ctrl-C: the command keeps its checkpoints
                 stopped = True
@@ -106,7 +135,8 @@ def run(argv: list[str], run_dir: Path, stop_at: int, poll: float) -> dict:
     return {"returncode": proc.returncode, "stopped_at_step_limit": stopped,
             "wall_min": round((time.perf_counter() - start) / 60, 2),
             "process_cpu_min": round((usage.ru_utime + usage.ru_stime) / 60, 2),
-            "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}  # ru_maxrss: KiB on Linux
+            "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),  # ru_maxrss: KiB on Linux
+            "rss_samples": samples}
 
 
 def main() -> int:
@@ -146,6 +176,13 @@ def main() -> int:
     print(f"\n{'step':>6} {'train CPU-min':>13} {'loss':>7} {'token acc':>9}")
     for pt in trained:
         print(f"{pt['step']:>6} {pt['train_cpu_min']:>13.2f} {pt['loss']:>7.3f} {pt['token_acc']:>9.3f}")
+    first_eval = points[0]["step"] if points else None
+    marks = sorted({200, 1000, costs["rss_samples"][-1]["step"] if costs["rss_samples"] else 0}
+                   | ({first_eval} if first_eval else set()))
+    at = rss_at(costs["rss_samples"], marks)
+    if at:
+        print("\nRSS (sampled every --poll seconds; the step logged last): "
+              + ", ".join(f"step {k}: {v:,.0f} MB" for k, v in at.items()))
     print(f"\nthe command's process: {costs['process_cpu_min']} CPU-min, {costs['wall_min']} wall-min, "
           f"peak RSS {costs['peak_rss_gb']} GB; exit status {costs['returncode']}")
     result = {"readme_command": ["memenv", *readme], "argv": ["memenv", *argv], "stop_at": args.stop_at,

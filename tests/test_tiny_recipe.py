@@ -4,6 +4,8 @@ still override it; a pretrained ``--model`` keeps the SFT config's own defaults.
 
 from __future__ import annotations
 
+import os
+
 import argparse
 import importlib.util
 import json
@@ -109,6 +111,11 @@ def test_tiny_agent_benchmark_reads_the_readme_command_and_moves_only_its_out(tm
             {"step": "60", "cpu_seconds": "36", "loss": "1.5", "token_acc": "0.6", "eval_f1": "", "eval_cpu_seconds": ""}]
     assert bench.curve(rows) == [{"step": 50, "train_cpu_min": 0.5, "eval_f1": 0.0, "loss": 2.0, "eval_cpu_min": 0.2}]
     assert [r["step"] for r in bench.losses(rows, 50)] == [50, 60]
+    # the RSS at a step: the last sample taken while the run had logged that step or an earlier one
+    samples = [{"step": 0, "rss_mb": 300.0}, {"step": 150, "rss_mb": 900.0}, {"step": 200, "rss_mb": 950.0},
+               {"step": 210, "rss_mb": 990.0}]
+    assert bench.rss_at(samples, [100, 200, 250]) == {100: 300.0, 200: 950.0, 250: 990.0}
+    assert bench.rss_mb(os.getpid()) > 10 and bench.rss_mb(2**22 + 12345) is None  # this process; no such process
 
 
 def test_distills_tiny_student_shares_the_tiny_teachers_tokenizer_and_model_settings(monkeypatch):
