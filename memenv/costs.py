@@ -16,6 +16,10 @@ COSTS: dict[str, str] = {
     "prepare": "32 s measured here, 115 s on a busy 2-core machine; later 0.1 s",
     # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine.
     "quick": "7-11 CPU-min (7.2 alone, 4.8 wall-min; 10.7 on a shared machine)",
+    # `memenv train --algo sft --out runs/sft --steps 2000 --threads 1` (the README's tiny agent), the whole command
+    # as written (benchmarks/tiny_agent.py --stop-at 0, 2026-12-06, AVX512 with native bf16, a machine shared with
+    # other jobs): 46.3 CPU-min, of which 39.2 training and 6.7 its 40 evaluations of 64 episodes; 51.8 wall-min.
+    "tiny_sft": "46 CPU-min (39 training + 7 for its 40 evaluations)",
 }
 
 

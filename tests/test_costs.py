@@ -24,6 +24,7 @@ def _help(argv, capsys) -> str:
     ("bench", "memenv bench    # the bench:", ["bench"]),
     ("prepare", "memenv models prepare smollm2-135m-instruct", ["models", "prepare"]),
     ("quick", "memenv experiment memopd --out runs/memopd_quick --quick", ["experiment", "memopd"]),
+    ("tiny_sft", "memenv train --algo sft --out runs/sft --steps 2000", ["train"]),
 ])
 def test_the_readme_and_the_help_state_the_one_documented_cost(command, readme_line, argv, capsys):
     lines = [line for line in (ROOT / "README.md").read_text().splitlines() if readme_line in line]

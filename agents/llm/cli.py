@@ -1,6 +1,6 @@
 """``memenv train``: SFT, PPO or GRPO of an LLM policy on a memenv environment.
 
-    memenv train --algo sft  --out runs/sft  --steps 2000                      # tiny model from scratch
+    memenv train --algo sft  --out runs/sft  --steps 2000 --threads 1          # tiny model from scratch (README)
     memenv train --algo ppo  --model runs/sft/checkpoint-0002000 --out runs/ppo --updates 200
     memenv train --algo grpo --model PATH --env MemQA-v0 --kw objectives=1 hops=2 --out runs/grpo
     memenv train --algo grpo --out runs/grpo --resume                         # continue from runs/grpo/latest
@@ -343,7 +343,11 @@ class TrainHelpFormatter(HelpFormatter):
 
 def register_cli(subparsers) -> None:
     """Adds ``memenv train`` (entry point group ``memenv.commands``)."""
-    p = subparsers.add_parser("train", help="train an LLM policy (SFT, PPO, GRPO)", description=__doc__,
+    from memenv.costs import cost
+
+    description = (f"{__doc__}\nThe README's tiny-agent command (the first line above) costs {cost('tiny_sft')}; "
+                   "its peak RSS is 1.9 GB and each checkpoint 20 MB (docs/llm_agents.md).")
+    p = subparsers.add_parser("train", help="train an LLM policy (SFT, PPO, GRPO)", description=description,
                               formatter_class=TrainHelpFormatter)
     p.add_argument("--algo", choices=["sft", "ppo", "grpo"], required=True,
                    help="sft: imitate the oracle; ppo: value head + token GAE; grpo: group-normalised returns")
