@@ -161,6 +161,14 @@ def merged_copy(lm: nn.Module) -> nn.Module:
     itself is unchanged."""
     merged = copy.deepcopy(lm)
     layers = set(adapter_layers(merged))
+    head = merged.get_output_embeddings()
+    if head in layers and head.get_base_layer().weight is merged.get_input_embeddings().weight:
+        # an adapted head tied to the embeddings: merging into the shared tensor would move the embeddings too, so
+        # the merged model gets a head of its own (saved untied; from_pretrained reloads it so)
+        head.get_base_layer().weight = nn.Parameter(head.get_base_layer().weight.detach().clone())
+        merged.config.tie_word_embeddings = False
+        if getattr(merged.config, "get_text_config", None) is not None:
+            merged.config.get_text_config().tie_word_embeddings = False
     for name, layer in [(n, m) for n, m in merged.named_modules() if m in layers]:
         layer.merge(safe_merge=True)
         parent_name, _, child = name.rpartition(".")

@@ -202,7 +202,8 @@ class PPOConfig(RunConfig):
     # the base (the adapters off, no second copy); checkpoints hold the merged model plus the adapters' weights
     lora_rank: int = 0
     lora_alpha: float | None = None
-    lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # the attention and MLP projections
+    lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # the attention and MLP projections; add "lm_head" for a model
+    # trained from scratch (its small frozen head caps what body adapters can change: docs/distill.md)
 
     def __post_init__(self) -> None:
         from agents.llm.policy import GENERATIONS
