@@ -175,3 +175,54 @@ def test_multi_hop_heldout_questions_cannot_be_recalled_in_the_fresh_world():
         counts[fresh] = (covered, total)
     assert counts[False][0] >= 0.1 * counts[False][1]  # the fixed world's leak, measured (~40% at 300 episodes)
     assert counts[True][0] == 0
+
+
+# ---------------------------------------------------------------- fresh names (issue 45: copy names, not know them)
+def test_fresh_names_rename_every_entity_apart_from_the_inventory():
+    inventory = build_world(400)
+    draw = inventory.with_fresh_facts(np.random.default_rng(3), fresh_names=True)
+    assert [(e.id, e.kind) for e in draw.entities.values()] == [(e.id, e.kind) for e in inventory.entities.values()]
+    names = [e.name for e in draw.entities.values()]
+    assert len(set(names)) == len(names)  # unique among themselves
+    assert not set(names) & {e.name for e in inventory.entities.values()}  # none of the inventory's
+    again = inventory.with_fresh_facts(np.random.default_rng(3), fresh_names=True)
+    assert [e.name for e in again.entities.values()] == names  # one rng, one draw
+    assert draw.documents[0].title == names[0] and names[0] in draw.documents[0].text  # documents use them
+    # the inventory is untouched (a later plain draw has its names)
+    plain = inventory.with_fresh_facts(np.random.default_rng(3))
+    assert [e.name for e in plain.entities.values()] == [e.name for e in inventory.entities.values()]
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0, 0.5])
+def test_fresh_name_rate_renames_that_share_of_episodes_and_the_oracle_still_scores_one(rate):
+    env = gym.make("MemQA-v0", fresh_facts=True, fresh_name_rate=rate, question_split="train", **SMALL)
+    inventory = {e.name for e in env.unwrapped._inventory.entities.values()}
+    renamed = []
+    for seed in range(12):
+        _, info = env.reset(seed=seed)
+        names = {e.name for e in env.unwrapped.source.entities.values()}
+        renamed.append(info["world_renamed"])
+        assert (names == inventory) is not info["world_renamed"]
+        assert (not names & inventory) is info["world_renamed"]
+        for q in env.unwrapped.questions:  # the question names the draw's subject
+            assert env.unwrapped.source.entities[q.supporting_ids[0]].name in q.question
+    assert {0.0: not any(renamed), 1.0: all(renamed), 0.5: 0 < sum(renamed) < 12}[rate]
+    assert _play_oracle(env, seed=5) == pytest.approx(1.0)
+
+
+def test_fresh_name_rate_zero_keeps_the_episodes_of_a_seed():
+    # the fair run's cached demonstrations and evaluations were drawn before the option existed
+    a = gym.make("MemQA-v0", fresh_facts=True, **SMALL)
+    b = gym.make("MemQA-v0", fresh_facts=True, fresh_name_rate=0.0, **SMALL)
+    for seed in (0, 9):
+        obs_a, info_a = a.reset(seed=seed)
+        obs_b, info_b = b.reset(seed=seed)
+        assert obs_a == obs_b and info_a["world_draw"] == info_b["world_draw"]
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(fresh_name_rate=0.5), "needs fresh_facts=True"),
+                                           (dict(fresh_facts=True, fresh_name_rate=1.5), "fresh_name_rate"),
+                                           (dict(fresh_facts=True, fresh_name_rate="half"), "fresh_name_rate")])
+def test_fresh_name_rate_refuses_bad_settings_in_one_line(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        gym.make("MemQA-v0", **SMALL, **kwargs)

@@ -229,6 +229,10 @@ class MemQAEnv(MemEnvBase):
             documents and answers are those of the draw, so the same question has another answer in another
             episode and only reading can answer it. The corpus is re-indexed at each reset (~0.1 s at 1,200
             documents). ``reset``'s info carries ``world_draw``, a fingerprint of the episode's facts.
+        fresh_name_rate: with ``fresh_facts``, the share of episodes whose draw also renames every entity (new
+            names, none of the inventory's; :meth:`tasks.world.World.with_fresh_facts`), default 0. Training
+            demonstrations drawn so teach copying a name read in the question or a document rather than knowing
+            entities by name: held-out subjects are names no training question asked about.
         top_k: documents returned per search.
         max_turns: invocations per episode (default ``2 * objectives * max(hops) + 2``).
         context: ``memory`` | ``history`` | ``window:K`` | ``none`` (see docs/design.md).
@@ -263,6 +267,7 @@ class MemQAEnv(MemEnvBase):
         question_split: str = "all",
         heldout_fraction: float = 0.25,
         fresh_facts: bool = False,
+        fresh_name_rate: float = 0.0,
         dataset: str = "synthetic",
         data_path: str | os.PathLike | None = None,
         data_limit: int | None = None,
@@ -324,6 +329,10 @@ class MemQAEnv(MemEnvBase):
             raise ValueError("fresh_facts=True draws the synthetic world's facts afresh each episode; this task "
                              "source has fixed documents (give no data_path, corpus_path, questions_path, "
                              "index_path or source)")
+        self.fresh_name_rate = check_number("fresh_name_rate", fresh_name_rate, minimum=0.0, maximum=1.0)
+        if self.fresh_name_rate and not self.fresh_facts:
+            raise ValueError(f"fresh_name_rate={fresh_name_rate} renames the entities of each episode's fresh draw; "
+                             "it needs fresh_facts=True")
         self._inventory = self.source  # fresh_facts: the world whose names and values every draw shares
         self.question_split = check_choice("question_split", question_split, QUESTION_POOLS)
         self.heldout_fraction = check_number("heldout_fraction", heldout_fraction, minimum=0.01, maximum=0.99)
@@ -396,7 +405,9 @@ class MemQAEnv(MemEnvBase):
         super().reset(seed=seed)
         if self.fresh_facts:
             # The facts first, then the questions, both from the episode's generator: one seed, one draw.
-            self.source = self._inventory.with_fresh_facts(self.np_random)
+            # no draw for the rate when it is 0: episodes of a seed stay those made before the option existed
+            renamed = bool(self.fresh_name_rate) and bool(self.np_random.random() < self.fresh_name_rate)
+            self.source = self._inventory.with_fresh_facts(self.np_random, fresh_names=renamed)
             self.documents = tuple(Document(d.id, sanitize(d.title), sanitize(d.text)) for d in self.source.documents)
             self.index = make_backend(self._search_backend, [d.contents for d in self.documents])
         if isinstance(self.source, World):
@@ -422,6 +433,7 @@ class MemQAEnv(MemEnvBase):
         }
         if self.fresh_facts:
             info["world_draw"] = self.source.fingerprint()
+            info["world_renamed"] = renamed
         return self._obs, info
 
     def _parse(self, action: Any) -> tuple[str | None, str | None, str | None, str | None, dict[str, Any]]:
