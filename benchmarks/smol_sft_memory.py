@@ -1,8 +1,10 @@
 """What the README's SmolLM2 SFT command's peak memory is made of, phase by phase (issue 51).
 
-    python benchmarks/smol_sft_memory.py                                   # 3 steps, 2 checkpoints, 16 eval episodes
-    python benchmarks/smol_sft_memory.py --variant plain --variant gradient_checkpointing=true --jobs 2  # side by side
-    python benchmarks/smol_sft_memory.py --variant code=/tmp/base --variant gradient_checkpointing=true --jobs 2
+    python benchmarks/smol_sft_memory.py                            # 3 steps, 2 checkpoints, 16 eval episodes
+    python benchmarks/smol_sft_memory.py --steps 2 --save-every 1 --eval-episodes 0 \
+        --variant plain --variant gradient_checkpointing=false     # with and without activation checkpointing
+    mkdir /tmp/base && git archive f69a324 agents memenv tasks distill | tar -x -C /tmp/base  # the code before issue 51's changes
+    python benchmarks/smol_sft_memory.py --variant code=/tmp/base,gradient_checkpointing=false --variant plain
 
 Each variant runs, in a fresh Python process (so peaks compare like with like), the config the README's command
 builds (:data:`README_ARGS`, through the CLI's own parser: ``memenv train --algo sft --model smollm2-135m-instruct
@@ -38,7 +40,7 @@ from sft_memory import peak_mb, rss_mb  # benchmarks/ is on sys.path
 #: the README's SmolLM2 SFT command, as its arguments (tests/test_readme.py checks the README still says this)
 README_ARGS = ("train --algo sft --model smollm2-135m-instruct --kw objectives=1 hops=1 question_split=train "
                "--episodes 400 --steps 60 --batch-size 4 --lr 1e-4 --save-every 20 --eval-every 100000 "
-               "--max-new-tokens 64 --out runs/smol_sft --set warmup=5 --threads 1").split()
+               "--max-new-tokens 64 --out runs/smol_sft --set warmup=5 gradient_checkpointing=true --threads 1").split()
 
 
 class Phases:
@@ -81,8 +83,10 @@ def child(steps: int, save_every: int, eval_episodes: int, sets: list[str]) -> d
     argv = [*README_ARGS, "--quiet", "--steps", str(steps), "--save-every", str(save_every),
             "--eval-episodes", str(max(1, eval_episodes))]
     argv[argv.index("--out") + 1] = out
-    sets_at = argv.index("--set") + 1
-    argv[sets_at:sets_at] = [*sets, *([] if eval_episodes else ["eval_every=0"])]
+    sets_end = argv.index("--set") + 1
+    while sets_end < len(argv) and not argv[sets_end].startswith("--"):
+        sets_end += 1
+    argv[sets_end:sets_end] = [*sets, *([] if eval_episodes else ["eval_every=0"])]  # after the README's: they win
     cfg = build_config(parser.parse_args(argv))
     # the prepared folder (`memenv models prepare`), found without the package that ships the GGUF
     cfg.model = str(default_folder(cfg.model)) if is_registered(cfg.model) else cfg.model

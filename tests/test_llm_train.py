@@ -199,3 +199,25 @@ def test_only_the_newest_checkpoint_keeps_its_optimizer_state_and_resume_still_w
     assert [(sft / name / OPTIMIZER_FILE).exists() for name in sorted(p.name for p in sft.glob("checkpoint-*"))] == \
         [False, False, False, True]
 
+
+
+def test_save_checkpoint_keeps_the_optimizer_state_of_the_latest_and_reads_the_old_layout(tmp_path):
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.training import OPTIMIZER_FILE, latest_checkpoint, load_trainer_state, save_checkpoint
+
+    tok = memqa_tokenizer()
+    lm = tiny_model(tok)
+    state = lambda n: {"step": n, "optimizer": {"state": {0: {"exp_avg": torch.full((3,), float(n))}}}}  # noqa: E731
+    for n in (1, 2, 3):
+        save_checkpoint(tmp_path / "one", n, lm, tok, state(n), keep=3)
+        save_checkpoint(tmp_path / "all", n, lm, tok, state(n), keep=3, keep_optimizer=0)
+        save_checkpoint(tmp_path / "two", n, lm, tok, state(n), keep=3, keep_optimizer=2)
+    has = lambda run: [(p / OPTIMIZER_FILE).exists() for p in sorted((tmp_path / run).glob("checkpoint-*"))]  # noqa: E731
+    assert (has("one"), has("all"), has("two")) == ([False, False, True], [True] * 3, [False, True, True])
+    assert float(load_trainer_state(latest_checkpoint(tmp_path / "one"))["optimizer"]["state"][0]["exp_avg"][0]) == 3
+    save_checkpoint(tmp_path / "one", 2, lm, tok, state(2), keep=3)  # rewritten (an older step): it is the latest
+    assert has("one") == [False, True, False]
+    legacy = tmp_path / "one" / "checkpoint-0000001"  # written before optimizer.pt: the state inside trainer_state.pt
+    torch.save(state(1), legacy / "trainer_state.pt")
+    assert float(load_trainer_state(legacy, optimizer=True)["optimizer"]["state"][0]["exp_avg"][0]) == 1

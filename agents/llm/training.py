@@ -332,8 +332,9 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
     """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt`` (step, RNG,
     config, ...), ``optimizer.pt`` (``state["optimizer"]``) and ``value_head.pt``; written into a temporary folder,
     renamed, then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
-    are removed, except those whose step is a multiple of ``keep_every`` (when > 0); of those kept, only the
-    ``keep_optimizer`` newest keep ``optimizer.pt`` (0: all): a resume reads the latest, and Adam's state is twice
+    are removed, except those whose step is a multiple of ``keep_every`` (when > 0); of those kept, only this one
+    (the latest) and the ``keep_optimizer - 1`` newest others keep ``optimizer.pt`` (0: all): a resume reads the
+    latest, and Adam's state is twice
     the weights (SmolLM2: 1.08 GB beside 0.54 GB), so an older checkpoint keeps what ``from_pretrained`` and the
     bench read. ``extra_files``: more files written into the folder (name -> callable(path), e.g. a run's
     adapters). Weights holding a NaN or an infinity are refused before anything is written
@@ -356,10 +357,10 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
     old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name and not kept_for_good(p))
     for p in old[:max(0, len(old) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
-    if keep_optimizer > 0:
-        kept = sorted((p for p in out_dir.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) is not None),
-                      key=_checkpoint_step)
-        for p in kept[:max(0, len(kept) - keep_optimizer)]:
+    if keep_optimizer > 0:  # the one just written (latest) always keeps it, then the newest others
+        others = sorted((p for p in out_dir.glob("checkpoint-*")
+                         if p.is_dir() and p.name != path.name and _checkpoint_step(p) is not None), key=_checkpoint_step)
+        for p in others[:max(0, len(others) - (keep_optimizer - 1))]:
             (p / OPTIMIZER_FILE).unlink(missing_ok=True)
     return path
 
