@@ -33,7 +33,7 @@ def test_every_real_model_command_states_its_peak_memory_and_disk():
     assert len(commands) >= 6, commands  # prepare, bench, train, bench of the checkpoint, shrink, distill
     missing = [c for c, comment in commands if not ("peak" in comment and MEMORY.search(comment))]
     assert not missing, f"no peak memory stated: {missing}"
-    writers = [c for c, comment in commands if "--out" in c or " prepare " in c]
+    writers = [(c, comment) for c, comment in commands if "--out" in c or " prepare " in c]
     no_disk = [c for c, comment in writers if "disk" not in comment]
     assert writers and not no_disk, f"no disk figure stated: {no_disk}"
 
