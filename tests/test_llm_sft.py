@@ -179,7 +179,8 @@ def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configur
         expert_data(policy, SFTConfig(env_id="MemDialog-v0", env_kwargs={}, demo_worlds=2), [0])
 
 
-def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("autocast", ["none", "bf16"])  # bf16: the README's SmolLM2 SFT on a native-bf16 CPU
+def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkeypatch, autocast):
     import csv
 
     import agents.llm.sft as sft
@@ -195,7 +196,7 @@ def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkey
         cfg = SFTConfig(out_dir=str(out), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
                         steps=3, batch_size=4, warmup=1, lr=3e-3, eval_every=0, save_every=0, log_every=1,
                         num_envs=2, max_new_tokens=16, threads=1, progress=False, tiny_vocab=300, tiny_hidden=32,
-                        tiny_layers=2, tiny_heads=2, tiny_tokenizer_episodes=4, autocast="none",
+                        tiny_layers=2, tiny_heads=2, tiny_tokenizer_episodes=4, autocast=autocast,
                         gradient_checkpointing=on)
         train_sft(cfg)
         rows = list(csv.DictReader(open(out / "metrics.csv")))
@@ -297,3 +298,42 @@ def test_sft_pads_the_target_count_so_the_lm_head_sees_few_shapes(tmp_path, monk
     seen_plain, loss_plain = _lm_head_rows(tmp_path, monkeypatch, 1)
     assert any(n % 64 for n in seen_plain)  # unpadded, the counts are whatever the batch holds
     assert loss == pytest.approx(loss_plain, rel=1e-4)
+
+
+def test_sft_frees_the_gradients_after_each_step_and_makes_the_same_steps(tmp_path, monkeypatch):
+    """The gradients are freed right after the optimizer step (not held beside the next forward, a checkpoint
+    write or an evaluation: 538 MB on SmolLM2): the same losses and weights as a run that keeps them."""
+    import csv
+
+    import agents.llm.sft as sft
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import latest_checkpoint
+
+    setup = sft.sft_setup
+    runs = {}
+    for keep in (False, True):
+        seen = []
+
+        def traced_setup(cfg, data, keep=keep, seen=seen):
+            run = setup(cfg, data)
+            if keep:  # as before: the zero_grad right after a step is skipped, the one before backward stays
+                skip, zero = [False], run.optimizer.zero_grad
+                run.optimizer.register_step_post_hook(lambda *a: skip.__setitem__(0, True))
+                run.optimizer.zero_grad = lambda set_to_none=True: skip.__setitem__(0, False) if skip[0] else \
+                    zero(set_to_none=set_to_none)
+            seen.append(run)
+            return run
+
+        monkeypatch.setattr(sft, "sft_setup", traced_setup)
+        out = tmp_path / f"keep{int(keep)}"
+        cfg = SFTConfig(out_dir=str(out), env_kwargs={"objectives": 1, "hops": 1, "max_turns": 3}, episodes=4,
+                        steps=3, batch_size=4, warmup=1, lr=3e-3, eval_every=0, save_every=0, log_every=1,
+                        num_envs=2, max_new_tokens=16, threads=1, progress=False, tiny_vocab=300, tiny_hidden=32,
+                        tiny_layers=2, tiny_heads=2, tiny_tokenizer_episodes=4, autocast="none")
+        train_sft(cfg)
+        held = [p.grad is not None for p in seen[0].model.parameters()]
+        rows = list(csv.DictReader(open(out / "metrics.csv")))
+        runs[keep] = ([float(r["loss"]) for r in rows], load_pretrained(latest_checkpoint(out))[0].state_dict(), held)
+    assert not any(runs[False][2]) and all(runs[True][2])  # freed after the last step / held without the change
+    assert runs[False][0] == runs[True][0]
+    assert all(torch.equal(runs[False][1][k], runs[True][1][k]) for k in runs[False][1])

@@ -172,3 +172,52 @@ def test_a_diverging_run_stops_before_its_step_and_keeps_a_finite_latest(tmp_pat
         assert all(torch.isfinite(t).all() for t in load_file(folder / "model.safetensors").values())
     if saved:
         assert (out / "latest").read_text().strip() == saved[-1].name
+
+
+def test_only_the_newest_checkpoint_keeps_its_optimizer_state_and_resume_still_works(tmp_path):
+    """Adam's state is twice the weights (SmolLM2: 1.08 GB beside 0.54 GB): an older kept checkpoint drops
+    ``optimizer.pt`` but still loads with from_pretrained and still holds its step; resume reads the newest."""
+    from agents.llm.models import load_pretrained
+    from agents.llm.training import OPTIMIZER_FILE, load_trainer_state
+
+    sft = tmp_path / "sft"
+    base = ["train", "--algo", "sft", "--out", str(sft), "--episodes", "6", "--batch-size", "4", "--save-every", "2",
+            "--eval-every", "100", *COMMON, "--set", "keep_every=2", *TINY]
+    assert _cli([*base, "--steps", "6"]) == 0
+    saved = sorted(p.name for p in sft.glob("checkpoint-*"))
+    assert saved == ["checkpoint-0000002", "checkpoint-0000004", "checkpoint-0000006"]  # keep_every keeps them all
+    assert [(sft / name / OPTIMIZER_FILE).exists() for name in saved] == [False, False, True]
+    newest = load_trainer_state(sft / saved[-1], optimizer=True)
+    assert newest["step"] == 6 and newest["optimizer"]["state"]  # Adam's moments, from optimizer.pt
+    for name in saved[:-1]:
+        assert load_pretrained(sft / name)[0] is not None
+        assert "optimizer" not in load_trainer_state(sft / name)  # step, RNG, config kept
+        with pytest.raises(ValueError, match=rf"{name}: holds no optimizer state .*resume from the run's latest"):
+            load_trainer_state(sft / name, optimizer=True)
+    assert _cli([*base, "--steps", "8", "--resume"]) == 0  # continues from the newest, its optimizer state read
+    assert [r["step"] for r in _rows(sft / "metrics.csv")][-1] == "8"
+    assert [(sft / name / OPTIMIZER_FILE).exists() for name in sorted(p.name for p in sft.glob("checkpoint-*"))] == \
+        [False, False, False, True]
+
+
+
+def test_save_checkpoint_keeps_the_optimizer_state_of_the_latest_and_reads_the_old_layout(tmp_path):
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.training import OPTIMIZER_FILE, latest_checkpoint, load_trainer_state, save_checkpoint
+
+    tok = memqa_tokenizer()
+    lm = tiny_model(tok)
+    state = lambda n: {"step": n, "optimizer": {"state": {0: {"exp_avg": torch.full((3,), float(n))}}}}  # noqa: E731
+    for n in (1, 2, 3):
+        save_checkpoint(tmp_path / "one", n, lm, tok, state(n), keep=3)
+        save_checkpoint(tmp_path / "all", n, lm, tok, state(n), keep=3, keep_optimizer=0)
+        save_checkpoint(tmp_path / "two", n, lm, tok, state(n), keep=3, keep_optimizer=2)
+    has = lambda run: [(p / OPTIMIZER_FILE).exists() for p in sorted((tmp_path / run).glob("checkpoint-*"))]  # noqa: E731
+    assert (has("one"), has("all"), has("two")) == ([False, False, True], [True] * 3, [False, True, True])
+    assert float(load_trainer_state(latest_checkpoint(tmp_path / "one"))["optimizer"]["state"][0]["exp_avg"][0]) == 3
+    save_checkpoint(tmp_path / "one", 2, lm, tok, state(2), keep=3)  # rewritten (an older step): it is the latest
+    assert has("one") == [False, True, False]
+    legacy = tmp_path / "one" / "checkpoint-0000001"  # written before optimizer.pt: the state inside trainer_state.pt
+    torch.save(state(1), legacy / "trainer_state.pt")
+    assert float(load_trainer_state(legacy, optimizer=True)["optimizer"]["state"][0]["exp_avg"][0]) == 1

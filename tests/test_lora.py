@@ -21,7 +21,7 @@ from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
 from agents.llm.rollouts import records_of, rollout  # noqa: E402
-from agents.llm.training import ActorCritic  # noqa: E402
+from agents.llm.training import ActorCritic, load_trainer_state  # noqa: E402
 from distill.scoring import rce  # noqa: E402
 
 ENV = {"objectives": 1, "hops": 1, "max_turns": 2}
@@ -112,7 +112,7 @@ def test_adapters_train_alone_merge_exactly_and_resume_bit_for_bit(tmp_path):
     a, b = (torch.load(p / lora.ADAPTER_FILE) for p in (ckpt, end))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (end / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
-    sa, sb = (torch.load(p / "trainer_state.pt", weights_only=False)["optimizer"]["state"] for p in (ckpt, end))
+    sa, sb = (load_trainer_state(p, optimizer=True)["optimizer"]["state"] for p in (ckpt, end))
     assert len(sa) == len(a) and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
     # a resume with other adapters is refused, naming the setting
     with pytest.raises(ValueError, match="lora_rank: .* was trained with 4, this run has 2"):

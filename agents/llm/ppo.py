@@ -354,7 +354,7 @@ def setup(cfg: PPOConfig, model, tokenizer, env_fn, actor_forward: ActorForward 
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     start, elapsed, state = 0, (0.0, 0.0), {}
     if resume_from is not None:
-        state = load_trainer_state(resume_from)
+        state = load_trainer_state(resume_from, optimizer=True)
         elapsed = tuple(state.get("elapsed", (0.0, 0.0)))
         optimizer.load_state_dict(state["optimizer"])
         if actor.value_head is not None and (resume_from / "value_head.pt").exists():

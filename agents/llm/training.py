@@ -323,19 +323,29 @@ def check_finite_step(grad_norm, where: str) -> None:
                                    "training stopped before this step; the last checkpoint stays latest")
 
 
+OPTIMIZER_FILE = "optimizer.pt"  # a checkpoint's optimizer state, beside trainer_state.pt (what --resume needs)
+
+
 def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state: dict[str, Any],
                     value_head: nn.Module | None = None, keep: int = 2, keep_every: int = 0,
-                    extra_files: dict[str, Any] | None = None) -> Path:
-    """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt``
-    (optimizer, step, RNG, config, ...) and ``value_head.pt``; written into a temporary folder, renamed,
-    then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
-    are removed, except those whose step is a multiple of ``keep_every`` (when > 0); ``extra_files``: more files
-    written into the folder (name -> callable(path), e.g. a run's adapters). Weights holding a NaN or an
-    infinity are refused before anything is written (:class:`agents.llm.models.NonFiniteWeightsError`)."""
+                    extra_files: dict[str, Any] | None = None, keep_optimizer: int = 1) -> Path:
+    """``out_dir/checkpoint-STEP``: the LM and tokenizer (``save_pretrained``), ``trainer_state.pt`` (step, RNG,
+    config, ...), ``optimizer.pt`` (``state["optimizer"]``) and ``value_head.pt``; written into a temporary folder,
+    renamed, then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
+    are removed, except those whose step is a multiple of ``keep_every`` (when > 0); of those kept, only this one
+    (the latest) and the ``keep_optimizer - 1`` newest others keep ``optimizer.pt`` (0: all): a resume reads the
+    latest, and Adam's state is twice
+    the weights (SmolLM2: 1.08 GB beside 0.54 GB), so an older checkpoint keeps what ``from_pretrained`` and the
+    bench read. ``extra_files``: more files written into the folder (name -> callable(path), e.g. a run's
+    adapters). Weights holding a NaN or an infinity are refused before anything is written
+    (:class:`agents.llm.models.NonFiniteWeightsError`)."""
     out_dir = Path(out_dir)
     # Before anything is written: a checkpoint with NaN or infinite weights never exists, nor becomes latest.
     check_finite_weights(out_dir / f"checkpoint-{step:07d}", lm, value_head)
-    extra = {**(extra_files or {}), "trainer_state.pt": lambda p: torch.save(state, p)}
+    rest = {k: v for k, v in state.items() if k != "optimizer"}
+    extra = {**(extra_files or {}), "trainer_state.pt": lambda p: torch.save(rest, p)}
+    if "optimizer" in state:
+        extra[OPTIMIZER_FILE] = lambda p: torch.save(state["optimizer"], p)
     if value_head is not None:
         extra["value_head.pt"] = lambda p: torch.save(value_head.state_dict(), p)
     path = save_pretrained(lm, tokenizer, out_dir / f"checkpoint-{step:07d}", extra_files=extra)
@@ -347,6 +357,11 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
     old = sorted(p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name != path.name and not kept_for_good(p))
     for p in old[:max(0, len(old) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
+    if keep_optimizer > 0:  # the one just written (latest) always keeps it, then the newest others
+        others = sorted((p for p in out_dir.glob("checkpoint-*")
+                         if p.is_dir() and p.name != path.name and _checkpoint_step(p) is not None), key=_checkpoint_step)
+        for p in others[:max(0, len(others) - (keep_optimizer - 1))]:
+            (p / OPTIMIZER_FILE).unlink(missing_ok=True)
     return path
 
 
@@ -376,8 +391,19 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     return found[max(found)] if found else None
 
 
-def load_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+def load_trainer_state(path: str | os.PathLike, optimizer: bool = False) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.pt``, with its optimizer state under ``"optimizer"`` (``optimizer.pt``, or
+    inside ``trainer_state.pt`` in checkpoints written before it had its own file). ``optimizer=True``: a checkpoint
+    without one (an older checkpoint, whose optimizer state :func:`save_checkpoint` dropped) raises a
+    ``ValueError`` naming it."""
+    path = Path(path)
+    state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    if "optimizer" not in state and (path / OPTIMIZER_FILE).exists():
+        state["optimizer"] = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+    if optimizer and "optimizer" not in state:
+        raise ValueError(f"{path}: holds no optimizer state ({OPTIMIZER_FILE}; only the newest checkpoint keeps "
+                         "it), so training cannot resume from it: resume from the run's latest checkpoint")
+    return state
 
 
 def rng_state() -> dict[str, Any]:
