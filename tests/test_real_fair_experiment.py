@@ -206,3 +206,17 @@ def test_a_rerun_may_lengthen_an_unfinished_weak_start_only(tmp_path):
         check_settings(longer)
     with pytest.raises(SettingsMismatchError, match="student_start_f1"):
         check_settings(_student_cfg(tmp_path, student_start_f1=0.1))
+
+
+def test_report_judges_the_start_window_on_held_out_questions():
+    from distill.experiment.report import targets
+
+    teacher = {"f1": 0.8, "f1_se": 0.02, "seen_f1": 0.9}
+    empty = pd.DataFrame(columns=["a", "b"])
+    for start, met in ((0.2, True), (0.32, True), (0.33, False), (0.05, False)):
+        student = {"f1": start, "f1_se": 0.03, "start_window": {"floor": 0.05, "ceiling": 0.32, "verdict": "stop"}}
+        (goal,) = [g for g in targets(pd.DataFrame(), empty, teacher, student) if "weak-start share" in g["target"]]
+        assert goal["met"] is met and f"{start / 0.8:.2f}x the teacher's" in goal["detail"]
+    # a start made by the rule before issue 47 gets no such target
+    old = [g for g in targets(pd.DataFrame(), empty, teacher, {"f1": 0.2, "f1_se": 0.03}) if "share" in g["target"]]
+    assert not old

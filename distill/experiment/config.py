@@ -414,6 +414,9 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
     control scores in) with two-hop demonstrations mixed in; its greedy F1 acting in each view is measured on the
     held-out questions before any arm runs. 90 CPU-min, the budget in which the memory-only SmolLM2 teacher of
     issue 33 reached held-out 0.93-0.95 (greedy F1 0.96-0.98 from step 75 of its ~140); its curve every 50 steps.
+    The two-hop demonstrations' actions reach 168 of SmolLM2's tokens (10% of them over the 96-token cap; 150
+    oracle episodes): SFT trains them whole, and they are training data only, as the task itself is single-hop
+    (its actions <= 85 tokens), so the cap binds nowhere the teacher or the student acts.
 
     The student is the base's first 15 layers (:data:`REAL_FAIR_STUDENT_LAYERS`; 81M parameters against 134.5M,
     28.3M of both the tied embedding), the deepest cut the issue allows. Why that deep: a 6-layer cut did not
