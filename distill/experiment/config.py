@@ -434,7 +434,8 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
     train-pool probes), MemOPD and the teacher-persistent control at 3e-5 (issue 33's fine-tuning rate), continued
     SFT on oracle demonstrations at MemOPD's CPU of the same seed; every GRPO-trained arm warms its lr up over 3
     updates; 12 updates; 5 training seeds; held-out F1 at the start, after update 6 (16 episodes) and at the end
-    (50 held-out and 16 seen episodes); one arm process at a time (a 30-layer pair peaks at 10-13 GB).
+    (50 held-out and 16 seen episodes); one arm process at a time (issue 33's pair of two 30-layer models peaked at
+    10-13 GB per process).
 
     Its expected CPU time (:func:`distill.experiment.estimate.estimate_cpu`, printed before the run): ~9.2
     CPU-hours at 1 thread on the 2-core dev machine, the student's SFT priced to its 150-step cap. At issue 33's 2
