@@ -220,3 +220,39 @@ def test_report_judges_the_start_window_on_held_out_questions():
     # a start made by the rule before issue 47 gets no such target
     old = [g for g in targets(pd.DataFrame(), empty, teacher, {"f1": 0.2, "f1_se": 0.03}) if "share" in g["target"]]
     assert not old
+
+
+@pytest.mark.slow  # an end-to-end miniature on a tiny pretrained base: 8.6 min on a heavily loaded 2-core machine
+def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
+    """The preset's pipeline with a tiny base in place of SmolLM2 (the window rule off: a tiny model's probes stay
+    at 0): the both-view teacher is measured in each view, the cut student starts every arm, GRPO alone trains at
+    the swept lr with the warm-up, and continued SFT runs at MemOPD's CPU with the student's own SFT warm-up."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from agents.llm.models import make_tiny, save_pretrained
+    from distill.experiment.run import run_experiment
+
+    env_kwargs = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2, "fresh_facts": True,
+                  "corpus_size": 400}
+    lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=8, vocab_size=400, hidden_size=32, layers=3, heads=2)
+    save_pretrained(lm, tok, tmp_path / "base")
+    preset = real_fair_config(str(tmp_path / "exp"), str(tmp_path / "base"))
+    cfg = real_fair_config(
+        str(tmp_path / "exp"), str(tmp_path / "base"), env_kwargs=env_kwargs, system_prompt=None,
+        teacher=ModelSpec(**{**vars(preset.teacher), "sft_steps": 2, "sft_minutes": None, "sft_episodes": 4,
+                             "curve_every": 0}),
+        student=ModelSpec(**{**vars(preset.student), "layers": 1, "sft_steps": 2, "sft_episodes": 4, "warmup": 1}),
+        student_start_ratio=None, student_start_f1=0.0, student_max_steps=2, student_probes=(2,), probe_episodes=2,
+        seeds=1, updates=2, warmup_updates=1, curve_every=1, eval_episodes=3, seen_eval_episodes=2, curve_episodes=2,
+        max_new_tokens=10, num_envs=2, sft_threads=1, timing_rounds=1, diagnose_episodes=2, progress=False,
+        rl_lr_sweep=(1e-3, 3e-3))
+    table = run_experiment(cfg)
+    out = tmp_path / "exp"
+    assert list(table.arm) == list(REAL_FAIR_ARMS)
+    teacher = json.loads((out / "teacher" / "result.json").read_text())
+    assert {"persistent_f1", "view_gap", "train_draw_f1"} <= set(teacher)
+    sweep = json.loads((out / "sweep" / "result.json").read_text())
+    rl = json.loads((out / "arms" / "rl" / "seed0" / "settings.json").read_text())
+    assert rl["lr"] == sweep["chosen_lr"] and rl["warmup_updates"] == 1 and rl["episodes_per_update"] == 4
+    sft = json.loads((out / "arms" / "sft_continued" / "seed0" / "sft" / "config.json").read_text())
+    assert sft["warmup"] == 1 and sft["model"] == json.loads((out / "student" / "result.json").read_text())["path"]
