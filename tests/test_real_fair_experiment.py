@@ -16,6 +16,7 @@ def test_real_fair_preset_settings(tmp_path):
     cfg = real_fair_config(str(tmp_path))
     assert cfg.model == "smollm2-135m-instruct"
     assert cfg.teacher.layers == 0 and 1 <= cfg.student.layers <= 15  # teacher: all 30 layers; student: a cut
+    assert (cfg.teacher.keep_last, cfg.student.keep_last) == (0, 10)  # the student: the base's first 5 and last 10
     assert cfg.teacher.sft_views == ("memory", "persistent") and cfg.teacher.sft_env == {"hops": (1, 2)}
     assert set(REAL_FAIR_ARMS) == {"rl", "memopd", "teacher_persistent", "sft_continued"} and cfg.arms == REAL_FAIR_ARMS
     assert cfg.seeds == 5 and cfg.updates >= 12 and cfg.warmup_updates > 0 and cfg.rl_lr is None
@@ -241,7 +242,8 @@ def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
         str(tmp_path / "exp"), str(tmp_path / "base"), env_kwargs=env_kwargs, system_prompt=None,
         teacher=ModelSpec(**{**vars(preset.teacher), "sft_steps": 2, "sft_minutes": None, "sft_episodes": 4,
                              "curve_every": 0}),
-        student=ModelSpec(**{**vars(preset.student), "layers": 1, "sft_steps": 2, "sft_episodes": 4, "warmup": 1}),
+        student=ModelSpec(**{**vars(preset.student), "layers": 2, "keep_last": 1, "sft_steps": 2, "sft_episodes": 4,
+                             "warmup": 1}),
         student_start_ratio=None, student_start_f1=0.0, student_max_steps=2, student_probes=(2,), probe_episodes=2,
         seeds=1, updates=2, warmup_updates=1, curve_every=1, eval_episodes=3, seen_eval_episodes=2, curve_episodes=2,
         max_new_tokens=10, num_envs=2, sft_threads=1, timing_rounds=1, diagnose_episodes=2, progress=False,
@@ -256,3 +258,34 @@ def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
     assert rl["lr"] == sweep["chosen_lr"] and rl["warmup_updates"] == 1 and rl["episodes_per_update"] == 4
     sft = json.loads((out / "arms" / "sft_continued" / "seed0" / "sft" / "config.json").read_text())
     assert sft["warmup"] == 1 and sft["model"] == json.loads((out / "student" / "result.json").read_text())["path"]
+    import torch
+    from agents.llm.models import load_pretrained
+
+    student, base = load_pretrained(out / "student" / "init")[0], load_pretrained(tmp_path / "base")[0]
+    assert student.config.num_hidden_layers == 2  # the base's first layer and its last
+    assert torch.equal(student.model.layers[1].mlp.up_proj.weight, base.model.layers[2].mlp.up_proj.weight)
+
+
+def test_shrink_keeps_the_first_and_the_last_layers_in_order(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from agents.llm.models import make_tiny
+    from agents.llm.pretrained import shrink
+
+    lm, tok = make_tiny(None, env_kwargs={"objectives": 1}, episodes=2, vocab_size=300, hidden_size=16, layers=4,
+                        heads=2)
+    student = shrink(lm, 3, keep_last=2)  # layers 0, 2, 3 of 4
+    assert student.config.num_hidden_layers == 3
+    for new, old in ((0, 0), (1, 2), (2, 3)):
+        assert torch.equal(student.model.layers[new].mlp.up_proj.weight, lm.model.layers[old].mlp.up_proj.weight)
+    assert torch.equal(shrink(lm, 2).model.layers[1].mlp.up_proj.weight, lm.model.layers[1].mlp.up_proj.weight)
+    # every layer kept, last ones included: the same model, the same logits
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(shrink(lm, 4, keep_last=4)(ids).logits, lm(ids).logits)
+    for bad in (4, -1, True):
+        with pytest.raises(ValueError, match="keep_last"):
+            shrink(lm, 3, keep_last=bad)
+    with pytest.raises(ValueError, match="student keep_last"):
+        ExperimentConfig(student=ModelSpec(layers=2, keep_last=1))  # no pretrained base to keep layers of
+    with pytest.raises(ValueError, match="student keep_last"):
+        real_fair_config(str(tmp_path), student=ModelSpec(layers=4, keep_last=5))

@@ -215,10 +215,12 @@ def _persistent_view_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str
             "persistent_turns": float(held.turns.mean())}
 
 
-def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
+def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path, keep_last: int = 0) -> str:
     """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
     keeps every decoder layer and ``cfg.system_prompt`` is unset, else (once) its first ``layers`` layers (all
-    when 0) saved to ``folder`` with the tokenizer and the prompt settings (``cfg.system_prompt`` when set)."""
+    when 0; with ``keep_last``, the first ``layers - keep_last`` and the last ``keep_last``:
+    :func:`agents.llm.pretrained.shrink`) saved to ``folder`` with the tokenizer and the prompt settings
+    (``cfg.system_prompt`` when set)."""
     from agents.llm.models import load_pretrained, save_pretrained
     from agents.llm.pretrained import resolve, shrink
 
@@ -231,7 +233,7 @@ def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
         lm, tok = load_pretrained(base)
         if cfg.system_prompt is not None:
             tok.memenv_prompt = {**(getattr(tok, "memenv_prompt", None) or {}), "system_prompt": cfg.system_prompt}
-        save_pretrained(lm if whole else shrink(lm, int(layers)), tok, folder)
+        save_pretrained(lm if whole else shrink(lm, int(layers), keep_last=int(keep_last)), tok, folder)
     return str(folder)
 
 
@@ -252,7 +254,7 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
             _write_json(out / "result.json", res)
         return res
     timer = Timer()
-    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init") if cfg.model else None
+    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init", cfg.teacher.keep_last) if cfg.model else None
     row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out, model=base))
     lm, tok = _trained(out)
     held, seen = _evaluate_both(lm, tok, cfg, out, "teacher")
@@ -325,7 +327,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     tok = load_tokenizer(teacher["path"])
     init = out / "init"
     if cfg.model:
-        init = Path(_pretrained_init(cfg, cfg.student.layers, init))
+        init = Path(_pretrained_init(cfg, cfg.student.layers, init, cfg.student.keep_last))
     elif not (init / "config.json").exists():
         save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
                                          heads=cfg.student.heads), tok, init)
