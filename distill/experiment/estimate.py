@@ -32,9 +32,12 @@ MEASURED: dict[str, Any] = {
     "base_layers": 30,
     # an SFT step of 16 invocations, the whole model, the short system prompt, bf16 autocast (issue 33's teacher)
     "sft_step_cpu_s": 39.0,
-    # a greedy episode (96-token cap), the whole model / its first 6 layers ("~8 s" / "~3 s each at 1 thread")
-    "episode_cpu_s": 8.0,
-    "episode_cpu_s_6_layers": 3.0,
+    # a greedy evaluation episode (96-token cap, the short prompt), the whole model: issue 33's 15 arm runs spent
+    # ~1.3 CPU-hours on 990 (50 held-out + 16 seen each; the collapsed control's 6-turn episodes included); its
+    # first 6 layers: 3/8 of that, the ratio of the first preset's figures ("~8 s" and "~3 s each at 1 thread",
+    # at the 64-token cap and the long prompt)
+    "episode_cpu_s": 4.7,
+    "episode_cpu_s_6_layers": 4.7 * 3 / 8,
     # one update of 8 episodes (2 tasks x 4), the whole model as the student: each arm's training CPU per run over
     # its 4 updates in issue 33's 5-seed run (GRPO alone 11.0, MemOPD 9.3, teacher-persistent 12.0 CPU-min per run)
     "update_cpu_s": {"rl": 165.0, "memopd": 140.0, "teacher_persistent": 180.0},
