@@ -139,8 +139,8 @@ def register_cli(subparsers) -> None:
                    help="the fair-evidence preset (fresh world): a teacher trained on both views, measured acting in "
                         "each before any arm; lr warm-up; GRPO alone's lr from a sweep; equal-CPU SFT arms; 10 seeds "
                         "(distill.experiment.config.fair_config); with --model, the real-model pair of issue 47: the "
-                        "whole base as teacher, 15 of its layers (first 5, last 10) as student, 4 arms x 5 seeds x 12 updates, its "
-                        "expected CPU time printed first (distill.experiment.config.real_fair_config)")
+                        "whole base as teacher, 15 of its layers (first 5, last 10) as student, 4 arms x 5 seeds x "
+                        "12 updates, its expected CPU time printed first (distill.experiment.config.real_fair_config)")
     m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")
