@@ -469,7 +469,8 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
 
     Device-agnostic as :func:`pretrained_config` is: bf16 where the device computes it natively
     (``teacher_dtype="native"``, ``train_autocast="auto"``, SFT ``autocast="auto"``), fp32 sampling; ``threads``
-    and ``sft_threads`` set torch's CPU threads only; the trainers take a CUDA device when there is one."""
+    and ``sft_threads`` set torch's CPU threads only; the trainers take a CUDA device when there is one (the stages'
+    greedy evaluations still load their models on the CPU, as every preset's do)."""
     cfg = world_config(pretrained_config(out, model), "fresh")
     teacher = replace(cfg.teacher, **{**FAIR_TEACHER, "sft_minutes": 90.0}, curve_every=50)
     student = replace(cfg.student, layers=REAL_FAIR_STUDENT_LAYERS, keep_last=REAL_FAIR_KEEP_LAST, sft_steps=10)
