@@ -43,7 +43,7 @@ def test_cli_fair_flag_refuses_other_presets(tmp_path, capsys):
 
     for extra in (["--quick"], ["--world", "fixed"]):
         assert main(["experiment", "memopd", "--fair", "--out", str(tmp_path / "x"), *extra]) == 2
-        assert "--fair is the fresh world's tiny-model preset" in capsys.readouterr().err
+        assert "--fair is the fresh world's fair-evidence preset" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # an end-to-end miniature: ~1-2 min on a loaded 2-core machine

@@ -321,10 +321,12 @@ def prepare(name: str, out: str | os.PathLike | None = None, *, force: bool = Fa
     return folder
 
 
-def shrink(model, layers: int):
-    """A student with the first ``layers`` decoder layers of ``model`` (its embeddings, final norm, head and
-    tokenizer unchanged): the cheaper student on the teacher's own tokenizer that MemOPD needs, made from the
-    pretrained weights rather than from scratch. A new fp32 model; ``model`` is untouched."""
+def shrink(model, layers: int, keep_last: int = 0):
+    """A student with ``layers`` decoder layers of ``model`` (its embeddings, final norm, head and tokenizer
+    unchanged): the cheaper student on the teacher's own tokenizer that MemOPD needs, made from the pretrained
+    weights rather than from scratch. The first ``layers`` by default; with ``keep_last``, the first
+    ``layers - keep_last`` and the last ``keep_last`` (the layers whose output the final norm and head were trained
+    on), renumbered in order. A new fp32 model; ``model`` is untouched."""
     import copy
 
     import torch
@@ -333,17 +335,23 @@ def shrink(model, layers: int):
     total = int(model.config.num_hidden_layers)
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
         raise ValueError(f"layers must be an int in 1..{total} (the model's decoder layers), got {layers!r}")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not 0 <= keep_last <= layers:
+        raise ValueError(f"keep_last must be an int in 0..{layers} (of the layers kept), got {keep_last!r}")
+    kept = list(range(layers - keep_last)) + list(range(total - keep_last, total))
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:layers]
+        config.layer_types = [list(config.layer_types)[i] for i in kept]
     keep = {}
     for key, value in model.state_dict().items():
         parts = key.split(".")
         if "layers" in parts:
             index = parts.index("layers") + 1
-            if index < len(parts) and parts[index].isdigit() and int(parts[index]) >= layers:
-                continue
+            if index < len(parts) and parts[index].isdigit():
+                if int(parts[index]) not in kept:
+                    continue
+                parts[index] = str(kept.index(int(parts[index])))
+                key = ".".join(parts)
         keep[key] = value.detach().clone().float()
     student = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     student.load_state_dict(keep, strict=True)

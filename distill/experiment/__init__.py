@@ -3,6 +3,7 @@
     memenv experiment memopd --out runs/memopd            # the full run (teacher cached under OUT/teacher)
     memenv experiment memopd --out runs/memopd_quick --quick
     memenv experiment memopd --world fresh --out runs/memopd_fresh   # facts drawn afresh every episode
+    memenv experiment memopd --fair --model smollm2-135m-instruct --out runs/memopd_real_fair   # issue 47 (~8 CPU-h)
 
 Worlds (``--world``, :data:`distill.experiment.config.WORLDS`): ``fixed`` (default, described below) keeps one world
 whose facts a tiny model can learn by heart; ``fresh`` draws every episode's facts afresh over one inventory of
@@ -28,8 +29,9 @@ the teacher's and the weak start's F1 can be read before the arms are paid for):
 
 1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories (:func:`agents.llm.sft.train_sft`);
 2. ``student/``: a smaller model (d=64, 2 layers) with the *teacher's tokenizer*, from a weak SFT (rounds until
-   a probe F1 reaches ``student_start_f1``); its greedy F1/EM per evaluation episode is the common start of
-   every arm;
+   a probe F1 reaches ``student_start_f1``; with ``student_start_ratio``, until the first probe in
+   (``student_start_f1``, ratio x the teacher's F1]); its greedy F1/EM per evaluation episode is the common start
+   of every arm;
 3. ``arms/ARM/seedS/``: from that start, the same number of GRPO updates with the same hyper-parameters
    (:data:`ARMS`): ``rl`` (GRPO alone), ``memopd`` (GRPO + on-policy distillation, actor and teacher on the
    aligned reconstruction), ``teacher_persistent`` (the matched control: the student's update is MemOPD's, only

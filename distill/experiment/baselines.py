@@ -81,7 +81,8 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
     start student for the training CPU seconds of ``cfg.equal_cpu_arm``'s run of the same seed (data making
     included), on the oracle's demonstrations of new train-pool tasks (``sft_continued``) or on the teacher's own
     greedy episodes (``seqkd``: sampling them costs up to ``seqkd_sample_share`` of that CPU, training the rest);
-    the student's SFT learning rate, warmed up over 50 steps and cosine-annealed over the budget. Evaluated as the
+    the student's SFT learning rate, warmed up over 50 steps (or the student's own SFT warm-up where it sets one)
+    and cosine-annealed over the budget. Evaluated as the
     GRPO arms are (held-out and seen at the end; the curve has only its end point). Resumes like them."""
     from agents.llm.models import load_pretrained
     from agents.llm.sft import expert_data, train_sft
@@ -104,8 +105,10 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
         raise _settings_mismatch(started, json.loads(started.read_text()), settings, "began a run")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(started, settings)
-    spec = replace(cfg.student, sft_steps=10**7, sft_minutes=budget / 60, sft_clock="cpu", warmup=50,
-                   sft_episodes=SFT_ARM_DEMOS)
+    # warm-up: the student's own SFT warm-up where it sets one (a pretrained student's CPU budget buys tens of
+    # steps, not the 50 of a tiny model's thousands), else 50 steps
+    spec = replace(cfg.student, sft_steps=10**7, sft_minutes=budget / 60, sft_clock="cpu",
+                   warmup=cfg.student.warmup if cfg.student.warmup is not None else 50, sft_episodes=SFT_ARM_DEMOS)
     sft_cfg = _sft_config(cfg, spec, out / "sft", model=student["path"], seed=seed, eval_every=0,
                           threads=cfg.threads, demo_seed_base=SFT_ARM_SEED_BASE["oracle"] + seed * SFT_ARM_SEED_STRIDE)
     made = out / "data_cpu.json"

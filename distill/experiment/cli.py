@@ -12,7 +12,7 @@ from typing import Any
 from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
                                        WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
-                                       world_config)
+                                       real_fair_config, world_config)
 from distill.experiment.run import STAGES, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
@@ -30,10 +30,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.arms:
         overrides["arms"] = tuple(dict.fromkeys(args.arms))
     with user_input():
-        if args.fair and (args.quick or args.model or args.world == "fixed"):
-            raise CommandError("--fair is the fresh world's tiny-model preset: it takes neither --quick, --model nor "
-                               "--world fixed")
-        if args.fair:
+        if args.fair and (args.quick or args.world == "fixed"):
+            raise CommandError("--fair is the fresh world's fair-evidence preset (tiny models; with --model, the "
+                               "real-model pair of issue 47): it takes neither --quick nor --world fixed")
+        if args.fair and args.model:
+            cfg = real_fair_config(args.out, args.model, **overrides)
+        elif args.fair:
             cfg = fair_config(args.out, **overrides)
         elif args.model:
             cfg = pretrained_config(args.out, args.model, **{**(PRETRAINED_QUICK if args.quick else {}), **overrides})
@@ -60,6 +62,10 @@ def _run(args: argparse.Namespace) -> int:
         from distill.experiment.report import SMOKE_NOTE
 
         print(f"{SMOKE_NOTE} Cost: {cost('quick')}.", flush=True)
+    elif cfg.model:  # a real model's run takes hours: its expected CPU time before any of it is spent
+        from distill.experiment.estimate import estimate_cpu, format_estimate
+
+        print(format_estimate(estimate_cpu(cfg)), flush=True)
     t0 = time.perf_counter()
     try:
         table = run_experiment(cfg, until=args.until)
@@ -132,7 +138,9 @@ def register_cli(subparsers) -> None:
     m.add_argument("--fair", action="store_true",
                    help="the fair-evidence preset (fresh world): a teacher trained on both views, measured acting in "
                         "each before any arm; lr warm-up; GRPO alone's lr from a sweep; equal-CPU SFT arms; 10 seeds "
-                        "(distill.experiment.config.fair_config)")
+                        "(distill.experiment.config.fair_config); with --model, the real-model pair of issue 47: the "
+                        "whole base as teacher, 15 of its layers (first 5, last 10) as student, 4 arms x 5 seeds x "
+                        "12 updates, its expected CPU time printed first (distill.experiment.config.real_fair_config)")
     m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")

@@ -52,6 +52,12 @@ ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "t
                 "sweep_seeds", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
 
 
+#: Settings of the weak start's length a rerun may also change while that stage has no result and no arm has run: a
+#: start whose probes stayed at or below the floor up to the cap (the window rule of ``student_start_ratio``) is
+#: extended by a rerun with more steps, its SFT resuming from its last checkpoint.
+STUDENT_LENGTH_SETTINGS = ("student_max_steps", "student_probes")
+
+
 class SettingsMismatchError(ValueError):
     """A rerun on an output folder whose cached stages were made with other settings."""
 
@@ -84,6 +90,9 @@ class ModelSpec:
     # questions whose bridge entity may be a held-out subject, so copying any name into a search is trained
     # while no held-out subject is ever asked about.
     sft_env: dict[str, Any] = field(default_factory=dict)
+    # With a pretrained base: of the ``layers`` kept, how many are the base's last decoder layers, the rest its
+    # first ones (agents.llm.pretrained.shrink's keep_last; 0: the first ``layers``, as every run before issue 47).
+    keep_last: int = 0
 
     def __post_init__(self) -> None:
         self.sft_views = tuple(self.sft_views)
@@ -128,6 +137,12 @@ class ExperimentConfig:
     # None: every student.sft_steps steps. A pretrained base learns the task in a few steps, between two probes
     # of a fixed round (SmolLM2: F1 0.06 after 20 steps, 0.56 after 25), so its preset probes step by step there.
     student_probes: tuple[int, ...] | None = None
+    # With it, the weak start's stop rule is a window (issue 47): stop at the first probe whose F1 is
+    # > student_start_f1 (the floor: learning must be visible) and <= student_start_ratio x the teacher's held-out
+    # F1 (the ceiling: a weak start); a probe above the ceiling stops too, flagged as overshot (the window fell
+    # between two probes: probe more finely); the cap reached below the floor is an error, with no start written.
+    # None: stop at the first probe >= student_start_f1, as every run before issue 47.
+    student_start_ratio: float | None = None
     probe_episodes: int = 100
     vocab: int = 8192
     tokenizer_episodes: int = 200
@@ -195,6 +210,8 @@ class ExperimentConfig:
             _finite("rl_lr_sweep value", value, 0, strict_low=True)
         if self.rl_lr is not None:
             _finite("rl_lr", self.rl_lr, 0, strict_low=True)
+        if self.student_start_ratio is not None:
+            _finite("student_start_ratio", self.student_start_ratio, 0, 1, strict_low=True)
         _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
         if isinstance(self.warmup_updates, bool) or not isinstance(self.warmup_updates, int) or self.warmup_updates < 0:
             raise ValueError(f"warmup_updates must be an integer >= 0, got {self.warmup_updates!r}")
@@ -251,6 +268,10 @@ class ExperimentConfig:
                     spec.layers < (0 if self.model else 1):
                 raise ValueError(f"{role} layers must be an integer >= {0 if self.model else 1}"
                                  f"{' (0: all of the base model)' if self.model else ''}, got {spec.layers!r}")
+            if isinstance(spec.keep_last, bool) or not isinstance(spec.keep_last, int) or spec.keep_last < 0 or \
+                    (spec.keep_last and (not self.model or spec.keep_last > spec.layers)):
+                raise ValueError(f"{role} keep_last must be an integer in 0..layers ({spec.layers}; > 0 only with a "
+                                 f"pretrained base and layers > 0), got {spec.keep_last!r}")
             if isinstance(spec.sft_worlds, bool) or not isinstance(spec.sft_worlds, int) or spec.sft_worlds < 0:
                 raise ValueError(f"{role} sft_worlds must be an integer >= 0, got {spec.sft_worlds!r}")
             if spec.warmup is not None and (isinstance(spec.warmup, bool) or not isinstance(spec.warmup, int)
@@ -384,6 +405,82 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
     return ExperimentConfig(**{**base, **overrides})
 
 
+#: The real-model fair preset's arms (issue 47): GRPO alone (lr swept), MemOPD, the fair teacher-persistent control
+#: and continued SFT at MemOPD's CPU.
+REAL_FAIR_ARMS = ("rl", "memopd", "teacher_persistent", "sft_continued")
+#: Its student: 15 of the base's decoder layers (the issue's deepest cut), its first 5 and its last 10 (the
+#: selection whose zero-shot action NLL is lowest of those measured; see :func:`real_fair_config`).
+REAL_FAIR_STUDENT_LAYERS = 15
+REAL_FAIR_KEEP_LAST = 10
+
+
+def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides: Any) -> ExperimentConfig:
+    """``memenv experiment memopd --fair --model smollm2-135m-instruct``: the fair-evidence design (issue 45) on a
+    real pair where the student is genuinely smaller than the teacher (issue 47), on the fresh world.
+
+    The teacher is the whole base (30 layers), SFT'd as the fair preset's teacher (:data:`FAIR_TEACHER`): every
+    demonstration rendered in both views (the memory state and the flattened transcript the teacher-persistent
+    control scores in) with two-hop demonstrations mixed in; its greedy F1 acting in each view is measured on the
+    held-out questions before any arm runs. 90 CPU-min, the budget in which the memory-only SmolLM2 teacher of
+    issue 33 reached held-out 0.93-0.95 (greedy F1 0.96-0.98 from step 75 of its ~140); its curve every 50 steps.
+    The two-hop demonstrations' actions reach 168 of SmolLM2's tokens (10% of them over the 96-token cap; 150
+    oracle episodes): SFT trains them whole, and they are training data only, as the task itself is single-hop
+    (its actions <= 85 tokens), so the cap binds nowhere the teacher or the student acts.
+
+    The student is 15 of the base's 30 layers (:data:`REAL_FAIR_STUDENT_LAYERS`: ~81M parameters against 134.5M,
+    28.3M of both the tied embedding), the deepest cut the issue allows: its first 5 and its last 10
+    (:data:`REAL_FAIR_KEEP_LAST`, :func:`agents.llm.pretrained.shrink`'s ``keep_last``). Why that deep: a 6-layer
+    cut did not learn the task in the SFT a CPU affords (probe F1 0.014 after 280 steps, ~70 CPU-min;
+    docs/results.md), and 15 layers keep half the body at ~0.55x the whole model's cost per update and per SFT step
+    (:mod:`distill.experiment.estimate`; measured: a forward over 36 invocations 21.5 CPU-s against 39.2). Why
+    those 15: every cut starts far from the base, but the last layers (whose output the final norm and head were
+    trained on) bring it closer. Zero-shot action NLL on the oracle's actions (36 invocations of 12 train-pool
+    episodes, memory view, the preset's prompt; the whole model 1.11 nats per token): first 15 layers 21.7, first
+    14 + last 1 20.4, first 12 + last 3 13.8, first 10 + last 5 13.2, first 8 + last 7 9.4, **first 5 + last 10
+    7.6**, first 2 + last 13 13.0, every other layer 14.5-16.4. The 6-layer cuts pointed the same way: after 30 SFT
+    steps the first 3 + last 3 had a loss of 3.5 against the first 6's 4.8. How fast the chosen cut learns the task
+    in SFT is not measured yet (``--until student`` measures it first; ``keep_last=0`` in the student's spec is
+    the first-15 cut).
+
+    Its weak start: SFT (the teacher's lr 2e-4, warm-up 10 steps, memory view) probed every 10 steps on 24
+    train-pool episodes, stopped at the first probe in (0.05, 0.4 x the teacher's held-out F1]
+    (``student_start_f1`` = 0.05, ``student_start_ratio`` = 0.4: learning visible, the start weak); up to 150
+    steps (~55 CPU-min), after which a start still at <= 0.05 stops the run with a message (a rerun with a larger
+    ``--student-max-steps`` resumes the SFT).
+
+    The arms (:data:`REAL_FAIR_ARMS`): GRPO alone at the best of 1e-5, 3e-5 and 1e-4 (1 sweep seed each, on
+    train-pool probes), MemOPD and the teacher-persistent control at 3e-5 (issue 33's fine-tuning rate), continued
+    SFT on oracle demonstrations at MemOPD's CPU of the same seed; every GRPO-trained arm warms its lr up over 3
+    updates; 12 updates; 5 training seeds; held-out F1 at the start, after update 6 (16 episodes) and at the end
+    (50 held-out and 16 seen episodes); one arm process at a time (issue 33's pair of two 30-layer models peaked at
+    10-13 GB per process).
+
+    Its expected CPU time (:func:`distill.experiment.estimate.estimate_cpu`, printed before the run): ~7.9 CPU-hours
+    at 1 thread on the 2-core dev machine, the student's SFT priced to its 150-step cap (the rest of the issue's ~10
+    is left for what the estimate cannot see: longer episodes of a weak student, the persistent view's longer
+    sequences). At issue 33's 2 tasks x 4 episodes per update it was ~11.5, over the issue's ~10: **the knob cut is
+    the tasks per update, 2 -> 1** (one GRPO group of 4 episodes per update; ``tasks_per_update=2`` restores it
+    where CPU allows, e.g. on a GPU). Why that knob: it is the only one that fits the budget without dropping
+    something the issue asks for (4 arms, 5 seeds, >= 12 updates, a >= 3-value sweep, the both-view teacher, the
+    curve); every arm loses the same half of its data per update (the SFT arm's CPU follows MemOPD's), so the
+    comparisons stay paired and fair and only their power falls. Also kept small: one sweep seed per value (the tiny
+    fair run: 2) and 50 held-out evaluation episodes (its 400); the sequence-level distillation and flattening arms
+    are left out.
+
+    Device-agnostic as :func:`pretrained_config` is: bf16 where the device computes it natively
+    (``teacher_dtype="native"``, ``train_autocast="auto"``, SFT ``autocast="auto"``), fp32 sampling; ``threads``
+    and ``sft_threads`` set torch's CPU threads only; the trainers take a CUDA device when there is one (the stages'
+    greedy evaluations still load their models on the CPU, as every preset's do)."""
+    cfg = world_config(pretrained_config(out, model), "fresh")
+    teacher = replace(cfg.teacher, **{**FAIR_TEACHER, "sft_minutes": 90.0}, curve_every=50)
+    student = replace(cfg.student, layers=REAL_FAIR_STUDENT_LAYERS, keep_last=REAL_FAIR_KEEP_LAST, sft_steps=10)
+    cfg = replace(cfg, teacher=teacher, student=student, student_start_f1=0.05, student_start_ratio=0.4,
+                  student_max_steps=150, student_probes=tuple(range(10, 151, 10)), arms=REAL_FAIR_ARMS, seeds=5,
+                  updates=12, tasks_per_update=1, warmup_updates=3, rl_lr_sweep=(1e-5, 3e-5, 1e-4), sweep_seeds=1,
+                  curve_every=6, smoke=False)
+    return replace(cfg, **overrides)
+
+
 def pool_env_kwargs(cfg: ExperimentConfig, pool: str = "train") -> dict[str, Any]:
     """The env kwargs of one question pool: ``train`` (demonstrations, probes, GRPO episodes, "seen"
     evaluation) or ``heldout`` (the headline evaluation)."""
@@ -422,7 +519,8 @@ def check_settings(cfg: ExperimentConfig) -> None:
         if isinstance(old.get(role), dict):
             old[role] = {**default[role], **old[role]}
     later = any((Path(cfg.out) / name).exists() for name in ("arms", "timing.csv", "diagnostics.csv"))
-    free = RERUN_MAY_CHANGE + (() if later else ARM_SETTINGS)
+    started = (Path(cfg.out) / "student" / "result.json").exists()
+    free = RERUN_MAY_CHANGE + (() if later else ARM_SETTINGS) + (() if later or started else STUDENT_LENGTH_SETTINGS)
     changed = sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k))
     if changed:
         detail = ", ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in changed[:6])
@@ -431,7 +529,9 @@ def check_settings(cfg: ExperimentConfig) -> None:
                                     "--out (or the earlier settings) to keep its cached stages")
 
 
-__all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "SettingsMismatchError", "ModelSpec",
+__all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "STUDENT_LENGTH_SETTINGS",
+           "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
            "check_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
-           "fair_config"]
+           "fair_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
+           "real_fair_config"]

@@ -215,6 +215,15 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
     if student is not None:
         out.append({"target": "student start held-out F1 <= 0.3", "value": student["f1"],
                     "met": student["f1"] <= 0.3, "detail": f"± {student['f1_se']:.3f} (episodes)"})
+        window = student.get("start_window")
+        if window and teacher is not None:  # the window rule of issue 47, judged on the held-out start
+            ratio = student["f1"] / teacher["f1"] if teacher["f1"] > 0 else math.nan
+            out.append({"target": f"student start held-out F1 > {window['floor']:g} and <= the weak-start share of "
+                                  "the teacher's", "value": student["f1"],
+                        "met": window["floor"] < student["f1"] <= window["ceiling"],
+                        "detail": f"± {student['f1_se']:.3f} (episodes); {ratio:.2f}x the teacher's "
+                                  f"{teacher['f1']:.3f}; window ({window['floor']:g}, {window['ceiling']:.3f}]; "
+                                  f"the probes stopped it: {window['verdict']}"})
     rows = comparisons[comparisons["a"] == HEADLINE_ARM] if len(comparisons) else comparisons
     for _, c in rows.iterrows():
         b = c["b"]

@@ -215,10 +215,12 @@ def _persistent_view_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str
             "persistent_turns": float(held.turns.mean())}
 
 
-def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
+def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path, keep_last: int = 0) -> str:
     """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
     keeps every decoder layer and ``cfg.system_prompt`` is unset, else (once) its first ``layers`` layers (all
-    when 0) saved to ``folder`` with the tokenizer and the prompt settings (``cfg.system_prompt`` when set)."""
+    when 0; with ``keep_last``, the first ``layers - keep_last`` and the last ``keep_last``:
+    :func:`agents.llm.pretrained.shrink`) saved to ``folder`` with the tokenizer and the prompt settings
+    (``cfg.system_prompt`` when set)."""
     from agents.llm.models import load_pretrained, save_pretrained
     from agents.llm.pretrained import resolve, shrink
 
@@ -231,7 +233,7 @@ def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path) -> str:
         lm, tok = load_pretrained(base)
         if cfg.system_prompt is not None:
             tok.memenv_prompt = {**(getattr(tok, "memenv_prompt", None) or {}), "system_prompt": cfg.system_prompt}
-        save_pretrained(lm if whole else shrink(lm, int(layers)), tok, folder)
+        save_pretrained(lm if whole else shrink(lm, int(layers), keep_last=int(keep_last)), tok, folder)
     return str(folder)
 
 
@@ -252,7 +254,7 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
             _write_json(out / "result.json", res)
         return res
     timer = Timer()
-    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init") if cfg.model else None
+    base = _pretrained_init(cfg, cfg.teacher.layers, out / "init", cfg.teacher.keep_last) if cfg.model else None
     row = _sft_finished(out, cfg.teacher) or train_sft(_sft_config(cfg, cfg.teacher, out, model=base))
     lm, tok = _trained(out)
     held, seen = _evaluate_both(lm, tok, cfg, out, "teacher")
@@ -286,9 +288,35 @@ def _probe_schedule(cfg: ExperimentConfig) -> list[int]:
     return sorted({n for n in points if n < cap} | {cap})
 
 
+class WeakStartNotReached(SettingsMismatchError):
+    """The weak start's probes stayed at or below the window's floor up to ``student_max_steps``: no start is
+    written (a rerun with more steps resumes the SFT); reported in one line like a settings mismatch."""
+
+
+def weak_start_verdict(probe_f1: float, floor: float, ceiling: float | None) -> str:
+    """The weak start's stop rule at one probe: ``"continue"`` while its F1 is <= ``floor`` (no learning visible
+    yet); with a ``ceiling`` (the window rule, ``ExperimentConfig.student_start_ratio`` x the teacher's F1),
+    ``"stop"`` in (floor, ceiling] and ``"overshot"`` above it (the window fell between two probes; the start is
+    stronger than asked, and more SFT would only make it stronger); without one (the rule before issue 47),
+    ``"stop"`` at F1 >= ``floor``."""
+    if ceiling is None:
+        return "stop" if probe_f1 >= floor else "continue"
+    if probe_f1 <= floor:
+        return "continue"
+    return "stop" if probe_f1 <= ceiling else "overshot"
+
+
+def _start_window(cfg: ExperimentConfig, teacher: dict[str, Any]) -> float | None:
+    """The window's ceiling: ``student_start_ratio`` x the teacher's held-out F1 (the figure the issue's "<= 0.4
+    of the teacher's" names; the probes themselves are train-pool episodes, so the choice never sees evaluation
+    episodes), or None (the rule before issue 47)."""
+    return None if cfg.student_start_ratio is None else cfg.student_start_ratio * float(teacher["f1"])
+
+
 def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
     """The student on the teacher's tokenizer (a tiny model, a cut of the pretrained base, or the whole base),
-    weakly SFT'd until a probe reaches the start target; its per-episode start evaluations are saved."""
+    weakly SFT'd until a probe meets the stop rule (:func:`weak_start_verdict`); its per-episode start evaluations
+    are saved."""
     from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
     from agents.llm.sft import train_sft
     from agents.llm.training import latest_checkpoint, load_trainer_state
@@ -299,7 +327,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     tok = load_tokenizer(teacher["path"])
     init = out / "init"
     if cfg.model:
-        init = Path(_pretrained_init(cfg, cfg.student.layers, init))
+        init = Path(_pretrained_init(cfg, cfg.student.layers, init, cfg.student.keep_last))
     elif not (init / "config.json").exists():
         save_pretrained(build_tiny_model(tok, seed=1, hidden_size=cfg.student.hidden, layers=cfg.student.layers,
                                          heads=cfg.student.heads), tok, init)
@@ -309,6 +337,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     done = latest_checkpoint(out / "sft")
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
     schedule = _probe_schedule(cfg)
+    ceiling = _start_window(cfg, teacher)
     # A resumed run continues at the first probe point at or after its last checkpoint.
     steps = next((n for n in schedule if n >= done_steps), schedule[-1])
     while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
@@ -322,16 +351,29 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
             probes.append({"steps": steps, "probe_f1": float(evaluate_per_seed(lm, tok, cfg, probe_seeds,
                                                                                pool="train").f1.mean())})
             write_text_atomic(probes_path, json.dumps(probes))
-        _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} (weak-start target "
-                  f"{cfg.student_start_f1})")
-        if probes[-1]["probe_f1"] >= cfg.student_start_f1 or steps >= cfg.student_max_steps:
+        verdict = weak_start_verdict(probes[-1]["probe_f1"], cfg.student_start_f1, ceiling)
+        target = (f"window ({cfg.student_start_f1:g}, {ceiling:.3f}]: {verdict}" if ceiling is not None
+                  else f"weak-start target {cfg.student_start_f1}")
+        _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} ({target})")
+        if verdict != "continue" or steps >= cfg.student_max_steps:
             break
         steps = next(n for n in schedule if n > steps)
+    if ceiling is not None and verdict == "continue":
+        raise WeakStartNotReached(
+            f"the student's probe F1 stayed <= {cfg.student_start_f1:g} up to student_max_steps "
+            f"{cfg.student_max_steps} (last {probes[-1]['probe_f1']:.3f}): rerun with a larger --student-max-steps "
+            f"(its SFT resumes from {out / 'sft'}), or a deeper student")
+    if verdict == "overshot":
+        _log(cfg, f"warning: the student's probe F1 {probes[-1]['probe_f1']:.3f} overshot the window's ceiling "
+                  f"{ceiling:.3f} between two probes: a stronger start than asked (student_probes finer there "
+                  "would catch the window)")
     held, seen = _evaluate_both(lm, tok, cfg, out, "start")
     res = {"path": str(latest_checkpoint(out / "sft").resolve()), "steps": row.get("step"),
            "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(held.f1.mean()), "em": float(held.em.mean()),
            "f1_se": standard_error(held.f1), "seen_f1": float(seen.f1.mean()), "seen_f1_se": standard_error(seen.f1),
            "parameters": sum(p.numel() for p in lm.parameters()), "probes": probes,
+           **({"start_window": {"floor": cfg.student_start_f1, "ceiling": ceiling, "verdict": verdict}}
+              if ceiling is not None else {}),
            **asdict(replace(cfg.student, sft_steps=steps))}
     _write_json(out / "result.json", res)
     return res
@@ -562,5 +604,6 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
     return table
 
 
-__all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluate_per_seed", "build_teacher", "build_student", "arm_config",
+__all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluate_per_seed", "build_teacher", "build_student",
+           "WeakStartNotReached", "weak_start_verdict", "arm_config",
            "run_arm", "actor_timing", "persistent_diagnostics"]
