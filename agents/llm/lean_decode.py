@@ -14,7 +14,11 @@ transformers' SDPA integration calls it for a one-token query (grouped heads pac
 Exactness: the same kernels on the same inputs: the logits equal the forward's bit for bit (tested on the tiny
 Qwen2 and Llama models, greedy tokens and sampled log-probs of whole generations). Models it does not know
 (anything but Llama and Qwen2 decoders with SDPA attention, full attention only, default RoPE scaling, eval mode)
-get ``None`` from :func:`lean_step` and keep the model's forward; ``LLMPolicy(fast_decode=False)`` turns it off.
+get ``None`` from :func:`lean_step` and keep the model's forward. ``LLMPolicy(fast_decode=True)`` turns it on.
+
+Measured (``benchmarks/rollout_throughput.py``, SmolLM2-135M, 1 thread, all the calls of one GRPO update, side by
+side): decode tokens per CPU-second 1.01 +- 0.02x of the forward's, so it is off by default: at the 4-8 rows a
+call decodes, the step is the matrix products', not Python's.
 """
 
 from __future__ import annotations

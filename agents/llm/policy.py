@@ -226,7 +226,8 @@ class LLMPolicy:
             the module doc. Models whose cache is not plain full attention always use ``"padded"``.
         fast_decode: the tree path's decode steps run :func:`agents.llm.lean_decode.lean_step` (the forward's
             operations without its per-call machinery; the same logits bit for bit) where the model is one it
-            knows; False: the model's forward.
+            knows. Off by default: on SmolLM2 at 1 thread it saved nothing (decode tokens per CPU-second 1.01x,
+            ``benchmarks/rollout_throughput.py``, docs/real_models.md).
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
     actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
@@ -238,7 +239,7 @@ class LLMPolicy:
                  max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
                  system_prompt: str | None = "checkpoint", plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
                  max_prompt_tokens: int | None = None, seed: int | None = 0, generation: str = "tree",
-                 fast_decode: bool = True) -> None:
+                 fast_decode: bool = False) -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model, loaded_tok = load_pretrained(model)
             tokenizer = tokenizer or loaded_tok
