@@ -17,8 +17,8 @@ Qwen2 and Llama models, greedy tokens and sampled log-probs of whole generations
 get ``None`` from :func:`lean_step` and keep the model's forward. ``LLMPolicy(fast_decode=True)`` turns it on.
 
 Measured (``benchmarks/rollout_throughput.py``, SmolLM2-135M, 1 thread, all the calls of one GRPO update, side by
-side): decode tokens per CPU-second 1.01 +- 0.02x of the forward's, so it is off by default: at the 4-8 rows a
-call decodes, the step is the matrix products', not Python's.
+side, 3 rounds): decode tokens per CPU-second 1.03 +- 0.05x of the forward's, no gain beyond the noise, so it is
+off by default: at the 4-8 rows a call decodes, the step is the matrix products', not Python's.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ class LLMPolicy:
             the module doc. Models whose cache is not plain full attention always use ``"padded"``.
         fast_decode: the tree path's decode steps run :func:`agents.llm.lean_decode.lean_step` (the forward's
             operations without its per-call machinery; the same logits bit for bit) where the model is one it
-            knows. Off by default: on SmolLM2 at 1 thread it saved nothing (decode tokens per CPU-second 1.01x,
+            knows. Off by default: on SmolLM2 at 1 thread no gain beyond the noise (decode per CPU-second 1.03 ± 0.05x,
             ``benchmarks/rollout_throughput.py``, docs/real_models.md).
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
