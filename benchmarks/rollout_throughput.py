@@ -11,7 +11,8 @@ several rounds (mean +- sd across rounds):
 and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (one left-padded prefill, every row
 decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
 :mod:`agents.llm.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
-(``--start`` gives it ``--compile-timeout`` seconds to answer; on the loaded 2-core machine it had not after 16 min).
+(``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min at
+load ~10).
 
 Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
 vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
