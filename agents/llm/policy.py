@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from agents.llm.lean_decode import lean_step
 from agents.llm.models import load_pretrained, model_limits
 from agents.llm.tree_generation import PrefixStore, decode_buffers, prefill_tree, supports_tree_generation
 from agents.prompts import PROTOCOL_SYSTEM_PROMPT  # re-exported: the served policy uses it without torch
@@ -223,6 +224,10 @@ class LLMPolicy:
         seed: seeds the sampling generator (reproducible rollouts).
         generation: ``"tree"`` (prefix-tree prefill, early exit) or ``"padded"`` (one left-padded batch); see
             the module doc. Models whose cache is not plain full attention always use ``"padded"``.
+        fast_decode: the tree path's decode steps run :func:`agents.llm.lean_decode.lean_step` (the forward's
+            operations without its per-call machinery; the same logits bit for bit) where the model is one it
+            knows. Off by default: on SmolLM2 at 1 thread no gain beyond the noise (decode per CPU-second 1.03 ± 0.05x,
+            ``benchmarks/rollout_throughput.py``, docs/real_models.md).
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
     actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
@@ -233,7 +238,8 @@ class LLMPolicy:
     def __init__(self, model, tokenizer=None, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
                  system_prompt: str | None = "checkpoint", plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
-                 max_prompt_tokens: int | None = None, seed: int | None = 0, generation: str = "tree") -> None:
+                 max_prompt_tokens: int | None = None, seed: int | None = 0, generation: str = "tree",
+                 fast_decode: bool = False) -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model, loaded_tok = load_pretrained(model)
             tokenizer = tokenizer or loaded_tok
@@ -285,6 +291,7 @@ class LLMPolicy:
         self.last: Generation | None = None
         self.generation = generation
         self._tree_ok = supports_tree_generation(model)
+        self.fast_decode = bool(fast_decode)
         self._store: PrefixStore | None = None
         self.stats = dict.fromkeys(("prompt_tokens", "prefill_tokens", "decode_rows", "generated_tokens"), 0)
         self.stats.update(prefill_s=0.0, decode_s=0.0, prefill_cpu_s=0.0, decode_cpu_s=0.0)
@@ -471,6 +478,7 @@ class LLMPolicy:
         del kv_rows
         t1, c1 = time.perf_counter(), time.process_time()
         layers = cache.layers
+        step_fn = lean_step(self.model) if self.fast_decode else None
         length = layers[0].length  # filled columns (the same in every layer)
         rows = list(range(n))  # the batch's rows, as indices of prompts
         positions = torch.tensor(lengths, dtype=torch.long, device=device)
@@ -503,11 +511,14 @@ class LLMPolicy:
                     layer.keep(index, lead)
                 mask, length = mask[index, lead:], length - lead
                 token, positions = token[index], positions[index]
-            out = self.model(input_ids=token[:, None], attention_mask=mask[:, :length + 1],
-                             position_ids=positions[:, None], use_cache=True, **{self._cache_arg: cache})
+            if step_fn is not None:
+                logits = step_fn(token[:, None], positions[:, None], mask[:, :length + 1], layers).float()
+            else:
+                out = self.model(input_ids=token[:, None], attention_mask=mask[:, :length + 1],
+                                 position_ids=positions[:, None], use_cache=True, **{self._cache_arg: cache})
+                logits = out.logits[:, -1].float()
             length += 1
             positions = positions + 1
-            logits = out.logits[:, -1].float()
             self.stats["decode_rows"] += len(rows)
         self._count(prompts, responses, computed[0], (t1 - t0, c1 - c0),
                     (time.perf_counter() - t1, time.process_time() - c1))
