@@ -152,6 +152,11 @@ def run_variant(variant: str, steps: int, every: int, sets: list[str]) -> dict:
     cmd = [sys.executable, __file__, "--child", "--steps", str(steps), "--every", str(every)]
     if sets:
         cmd += ["--set", *sets]
+    return child_summary(cmd, env, variant)
+
+
+def child_summary(cmd: list[str], env: dict, variant: str) -> dict:
+    """Run a variant's child process, echo its lines tagged with the variant, return its ``SUMMARY`` JSON line."""
     summary = None
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:

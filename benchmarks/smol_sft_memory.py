@@ -28,14 +28,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sft_memory import peak_mb, rss_mb  # benchmarks/ is on sys.path
+from sft_memory import child_summary, peak_mb, rss_mb  # benchmarks/ is on sys.path
 
 #: the README's SmolLM2 SFT command, as its arguments (tests/test_readme.py checks the README still says this)
 README_ARGS = ("train --algo sft --model smollm2-135m-instruct --kw objectives=1 hops=1 question_split=train "
@@ -177,16 +176,7 @@ def run_variant(variant: str, args) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([code, os.path.dirname(os.path.abspath(__file__))])
     cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--save-every", str(args.save_every),
            "--eval-episodes", str(args.eval_episodes), "--set", *sets]
-    summary = None
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
-        for line in proc.stdout:
-            if line.startswith("SUMMARY "):
-                summary = json.loads(line[len("SUMMARY "):])
-            else:
-                print(f"[{variant}] {line.rstrip()}", flush=True)
-    if proc.returncode != 0 or summary is None:
-        raise SystemExit(f"variant {variant!r} failed (exit {proc.returncode})")
-    return summary
+    return child_summary(cmd, env, variant)
 
 
 def report(variant: str, s: dict) -> None:
