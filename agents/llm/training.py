@@ -334,9 +334,8 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, lm, tokenizer, state:
     renamed, then ``out_dir/latest`` (one line: the folder name) is replaced atomically. Older ones beyond ``keep``
     are removed, except those whose step is a multiple of ``keep_every`` (when > 0); of those kept, only this one
     (the latest) and the ``keep_optimizer - 1`` newest others keep ``optimizer.pt`` (0: all): a resume reads the
-    latest, and Adam's state is twice
-    the weights (SmolLM2: 1.08 GB beside 0.54 GB), so an older checkpoint keeps what ``from_pretrained`` and the
-    bench read. ``extra_files``: more files written into the folder (name -> callable(path), e.g. a run's
+    latest, and Adam's state is twice the weights (SmolLM2: 1.08 GB beside 0.54 GB), so an older checkpoint keeps
+    what ``from_pretrained`` and the bench read. ``extra_files``: more files written into the folder (name -> callable(path), e.g. a run's
     adapters). Weights holding a NaN or an infinity are refused before anything is written
     (:class:`agents.llm.models.NonFiniteWeightsError`)."""
     out_dir = Path(out_dir)
