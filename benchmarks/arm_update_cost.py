@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     import torch
 
     from agents.llm.models import load_pretrained
-    from agents.llm.precision import host_line, native_bf16
+    from agents.llm.precision import fast_bf16, host_line
     from agents.llm.training import latest_checkpoint
     from distill.experiment.config import ExperimentConfig, ModelSpec, pretrained_config
     from distill.experiment.stages import arm_config
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
 
     print(host_line(), f"| {args.arm}, {args.updates} update(s) of {cfg.tasks_per_update * cfg.group_size} "
           f"episodes, {cfg.max_new_tokens}-token action cap; teacher bf16 on this host: "
-          f"{'yes' if native_bf16('cpu') else 'no (fp32)'}", flush=True)
+          f"{'yes' if fast_bf16('cpu') else 'no (fp32)'}", flush=True)
     results = {}
     for side in ("after", "before"):  # the new path first: a failure there shows before the long side
         with tempfile.TemporaryDirectory() as scratch:

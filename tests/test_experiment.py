@@ -610,14 +610,14 @@ def test_the_host_line_says_how_the_arms_train():
     """The experiment's host line (printed and written into results.md) names the arms' training precision:
     fp32 unless train_autocast resolves to bf16 on this host; sampling is fp32 either way."""
     pytest.importorskip("torch")
-    from agents.llm.precision import native_bf16
+    from agents.llm.precision import fast_bf16
     from distill.experiment.run import _rl_precision
 
     assert _rl_precision(ExperimentConfig()).endswith("sampling fp32, training passes fp32")
     assert _rl_precision(ExperimentConfig(train_autocast="none")).endswith("training passes fp32")
     assert _rl_precision(ExperimentConfig(train_autocast="bf16")).endswith("training passes bf16 autocast")
     auto = _rl_precision(ExperimentConfig(train_autocast="auto"))
-    assert auto.endswith("bf16 autocast" if native_bf16("cpu") else "training passes fp32")
+    assert auto.endswith("bf16 autocast" if fast_bf16("cpu") else "training passes fp32")
 
 
 def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_control_by_the_difference(tmp_path):
