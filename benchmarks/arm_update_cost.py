@@ -36,7 +36,9 @@ episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32
 
 ``--baseline reuse``: the left side is the update now without the scoring passes it saves by reusing forwards (the
 first minibatch's old log-probs from its training forward; no reference pass while the actor equals the reference,
-a fresh run's first update only: hence ``--updates 2``).
+a fresh run's first update only: hence ``--updates 2``). ``--baseline precision``: the left side is the update now
+with its training passes under bf16 autocast and the teacher's weights in bf16 (what ``"auto"`` / ``"native"``
+chose on any CPU with AVX512-BF16 before they were limited to CPUs with AMX; agents/llm/precision.py).
 
 ``--lora-rank R``: the right side trains rank-R low-rank adapters on the actor's linear layers instead of its weights
 (``PPOConfig.lora_rank``, :mod:`agents.llm.lora`; the reference is the base with the adapters off); the left side is
@@ -69,6 +71,9 @@ def before(run_cfg, baseline: str = "before"):
     ``ref_logprobs_from_actor``), everything else as after."""
     if baseline == "reuse":
         return replace(run_cfg, old_logprobs_from_first_forward=False, ref_logprobs_from_actor=False)
+    if baseline == "precision":  # bf16 forced where "auto"/"native" now choose by fast_bf16 (fp32 without AMX)
+        extra = {"teacher_dtype": "bfloat16"} if hasattr(run_cfg, "teacher_dtype") else {}
+        return replace(run_cfg, train_autocast="bf16", **extra)
     changes = {"generation": "padded", "train_autocast": "none",
                "old_logprobs_from_first_forward": False, "ref_logprobs_from_actor": False}
     if hasattr(run_cfg, "teacher_packing"):
@@ -130,9 +135,10 @@ def main(argv=None) -> int:
     parser.add_argument("--student-layers", type=int, default=None, metavar="N",
                         help="with --base: the student keeps the base's first N decoder layers (default: the preset's "
                              "student.layers; 0 = the whole model)")
-    parser.add_argument("--baseline", choices=["before", "reuse"], default="before",
+    parser.add_argument("--baseline", choices=["before", "reuse", "precision"], default="before",
                         help="the left side: the update before issue 33's speed work (default), or the update now "
-                             "without the scoring passes it saves by reusing forwards (reuse)")
+                             "without the scoring passes it saves by reusing forwards (reuse), or the update now in bf16 "
+                             "(precision: bf16 autocast, bf16 teacher)")
     parser.add_argument("--lora-rank", type=int, default=0, metavar="R",
                         help="the right side trains rank-R adapters (PPOConfig.lora_rank), the left side the full "
                              "weights, both with the arms' settings now (0: off, the default)")
