@@ -15,8 +15,8 @@ command and the figures cannot drift apart. Why each setting (docs/llm_agents.md
   (``schedule_by="budget"``), else over the steps.
 - a language-model loss on a random 30% of the observation tokens besides the action-token loss (pretraining on
   task text for a model with none).
-- batches of 16 invocations cut from length-sorted pools of 8 batches; a bf16 autocast forward where the CPU has
-  native bf16 (``autocast="auto"``); 3,000 oracle demonstrations.
+- batches of 16 invocations cut from length-sorted pools of 8 batches; a bf16 autocast forward where the CPU computes
+  bf16 fast (``autocast="auto"``: AMX; fp32 on AVX512-BF16 alone, where it measured faster); 3,000 oracle demonstrations.
 
 The earlier defaults of the command (isolated spaces, 4 heads, vocabulary 4096 at min frequency 2, lr 1e-3 on a
 step cosine, action tokens only) ended a 2,000-step run at held-out F1 0.008 (issue 51).
