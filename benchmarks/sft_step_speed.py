@@ -1,5 +1,6 @@
-"""SFT step time on CPU, bf16 autocast: transformers' "sdpa" attention vs fp32 attention
-(``agents.llm.models.use_float32_attention``, what ``train_sft`` switches on), measured side by side in one run.
+"""SFT step time on CPU: under bf16 autocast, transformers' "sdpa" attention vs fp32 attention
+(``agents.llm.models.use_float32_attention``, what ``train_sft`` switches on under the autocast), and no autocast at
+all (fp32, what ``autocast="auto"`` picks on a CPU without AMX), measured side by side in one run.
 
 The batches are those of the tiny-model recipe (agents.llm.recipes, learn_memqa's and `memenv train`'s): 16 oracle
 invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
@@ -43,12 +44,12 @@ def main() -> int:
     rng = np.random.default_rng(0)
     batches = length_buckets([len(d.prompt_ids) + len(d.response_ids) for d in data], 16, 8, rng)
 
-    def step() -> float:
+    def step(autocast: bool = True) -> float:
         idx = next(batches)
         start = time.process_time()
         batch = collate([(data[i].prompt_ids, data[i].response_ids) for i in idx], tok.pad_token_id, include_prompt=True)
         batch = batch.select_targets(~batch.prompt | (torch.from_numpy(rng.random(len(batch.prompt))) < 0.3))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logp, _, _ = model(**batch.inputs())
         loss = -logp[~batch.prompt].mean() - logp[batch.prompt].mean()
         optimizer.zero_grad(set_to_none=True)
@@ -56,20 +57,25 @@ def main() -> int:
         optimizer.step()
         return time.process_time() - start
 
-    times: dict[str, list[float]] = {"sdpa (bf16 attention)": [], "fp32 attention": []}
+    from agents.llm.precision import host_line
+
+    print(host_line("bf16"), "(and fp32 beside it)", flush=True)
+    times: dict[str, list[float]] = {"sdpa (bf16 attention)": [], "fp32 attention": [], "fp32, no autocast": []}
     for _ in range(args.rounds):
         for name in times:
-            if name == "fp32 attention":
-                use_float32_attention(lm)
-            else:
+            if name == "sdpa (bf16 attention)":
                 lm.set_attn_implementation("sdpa")
+            else:
+                use_float32_attention(lm)
+            autocast = name != "fp32, no autocast"
             for _ in range(3):
-                step()
-            times[name] += [step() for _ in range(args.steps)]
+                step(autocast)
+            times[name] += [step(autocast) for _ in range(args.steps)]
     for name, values in times.items():
         print(f"{name:>22}: {np.mean(values):.3f} CPU-s per step of 16 invocations")
-    base, fast = (np.mean(v) for v in times.values())
-    print(f"speed-up of fp32 attention: {base / fast:.2f}x")
+    base, fast, fp32 = (np.mean(v) for v in times.values())
+    print(f"speed-up of fp32 attention under bf16 autocast: {base / fast:.2f}x; of no autocast over that: "
+          f"{fast / fp32:.2f}x")
     return 0
 
 
