@@ -19,7 +19,9 @@ COSTS: dict[str, str] = {
     # `memenv train --algo sft --out runs/sft --steps 2000 --threads 1` (the README's tiny agent), the whole command
     # as written (benchmarks/tiny_agent.py --stop-at 0, 2026-12-06, AVX512 with native bf16, a machine shared with
     # other jobs): 46.3 CPU-min, of which 39.2 training and 6.7 its 40 evaluations of 64 episodes; 51.8 wall-min.
-    "tiny_sft": "46 CPU-min (39 training + 7 for its 40 evaluations)",
+    # That run trained under bf16 autocast; "auto" now picks fp32 on a CPU without AMX, whose tiny-recipe step is
+    # 1.28x cheaper there (benchmarks/sft_step_speed.py, side by side): an upper bound, not re-measured whole.
+    "tiny_sft": "46 CPU-min (39 training + 7 for its 40 evaluations; measured in bf16, fp32 steps are 1.28x cheaper)",
 }
 
 
