@@ -1,9 +1,10 @@
 """The compiled decode step (``LLMPolicy(compile_decode=True)``, :mod:`agents.llm.compiled_decode`): the same greedy
 tokens as the eager decode, token for token, and log-probs within fp32 rounding of it, over rows of different
-lengths that finish at different steps and a lone row, without a recompile per step or per call; a compilation
+lengths that finish at different steps and a lone row, without a recompile per step or per call, and after the
+weights change in place (a training step) without a recompile and without stale weights; a compilation
 that fails warns once and decodes eagerly; models the step does not know keep the forward.
 
-The inductor test compiles two graphs (rows >= 2 and a lone row), ~25 s each on the loaded 2-core machine, so it
+The inductor test compiles two graphs (rows >= 2 and a lone row), ~25-35 s each on the loaded 2-core machine (cold cache), so it
 is marked slow; the ``aot_eager`` test traces the same graph (dynamo, the functionalised in-place cache op, the
 dynamic shapes) without generating C++ and runs in seconds."""
 
@@ -76,13 +77,19 @@ def _check(model, fast, slow, obs, exact: bool) -> None:
     fast.generate(obs[1:5])  # other rows, other widths: no new graph
     fast.generate(obs[2:3])
     assert fast._compiled.compiles == graphs
+    with torch.no_grad():  # a training step changes the weights in place: the graphs read them, not a copy
+        for param in model.parameters():
+            param.mul_(1.25)
+    again_fast, again_slow = fast.generate(obs), slow.generate(obs)
+    assert [g.response_ids for g in again_fast] == [g.response_ids for g in again_slow] != [g.response_ids for g in a]
+    assert fast._compiled.compiles == graphs
 
 
 def test_compiled_decode_traced_graph_generates_the_eager_tokens():
     _check(*_pair("aot_eager"), exact=False)  # ATen decompositions, no C++: the tracing and the cache op
 
 
-@pytest.mark.slow  # inductor compiles two graphs, ~25 s each on the loaded 2-core machine
+@pytest.mark.slow  # inductor compiles two graphs: ~70 s cold on the loaded 2-core machine
 def test_compiled_decode_generates_the_eager_tokens_and_log_probs_within_rounding():
     _check(*_pair("inductor"), exact=False)
 

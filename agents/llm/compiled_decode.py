@@ -117,7 +117,8 @@ class CompiledStep:
                 return gm
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs)
+            # never freeze: the weights are inputs, so a training step's in-place update is read, not a stale copy
+            return compile_fx(gm, example_inputs, config_patches={"freezing": False})
 
         self.compiled = torch.compile(self.eager, backend=counting, fullgraph=True, dynamic=None)
 
