@@ -4,9 +4,9 @@ lengths that finish at different steps and a lone row, without a recompile per s
 weights change in place (a training step) without a recompile and without stale weights; a compilation
 that fails warns once and decodes eagerly; models the step does not know keep the forward.
 
-The inductor test compiles two graphs (rows >= 2 and a lone row), ~25-35 s each on the loaded 2-core machine (cold cache), so it
-is marked slow; the ``aot_eager`` test traces the same graph (dynamo, the functionalised in-place cache op, the
-dynamic shapes) without generating C++ and runs in seconds."""
+The inductor test compiles two graphs (rows >= 2 and a lone row), ~25-35 s each on the loaded 2-core machine
+(cold cache), so it is marked slow; the ``aot_eager`` test traces the same graph (dynamo, the functionalised
+in-place cache op, the dynamic shapes) without generating C++ and runs in seconds."""
 
 import warnings
 
