@@ -12,7 +12,8 @@ and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (
 decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
 :mod:`agents.llm.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
 (``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min at
-load ~10).
+load ~10), (h) (b) with the compiled decode step (``compile_decode=True``, :mod:`agents.llm.compiled_decode`; off
+by default; compiled during the warm-up, whose time, graphs and any fallback are printed apart from the rounds).
 
 Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
 vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
@@ -61,17 +62,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-ENGINES = ("b", "e", "c", "d", "a", "f", "g")
+ENGINES = ("b", "e", "c", "d", "a", "f", "g", "h")
 LABELS = {"a": "(a) ours, padded", "b": "(b) ours, prefix store", "e": "(e) ours, no prefix store",
           "f": "(f) ours, store, lean decode", "c": "(c) vLLM, prefix caching off",
-          "d": "(d) vLLM, prefix caching on", "g": "(g) vLLM, caching on, compiled"}
-LOCAL, SERVED = "abef", "cdg"
+          "d": "(d) vLLM, prefix caching on", "g": "(g) vLLM, caching on, compiled",
+          "h": "(h) ours, store, compiled decode"}
+LOCAL, SERVED = "abefh", "cdg"
 #: (numerator, denominator, what the pair is): the ratios printed.
 PAIRS = (("b", "d", "like for like: both reuse prefixes"), ("b", "g", "like for like, vLLM compiled"),
          ("e", "c", "unlike: neither keeps prefixes across calls (ours shares within a call)"),
          ("b", "c", "unlike: ours reuses prefixes, vLLM does not"), ("b", "e", "our prefix store"),
          ("b", "a", "tree vs padded"), ("f", "b", "the lean decode step, on vs off"),
-         ("g", "d", "vLLM compiled vs -O0"))
+         ("g", "d", "vLLM compiled vs -O0"), ("h", "b", "the compiled decode step, on vs off"),
+         ("h", "g", "like for like, both compiled"))
 METRICS = ("tokens_per_cpu_s", "tokens_per_wall_s", "prefill_tokens_per_cpu_s", "prefill_tokens_per_wall_s",
            "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")
 
@@ -325,7 +328,8 @@ def main(argv=None) -> int:
         folder = str(args.model)
     model, tokenizer = load_pretrained(folder)
     model.eval()
-    options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": True}}
+    options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": True},
+               "h": {"compile_decode": True}}
     local = {e: LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, **options[e])
              for e in engines if e in LOCAL}
     urls = {"c": args.url_off, "d": args.url_on, "g": args.url_compiled}
@@ -348,7 +352,12 @@ def main(argv=None) -> int:
         warm = tokenizer.encode("Hello, world.", add_special_tokens=False)
         for e in engines:  # warm-up on a prompt that shares nothing with the workload
             if e in local:
+                t0, c0 = time.perf_counter(), time.process_time()
                 local[e].generate_ids([warm, warm[:-1]])
+                local[e].generate_ids([warm])  # a lone row: the compiled step's second graph
+                if e == "h":
+                    notes.append(compile_note(local[e], time.perf_counter() - t0, time.process_time() - c0))
+                    print(notes[-1], flush=True)
             else:
                 stream_completion(urls[e], args.name, warm, 2, DEFAULT_STOP)
         for r in range(args.rounds):
@@ -372,8 +381,21 @@ def main(argv=None) -> int:
     finally:
         for server in servers.values():
             server.stop()
+    if "h" in local and getattr(local["h"], "_compiled", None):
+        notes.append(f"(h) after the rounds: {local['h']._compiled.compiles} graph(s) compiled in all")
     load.append(uptime())
     return report(args, engines, rounds, ids, cfg, max_new, notes, load, host_line())
+
+
+def compile_note(policy, wall: float, cpu: float) -> str:
+    """What (h)'s warm-up compiled: graphs, wall and CPU seconds, or why it decodes eagerly."""
+    step = getattr(policy, "_compiled", None)
+    if not step:
+        return "(h) compiled decode: the model is not one the step knows; it decodes with the forward"
+    if step.fallback:
+        return f"(h) compiled decode FAILED, decoding eagerly: {step.fallback}"
+    return (f"(h) compiled decode warm-up (first calls, compiling): {step.compiles} graph(s), {wall:.1f} wall-s, "
+            f"{cpu:.1f} CPU-s of this process (inductor's compile workers not counted)")
 
 
 def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
@@ -385,7 +407,7 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
           f"episodes, {args.workload}, {'all calls' if args.calls is None else f'first {args.calls} calls'}) x "
           f"{done} of {args.rounds} round(s); greedy, <= {max_new} new tokens; engines interleaved on a shared machine")
     for note in notes:
-        print("server " + note)
+        print(note if note.startswith("(h)") else "server " + note)
     print("tokens per second, mean ± sd across rounds; CPU = the engine's own processes (vLLM: its API server, "
           "engine and worker)")
     print(f"{'engine':31s} {'gen/round':>9s} {'tokens/CPU-s':>13s} {'tokens/wall-s':>13s} {'prefill/CPU-s':>14s} "
@@ -414,7 +436,7 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
         print(f"  {num}/{den} ({what}): " + ", ".join(
             f"{entry[m]['mean']:.2f} ± {entry[m]['sd']:.2f}x" for m in
             ("tokens_per_cpu_s", "tokens_per_wall_s", "decode_tokens_per_cpu_s", "decode_tokens_per_wall_s")))
-    same = {f"{x}={y}": ids[x] == ids[y] for x, y in (("b", "e"), ("b", "f"), ("b", "a"))
+    same = {f"{x}={y}": ids[x] == ids[y] for x, y in (("b", "e"), ("b", "f"), ("b", "a"), ("b", "h"))
             if x in ids and y in ids}
     if same:
         print("greedy tokens identical: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))

@@ -30,27 +30,36 @@ import torch
 KNOWN = ("llama", "qwen2")
 
 
+def known(model) -> bool:
+    """Whether ``model`` is one the lean step (and :mod:`agents.llm.compiled_decode`) reproduces exactly: a Llama or
+    Qwen2 decoder in eval mode, SDPA attention, full attention only, default RoPE, SiLU MLP."""
+    config = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if config is None or inner is None or getattr(config, "model_type", None) not in KNOWN or model.training:
+        return False
+    if getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "pretraining_tp", 1) != 1:
+        return False
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or getattr(config, "hidden_act", None) != "silu":
+        return False
+    types = getattr(config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return False
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
+        return False
+    if len(inner.layers) != config.num_hidden_layers:
+        return False
+    return True
+
+
 def lean_step(model) -> Callable | None:
     """``step(ids [n, 1], positions [n, 1], mask [n, width] (0/1), layers) -> logits [n, V]`` (the last
     position's), ``layers``: the cache's :class:`agents.llm.tree_generation.BufferLayer` list (updated in place);
     or None when the model is not one this step reproduces exactly."""
-    config = getattr(model, "config", None)
-    inner = getattr(model, "model", None)
-    if config is None or inner is None or getattr(config, "model_type", None) not in KNOWN or model.training:
+    if not known(model):
         return None
-    if getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "pretraining_tp", 1) != 1:
-        return None
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default" or getattr(config, "hidden_act", None) != "silu":
-        return None
-    types = getattr(config, "layer_types", None)
-    if types is not None and any(t != "full_attention" for t in types):
-        return None
-    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if not all(hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
-        return None
-    if len(inner.layers) != config.num_hidden_layers:
-        return None
+    config, inner = model.config, model.model
     if config.model_type == "llama":
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     else:

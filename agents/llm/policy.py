@@ -228,6 +228,11 @@ class LLMPolicy:
             operations without its per-call machinery; the same logits bit for bit) where the model is one it
             knows. Off by default: on SmolLM2 at 1 thread no gain beyond the noise (decode per CPU-second 1.03 ± 0.05x,
             ``benchmarks/rollout_throughput.py``, docs/real_models.md).
+        compile_decode: the tree path's decode steps run through ``torch.compile``
+            (:mod:`agents.llm.compiled_decode`: the lean step's operations, the KV buffer written in place by one
+            opaque attention op) where the model is one the lean step knows; the logits agree with the eager
+            step to float rounding. Off by default: decode per CPU-second 1.12 ± 0.04x on SmolLM2 at 1 thread,
+            for ~108 CPU-s of compiling once per process (docs/real_models.md).
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
     actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
@@ -239,7 +244,7 @@ class LLMPolicy:
                  max_new_tokens: int = 128, stop: Sequence[str] = DEFAULT_STOP, template: str = "auto",
                  system_prompt: str | None = "checkpoint", plain_template: str = PLAIN_TEMPLATE, batch_size: int = 64,
                  max_prompt_tokens: int | None = None, seed: int | None = 0, generation: str = "tree",
-                 fast_decode: bool = False) -> None:
+                 fast_decode: bool = False, compile_decode: bool = False) -> None:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model, loaded_tok = load_pretrained(model)
             tokenizer = tokenizer or loaded_tok
@@ -292,6 +297,8 @@ class LLMPolicy:
         self.generation = generation
         self._tree_ok = supports_tree_generation(model)
         self.fast_decode = bool(fast_decode)
+        self.compile_decode = bool(compile_decode)
+        self._compiled: Any = None  # the policy's CompiledStep (built on the first decode), False: none fits
         self._store: PrefixStore | None = None
         self.stats = dict.fromkeys(("prompt_tokens", "prefill_tokens", "decode_rows", "generated_tokens"), 0)
         self.stats.update(prefill_s=0.0, decode_s=0.0, prefill_cpu_s=0.0, decode_cpu_s=0.0)
@@ -478,7 +485,7 @@ class LLMPolicy:
         del kv_rows
         t1, c1 = time.perf_counter(), time.process_time()
         layers = cache.layers
-        step_fn = lean_step(self.model) if self.fast_decode else None
+        step_fn = self._compiled_step() or (lean_step(self.model) if self.fast_decode else None)
         length = layers[0].length  # filled columns (the same in every layer)
         rows = list(range(n))  # the batch's rows, as indices of prompts
         positions = torch.tensor(lengths, dtype=torch.long, device=device)
@@ -523,6 +530,16 @@ class LLMPolicy:
         self._count(prompts, responses, computed[0], (t1 - t0, c1 - c0),
                     (time.perf_counter() - t1, time.process_time() - c1))
         return self._generations(prompts, responses, logprobs, reasons)
+
+    def _compiled_step(self):
+        """The policy's compiled decode step (built once: its compiled graphs are kept across calls), or None."""
+        if not self.compile_decode:
+            return None
+        if self._compiled is None:
+            from agents.llm.compiled_decode import compiled_step
+
+            self._compiled = compiled_step(self.model) or False
+        return self._compiled or None
 
 
 # ---------------------------------------------------------------------- scoring
