@@ -159,13 +159,15 @@ class ExperimentConfig:
     # dense mask) and avoids the dense [L, L] mask, which cost more than the shared prefix saved on CPU.
     attention_backend: str = "sdpa_blocks"
     # The OPD arms' teacher scoring: its packing and weights' dtype (None: the trainer's defaults, the actor's
-    # packing and fp32, as every tiny-model run was made). The real-model preset scores on a prefix tree in bf16
-    # where the host computes it natively (2.1x cheaper teacher scoring; bf16 moves SmolLM2's teacher log-probs by
-    # p99 0.26 against fp32, measured by benchmarks/arm_update_cost.py --teacher-check).
+    # packing and fp32, as every tiny-model run was made). The real-model preset scores on a prefix tree with
+    # teacher_dtype="native": bf16 where the device computes it fast (CUDA, a CPU with AMX; bf16 moves SmolLM2's
+    # teacher log-probs by p99 0.26 against fp32, benchmarks/arm_update_cost.py --teacher-check), fp32 elsewhere:
+    # on the dev machine's AVX512-BF16 CPU without AMX fp32 scoring measured 1.47x cheaper (docs/distill.md).
     teacher_packing: str | None = None
     teacher_dtype: str | None = None
     # Every arm's training passes (PPOConfig.train_autocast; None: the trainer's default, fp32): the real-model
-    # preset runs the actor's and the reference's forwards under bf16 autocast where the host has it ("auto"):
+    # preset runs the actor's and the reference's forwards under bf16 autocast where the host computes bf16 fast
+    # ("auto": CUDA, AMX; fp32 on AVX512-BF16 alone, 1.44x cheaper there for the actor):
     # body and head matmuls bf16, softmaxes, log-probs and losses fp32, old log-probs recomputed by that forward;
     # sampling stays fp32.
     train_autocast: str | None = None
@@ -387,8 +389,8 @@ def pretrained_config(out: str, model: str = "smollm2-135m-instruct", **override
     the final answers) were cut before their answer, which capped the teacher's F1 (docs/results.md). SFT warms up
     over 10 steps (a CPU budget buys ~60-140 of them) and checkpoints every 10 steps (a run stopped mid-way resumes
     from there); the teacher's greedy F1 is measured every 25 steps on 24 episodes (off the budget clock). The
-    arms' training passes run under bf16 autocast where the host has it (``train_autocast="auto"``; sampling
-    fp32)."""
+    arms' training passes run under bf16 autocast where the host computes bf16 fast (``train_autocast="auto"``:
+    CUDA, AMX; fp32 elsewhere; sampling fp32)."""
     base = dict(out=out, model=model, system_prompt=SHORT_SYSTEM_PROMPT,
                 teacher=ModelSpec(layers=0, sft_steps=400, sft_minutes=90.0, sft_episodes=600, lr=2e-4, warmup=10,
                                   curve_every=25, curve_episodes=24),
@@ -467,7 +469,7 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
     fair run: 2) and 50 held-out evaluation episodes (its 400); the sequence-level distillation and flattening arms
     are left out.
 
-    Device-agnostic as :func:`pretrained_config` is: bf16 where the device computes it natively
+    Device-agnostic as :func:`pretrained_config` is: bf16 where the device computes it fast
     (``teacher_dtype="native"``, ``train_autocast="auto"``, SFT ``autocast="auto"``), fp32 sampling; ``threads``
     and ``sft_threads`` set torch's CPU threads only; the trainers take a CUDA device when there is one (the stages'
     greedy evaluations still load their models on the CPU, as every preset's do)."""
