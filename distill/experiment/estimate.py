@@ -50,6 +50,13 @@ MEASURED: dict[str, Any] = {
     "actor_ms_per_token": 7.83 / (2 * 314) * 1000,
     # the one-off actor timing of the layouts (timing_rounds 1), the whole model as the student
     "actor_timing_cpu_s": 28 * 60.0,
+    # The figures above were measured under bf16 autocast (bf16 teacher). "auto"/"native" now pick fp32 on a CPU
+    # without AMX, the dev machine's: the 6-layer arm update measured 397.8 -> 290.6 CPU-s side by side
+    # (benchmarks/arm_update_cost.py --baseline precision, docs/distill.md); applied to updates and SFT steps.
+    "fp32_factor": 290.6 / 397.8,
+    # one SFT step of the fair teacher (both views, two-hop demonstrations, 16 invocations, all 30 layers, fp32):
+    # issue 47's run, steps 10-50 (under load: 78-125 CPU-s per step, mean 94; measured, so not scaled)
+    "sft_step_cpu_s_two_views": 94.0,
 }
 
 
@@ -79,7 +86,7 @@ def _update(cfg: ExperimentConfig, arm: str, measured: dict[str, Any]) -> float:
     total = measured["update_cpu_s"][arm]
     teacher = measured["teacher_scoring_cpu_s"] if arm != "rl" else 0.0
     per = depth_scaled(total - teacher, cfg.student.layers, "actor", measured) + teacher
-    return per * cfg.tasks_per_update * cfg.group_size / measured["update_episodes"]
+    return per * measured.get("fp32_factor", 1.0) * cfg.tasks_per_update * cfg.group_size / measured["update_episodes"]
 
 
 def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> dict[str, float]:
@@ -90,8 +97,12 @@ def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> 
     t, s = cfg.teacher, cfg.student
     ep_t = depth_scaled(measured["episode_cpu_s"], t.layers, "episode", measured)
     ep_s = depth_scaled(measured["episode_cpu_s"], s.layers, "episode", measured)
-    step_t = depth_scaled(measured["sft_step_cpu_s"], t.layers, "actor", measured)
-    step_s = depth_scaled(measured["sft_step_cpu_s"], s.layers, "actor", measured)
+    fp32 = measured.get("fp32_factor", 1.0)
+    if len(t.sft_views) > 1 and "sft_step_cpu_s_two_views" in measured:
+        step_t = depth_scaled(measured["sft_step_cpu_s_two_views"], t.layers, "actor", measured)
+    else:
+        step_t = depth_scaled(measured["sft_step_cpu_s"], t.layers, "actor", measured) * fp32
+    step_s = depth_scaled(measured["sft_step_cpu_s"], s.layers, "actor", measured) * fp32
     teacher_sft = t.sft_minutes * 60 if t.sft_minutes else t.sft_steps * step_t
     curve_points = int(teacher_sft / step_t) // t.curve_every if t.curve_every else 0
     views = len(t.sft_views)
