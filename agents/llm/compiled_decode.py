@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from agents.llm.lean_decode import known
+from agents.llm.lean_decode import decoder_layer, known
 
 
 @torch.library.custom_op("memenv::decode_attention", mutates_args=("key_buffer", "value_buffer"))
@@ -75,25 +75,15 @@ def _body(model) -> Callable:
     else:
         from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
     attn = [layer.self_attn for layer in inner.layers]
-    head = attn[0].head_dim
 
     def body(ids, positions, mask, full, keys, values):
-        n = ids.shape[0]
         hidden = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(hidden, position_ids=positions)
-        shape = (n, 1, -1, head)
         for layer, att, key_buffer, value_buffer in zip(inner.layers, attn, keys, values):
-            residual = hidden
-            x = layer.input_layernorm(hidden)
-            q = att.q_proj(x).view(shape).transpose(1, 2)
-            k = att.k_proj(x).view(shape).transpose(1, 2)
-            v = att.v_proj(x).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            out = decode_attention(q, k, v, key_buffer, value_buffer, mask, full, att.scaling)
-            out = att.o_proj(out.transpose(1, 2).reshape(n, 1, -1).contiguous())
-            hidden = residual + out
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            def attend(q, k, v, att=att, key_buffer=key_buffer, value_buffer=value_buffer):
+                return decode_attention(q, k, v, key_buffer, value_buffer, mask, full, att.scaling)
+
+            hidden = decoder_layer(layer, hidden, cos, sin, apply_rotary_pos_emb, attend)
         hidden = inner.norm(hidden)
         return model.lm_head(hidden[:, -1:, :])[:, -1]
 

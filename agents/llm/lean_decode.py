@@ -53,6 +53,23 @@ def known(model) -> bool:
     return True
 
 
+def decoder_layer(layer, hidden: torch.Tensor, cos, sin, apply_rope, attend) -> torch.Tensor:
+    """One decoder layer for a one-token step, as transformers' Llama/Qwen2 layer computes it (the same ops in the
+    same order): ``attend(q, k, v)`` (``[n, heads | kv_heads, 1, head]``) writes the cache and returns the attention
+    output ``[n, heads, 1, head]``; shared by the lean step and the compiled one (:mod:`agents.llm.compiled_decode`)."""
+    att = layer.self_attn
+    n, shape = hidden.shape[0], (hidden.shape[0], 1, -1, att.head_dim)
+    residual = hidden
+    x = layer.input_layernorm(hidden)
+    q = att.q_proj(x).view(shape).transpose(1, 2)
+    k = att.k_proj(x).view(shape).transpose(1, 2)
+    v = att.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rope(q, k, cos, sin)
+    out = attend(q, k, v)
+    hidden = residual + att.o_proj(out.transpose(1, 2).contiguous().reshape(n, 1, -1).contiguous())
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
 def lean_step(model) -> Callable | None:
     """``step(ids [n, 1], positions [n, 1], mask [n, width] (0/1), layers) -> logits [n, V]`` (the last
     position's), ``layers``: the cache's :class:`agents.llm.tree_generation.BufferLayer` list (updated in place);
@@ -77,23 +94,15 @@ def lean_step(model) -> Callable | None:
         full = bool(mask.all())
         attn_mask = None if full else mask.bool()[:, None, None, :]
         extra = {"enable_gqa": True} if full and groups > 1 else {}
-        shape = (n, 1, -1, head)
         for layer, att, cache in zip(inner.layers, attn, layers):
-            residual = hidden
-            x = layer.input_layernorm(hidden)
-            q = att.q_proj(x).view(shape).transpose(1, 2)
-            k = att.k_proj(x).view(shape).transpose(1, 2)
-            v = att.v_proj(x).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            k, v = cache.update(k, v)
-            if groups > 1 and not full:  # transformers' pack_gqa for a one-token query
-                q = q.reshape(n, kv_heads, groups, head)
-            out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=0.0, scale=att.scaling, is_causal=False, **extra)
-            out = out.reshape(out.shape[0], -1, 1, head).transpose(1, 2).contiguous()
-            out = att.o_proj(out.reshape(n, 1, -1).contiguous())
-            hidden = residual + out
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            def attend(q, k, v, att=att, cache=cache):
+                k, v = cache.update(k, v)
+                if groups > 1 and not full:  # transformers' pack_gqa for a one-token query
+                    q = q.reshape(n, kv_heads, groups, head)
+                out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=0.0, scale=att.scaling, is_causal=False, **extra)
+                return out.reshape(n, -1, 1, head)
+
+            hidden = decoder_layer(layer, hidden, cos, sin, apply_rotary_pos_emb, attend)
         hidden = inner.norm(hidden)
         return model.lm_head(hidden[:, -1:, :])[:, -1]
 
