@@ -59,7 +59,8 @@ def host_line(autocast: str = "none", device: str | torch.device = "cpu") -> str
     """One line to print beside a figure: CPU capability, native bf16, compute dtype and torch threads."""
     dtype = "bf16 autocast (weights fp32)" if autocast == "bf16" else "fp32"
     return (f"host: cpu capability {torch.backends.cpu.get_cpu_capability()}, native bf16 "
-            f"{'yes' if native_bf16('cpu') else 'no'}, amx {'yes' if amx('cpu') else 'no'}, device {torch.device(device).type}, dtype {dtype}, "
+            f"{'yes' if native_bf16('cpu') else 'no'}, amx {'yes' if amx('cpu') else 'no'}, "
+            f"device {torch.device(device).type}, dtype {dtype}, "
             f"torch threads {torch.get_num_threads()}")
 
 
@@ -81,7 +82,8 @@ def resolve_dtype(dtype=None, device: str | torch.device | None = None, name: st
     on CPU would change the sampled tokens' log-probs, and on an AVX2-only CPU every bf16 op is emulated).
     ``"native"``: bfloat16 wherever the device computes it fast (:func:`fast_bf16`: CUDA with bf16, a CPU with
     AMX; not AVX512-BF16 alone, where fp32 weights were 1.8x faster), else float32: for weights whose outputs need
-    not reproduce sampling (a frozen teacher), on any host. Anything else raises a ValueError naming ``name``, the value and the choices."""
+    not reproduce sampling (a frozen teacher), on any host. Anything else raises a ValueError naming ``name``, the
+    value and the choices."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
