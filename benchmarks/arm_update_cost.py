@@ -46,6 +46,9 @@ the update now with the full weights (``--baseline`` does not apply). ``benchmar
 actor's step alone.
 
     python benchmarks/arm_update_cost.py --base ... --student-layers 6 --lora-rank 8 --updates 2
+
+``--side after --threads T --json``: the update now alone, at T torch threads, its totals as one JSON line (what
+``benchmarks/update_threads.py`` runs in its child processes).
 """
 
 from __future__ import annotations
@@ -142,9 +145,18 @@ def main(argv=None) -> int:
     parser.add_argument("--lora-rank", type=int, default=0, metavar="R",
                         help="the right side trains rank-R adapters (PPOConfig.lora_rank), the left side the full "
                              "weights, both with the arms' settings now (0: off, the default)")
+    parser.add_argument("--side", choices=["both", "after"], default="both",
+                        help="after: the update now only (no baseline side)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of this process (default 1)")
+    parser.add_argument("--json", action="store_true",
+                        help="with --side after: print its totals as one JSON line instead of the table")
     parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
                         help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.json and args.side != "after":
+        parser.error("--json needs --side after (one side's totals)")
 
     import torch
 
@@ -154,7 +166,7 @@ def main(argv=None) -> int:
     from distill.experiment.config import ExperimentConfig, ModelSpec, pretrained_config
     from distill.experiment.stages import arm_config
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.run:
         run = Path(args.run)
         saved = json.loads((run / "experiment.json").read_text())
@@ -196,20 +208,29 @@ def main(argv=None) -> int:
             del model
             return small, tok
 
-    print(host_line(), f"| {args.arm}, {args.updates} update(s) of {cfg.tasks_per_update * cfg.group_size} "
+    if not args.json:
+        print(host_line(), f"| {args.arm}, {args.updates} update(s) of {cfg.tasks_per_update * cfg.group_size} "
           f"episodes, {cfg.max_new_tokens}-token action cap; teacher bf16 on this host: "
-          f"{'yes' if fast_bf16('cpu') else 'no (fp32)'}", flush=True)
+              f"{'yes' if fast_bf16('cpu') else 'no (fp32)'}", flush=True)
     results = {}
-    for side in ("after", "before"):  # the new path first: a failure there shows before the long side
+    for side in ("after",) if args.side == "after" else ("after", "before"):  # the new path first: a failure there shows before the long side
         with tempfile.TemporaryDirectory() as scratch:
             run_cfg = replace(arm_config(cfg, args.arm, 0, student, teacher), out_dir=scratch, progress=False,
-                              threads=1)
+                              threads=args.threads)
             if args.lora_rank and side == "after":
                 run_cfg = replace(run_cfg, lora_rank=args.lora_rank)
             elif side == "before" and not args.lora_rank:
                 run_cfg = before(run_cfg, args.baseline)
             results[side] = run_side(run_cfg, args.arm, student_fn)
         m = results[side]["metrics"]
+        if args.json:
+            end = time.time()  # the training's span on the wall clock (update_threads.py spans the processes)
+            print(json.dumps({"cpu": results[side]["cpu"], "wall": results[side]["wall"], "updates": len(m),
+                              "train_start": end - results[side]["wall"], "train_end": end,
+                              "update_cpu": float(sum(m[c].sum() for _, c in PARTS if c in m)),
+                              **{c: float(m[c].mean()) for c in ("response_tokens", "turns") if c in m},
+                              "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}), flush=True)
+            return 0
         print(f"{side}: {results[side]['cpu']:.1f} CPU-s, {results[side]['wall']:.0f} wall-s; "
               + ", ".join(f"{c} {m[c].iloc[-1]:.4g}" for c in ("response_tokens", "turns", "first_approx_kl",
                                                              "first_clipfrac", "distill_loss") if c in m), flush=True)
