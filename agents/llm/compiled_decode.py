@@ -19,7 +19,8 @@ log-probs within a bound derived from fp32 rounding, and the records' round trip
 
 Fallback: a model :func:`agents.llm.lean_decode.known` refuses keeps the model's forward; a compilation that
 fails (no C++ compiler, an unsupported module such as an adapter that breaks the graph) warns once and runs the
-same step eagerly (the lean step's arithmetic, bit for bit), never stopping the run.
+same step eagerly (the lean step's arithmetic, bit for bit), never stopping the run; so does a graph whose first
+output disagrees with the eager step's (:meth:`CompiledStep._checked`).
 
 Measured (``benchmarks/rollout_throughput.py --engines bh``, SmolLM2-135M, fp32, 1 thread, all the calls of one
 GRPO update, side by side, 3 rounds, under load): decode tokens per CPU-second 1.12 +- 0.04x the eager step's,
@@ -29,6 +30,7 @@ wall-s warm), about 19 updates' saving, so it is off by default (docs/real_model
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from typing import Callable
@@ -90,6 +92,20 @@ def _body(model) -> Callable:
     return body
 
 
+def inductor_patches() -> dict:
+    """inductor's settings for the step: never freeze (the weights are graph inputs, so a training step's in-place
+    update is read, not a stale copy); and no FX graph cache while ``ATEN_CPU_CAPABILITY`` overrides the CPU's
+    vector ISA. Why: that cache's key leaves the ISA out (torch 2.13), so a graph generated for AVX512 (its loops
+    stepping 16 floats) was served under ``ATEN_CPU_CAPABILITY=avx2`` and rebuilt with 8-float vectors: NaN
+    logits and every token wrong (measured on this AVX512 host; a fresh cache directory, or the cache off, gave
+    the eager tokens). Without the override the ISA is the machine's own and the cache stays on (16 s warm
+    against minutes cold)."""
+    patches = {"freezing": False}
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        patches["fx_graph_cache"] = False
+    return patches
+
+
 class CompiledStep:
     """``step(ids [n, 1], positions [n, 1], mask [n, width] (0/1), layers) -> logits [n, V]``, the signature of
     :func:`agents.llm.lean_decode.lean_step`, through ``torch.compile`` (compiled on the first call; a failure
@@ -98,6 +114,8 @@ class CompiledStep:
     compiled; ``fallback`` the error that turned compilation off, if any."""
 
     def __init__(self, model, backend: str = "inductor") -> None:
+        if backend not in ("inductor", "aot_eager", "eager"):
+            raise ValueError(f"compiled decode: backend must be 'inductor', 'aot_eager' or 'eager', got {backend!r}")
         self.eager = _body(model)
         self.compiles, self.compile_s, self.fallback = 0, 0.0, None
 
@@ -105,10 +123,13 @@ class CompiledStep:
             self.compiles += 1
             if backend == "eager":
                 return gm
+            if backend == "aot_eager":  # the traced ATen graph, run op by op: no C++ (the tests' fast path)
+                from torch._dynamo.backends.debugging import aot_eager
+
+                return aot_eager(gm, example_inputs)
             from torch._inductor.compile_fx import compile_fx
 
-            # never freeze: the weights are inputs, so a training step's in-place update is read, not a stale copy
-            return compile_fx(gm, example_inputs, config_patches={"freezing": False})
+            return compile_fx(gm, example_inputs, config_patches=inductor_patches())
 
         self.compiled = torch.compile(self.eager, backend=counting, fullgraph=True, dynamic=None)
 
@@ -147,8 +168,8 @@ class CompiledStep:
 
     def _checked(self, logits: torch.Tensor, args) -> torch.Tensor:
         """A newly compiled graph's first output against the eager step's on the same inputs: on a disagreement
-        beyond rounding (measured: every token wrong and NaN log-probs with the ``aot_eager`` graph under
-        ``ATEN_CPU_CAPABILITY=avx2``, while AVX512 agrees to 1e-5), warn once and decode eagerly from then on.
+        beyond rounding, warn once and decode eagerly from then on (what it caught: an inductor graph served from a
+        cache made for another vector ISA, NaN logits; :func:`inductor_patches`).
         The eager step rewrites this step's cache column with its own keys and values, so nothing stale stays."""
         eager = self.eager(*args)
         scale = max(1.0, eager.abs().max().item())
