@@ -35,6 +35,20 @@ def tiny_model(tokenizer, seed: int = 0, **kw):
     return build_tiny_model(tokenizer, seed=seed, **kw)
 
 
+#: The small world of the tiny pretrained bases saved by :func:`save_tiny_base` (fresh facts, 2 objectives, 2 turns).
+TINY_BASE_ENV = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2, "fresh_facts": True,
+                 "corpus_size": 400}
+
+
+def save_tiny_base(folder) -> None:
+    """A tiny pretrained base (d 32, 3 layers, its tokenizer made on :data:`TINY_BASE_ENV`'s episodes) saved to
+    ``folder``: what the end-to-end tests of the real-model presets and benchmarks take in place of SmolLM2."""
+    from agents.llm.models import make_tiny, save_pretrained
+
+    lm, tok = make_tiny(None, env_kwargs=TINY_BASE_ENV, episodes=8, vocab_size=400, hidden_size=32, layers=3, heads=2)
+    save_pretrained(lm, tok, folder)
+
+
 def memqa_envs(n: int = 2, **kw):
     import gymnasium as gym
 

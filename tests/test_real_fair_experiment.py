@@ -237,13 +237,12 @@ def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
     the swept lr with the warm-up, and continued SFT runs at MemOPD's CPU with the student's own SFT warm-up."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.models import make_tiny, save_pretrained
+    from llm_common import TINY_BASE_ENV, save_tiny_base
+
     from distill.experiment.run import run_experiment
 
-    env_kwargs = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2, "fresh_facts": True,
-                  "corpus_size": 400}
-    lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=8, vocab_size=400, hidden_size=32, layers=3, heads=2)
-    save_pretrained(lm, tok, tmp_path / "base")
+    env_kwargs = dict(TINY_BASE_ENV)
+    save_tiny_base(tmp_path / "base")
     preset = real_fair_config(str(tmp_path / "exp"), str(tmp_path / "base"))
     cfg = real_fair_config(
         str(tmp_path / "exp"), str(tmp_path / "base"), env_kwargs=env_kwargs, system_prompt=None,

@@ -58,12 +58,9 @@ def test_arm_update_cost_refuses_a_json_table_and_zero_threads(argv, message, tm
 def test_update_threads_end_to_end_on_a_tiny_base(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.models import make_tiny, save_pretrained
+    from llm_common import save_tiny_base
 
-    env_kwargs = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2, "fresh_facts": True,
-                  "corpus_size": 400}
-    lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=8, vocab_size=400, hidden_size=32, layers=3, heads=2)
-    save_pretrained(lm, tok, tmp_path / "base")
+    save_tiny_base(tmp_path / "base")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_threads.py"), "--base",
                            str(tmp_path / "base"), "--student-layers", "2", "--updates", "1", "--settings", "1x1",
                            "2x1"], capture_output=True, text=True, cwd=tmp_path,
