@@ -234,6 +234,8 @@ def main(argv=None) -> int:
         print(f"{side}: {results[side]['cpu']:.1f} CPU-s, {results[side]['wall']:.0f} wall-s; "
               + ", ".join(f"{c} {m[c].iloc[-1]:.4g}" for c in ("response_tokens", "turns", "first_approx_kl",
                                                              "first_clipfrac", "distill_loss") if c in m), flush=True)
+    if args.side == "after":  # no baseline side: its line above is the figure
+        return 0
     rows = []
     for label, col in PARTS:
         b, a = (float(results[s]["metrics"][col].sum()) if col in results[s]["metrics"] else 0.0

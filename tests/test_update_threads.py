@@ -70,3 +70,18 @@ def test_update_threads_end_to_end_on_a_tiny_base(tmp_path):
     table = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ("1x1", "2x1")}
     assert table["1x1"][1] == "1" and table["2x1"][1] == "2"  # updates done: one per process
     assert any(line.startswith("2 x 1 / 1 x 1, CPU-s per update") for line in lines)
+
+
+@pytest.mark.slow  # one MemOPD update of a tiny model: ~30-60 s
+def test_arm_update_cost_side_after_prints_its_line_without_a_baseline(tmp_path):
+    pytest.importorskip("transformers")
+    from llm_common import save_tiny_base
+
+    save_tiny_base(tmp_path / "base")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "arm_update_cost.py"), "--base",
+                           str(tmp_path / "base"), "--student-layers", "2", "--side", "after"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(line.startswith("after: ") for line in proc.stdout.splitlines())
+    assert "before" not in proc.stdout
