@@ -132,3 +132,25 @@ def test_teacher_view_target_judges_the_gap_between_the_views():
         assert f"persistent {persistent:.3f}" in goal["detail"]
     # a teacher measured in the memory view only (an earlier run) gets no such target
     assert not [g for g in targets(pd.DataFrame(), empty, base) if "both views" in g["target"]]
+
+
+def test_matched_control_claim_states_the_teachers_view_gap_beside_it():
+    from distill.experiment.report import targets
+
+    teacher = {"f1": 0.30, "f1_se": 0.04, "persistent_f1": 0.44, "persistent_f1_se": 0.05, "view_gap_se": 0.047}
+    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.02, "boot_low": -0.01},
+                                {"a": "memopd", "b": "rl", "diff": 0.02, "boot_low": -0.01}])
+
+    def details(gap):
+        goals = targets(pd.DataFrame(), comparisons, {**teacher, "view_gap": gap})
+        control = [g for g in goals if "teacher-persistent control" in g["target"]]
+        rl = [g for g in goals if "above GRPO" in g["target"] or g["target"].startswith("MemOPD above")]
+        return control[0]["detail"], rl[0]["detail"]
+
+    control, rl = details(-0.140)  # the control's teacher acts better in its own view
+    assert "memory minus persistent -0.140 ± 0.047" in control and "a MemOPD win holds despite it" in control
+    assert "view" not in rl  # only the matched control's comparison carries it
+    control, _ = details(+0.10)
+    assert "a MemOPD loss holds despite it" in control and "win cannot be told apart" in control
+    control, _ = details(0.03)  # within the tolerance: a fair control, no caveat
+    assert "memory minus persistent" not in control

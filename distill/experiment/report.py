@@ -188,6 +188,23 @@ def _short_label(arm: str) -> str:
 TEACHER_VIEW_TOLERANCE = 0.05
 
 
+def view_gap_caveat(teacher: dict) -> str:
+    """What the teacher's own difference between the two views does to the matched control's comparison, beside it
+    (empty when the teacher was measured in one view only, or its views are within :data:`TEACHER_VIEW_TOLERANCE`):
+    the control then changes two things, the state the teacher scores in and how well the teacher acts there, and
+    only the outcome the gap works against can be read."""
+    gap = teacher.get("view_gap")
+    if gap is None or not _finite(gap) or abs(gap) <= TEACHER_VIEW_TOLERANCE:
+        return ""
+    views = (f"; the teacher's own held-out F1 differs between the views (memory minus persistent {gap:+.3f} ± "
+             f"{teacher.get('view_gap_se', math.nan):.3f}, beyond {TEACHER_VIEW_TOLERANCE:g}): ")
+    if gap < 0:
+        return views + ("it acts better in the control's view, so a MemOPD win holds despite it, while a null or a "
+                        "loss cannot be told apart from that gap")
+    return views + ("it acts better in MemOPD's view, so a MemOPD loss holds despite it, while a win cannot be told "
+                    "apart from that gap (the teacher's familiarity, not alignment)")
+
+
 def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None = None,
             student: dict | None = None) -> list[dict[str, Any]]:
     """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool,
@@ -239,6 +256,8 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
             if _finite(g_b) and g_b > 0:
                 detail += f" (ratio {g_a / g_b:.2f}, information only)"
         detail += _seen_detail(c, "seen_diff", "seen_se", "seen_zero_variance")
+        if b == MATCHED_CONTROL and teacher is not None:
+            detail += view_gap_caveat(teacher)
         out.append({"target": f"{name}: paired difference > 0, bootstrap 95% CI above 0", "value": c["diff"],
                     "met": above_zero(c["diff"], _get(c, "boot_low")), "detail": detail})
     if HEADLINE_ARM in by.index:
