@@ -111,20 +111,60 @@ def make_env_fn(cfg: ExperimentConfig, pool: str = "train"):
 PROBE_SEED_BASE = 2 * 10**7
 
 
+def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], pool: str, view: str) -> dict:
+    """What a greedy evaluation's rows depend on: the weights (a digest of every tensor of the state dict, its
+    name, dtype and shape), the tokenizer's size and prompt settings, the episodes (pool, its env settings, seeds),
+    the view and the token cap. Equal keys give the same rows (greedy decoding of the same episodes)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(lm.state_dict().items()):
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().data)
+    return json.loads(json.dumps({
+        "weights": digest.hexdigest(), "vocab": len(tokenizer),
+        "prompt": getattr(tokenizer, "memenv_prompt", None), "chat_template": getattr(tokenizer, "chat_template", None),
+        "pool": pool, "env": pool_env_kwargs(cfg, pool), "seeds": [int(s) for s in seeds], "view": view,
+        "max_new_tokens": cfg.max_new_tokens}, default=str))
+
+
 def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
-                      pool: str = "heldout", episodes: int | None = None, view: str = "memory") -> pd.DataFrame:
+                      pool: str = "heldout", episodes: int | None = None, view: str = "memory",
+                      cache: Path | None = None) -> pd.DataFrame:
     """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
     ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
     per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts).
     ``view``: what the model is shown (:func:`agents.llm.rollouts.rollout`): the memory state (default) or the
-    flattened transcript the teacher-persistent control scores in."""
+    flattened transcript the teacher-persistent control scores in.
+
+    ``cache``: the CSV the rows are written to (atomically), with their :func:`evaluation_key` beside it
+    (``NAME.key.json``); where both are there and the key is this call's, the rows are read back instead of played
+    again, so a stage interrupted after one of its evaluations resumes after it."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import rollout
     from agents.llm.training import eval_seeds
 
+    seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
+    if cache is not None:
+        key_file = cache.with_suffix(".key.json")
+        key = evaluation_key(lm, tokenizer, cfg, seeds, pool, view)
+        if cache.exists() and key_file.exists():
+            try:
+                cached = json.loads(key_file.read_text())
+            except ValueError:  # a damaged key: evaluate again
+                cached = None
+            if cached == key:
+                return pd.read_csv(cache, keep_default_na=False, dtype={"questions": str})
+        rows = evaluate_per_seed(lm, tokenizer, cfg, seeds, pool, view=view)
+        key_file.unlink(missing_ok=True)  # the key is written last: a CSV without its key is never reused
+        write_atomic(cache, lambda tmp: rows.to_csv(tmp, index=False))
+        write_text_atomic(key_file, json.dumps(key, indent=1))
+        return rows
     env_fn = make_env_fn(cfg, pool)
     envs = [env_fn() for _ in range(cfg.num_envs)]
-    seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
     eps = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
                   progress=cfg.progress, view=view)
     for env in envs:
@@ -194,11 +234,10 @@ def _evaluate_both(lm, tok, cfg: ExperimentConfig, out: Path, name: str,
                    view: str = "memory") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Held-out and seen evaluations of ``lm`` acting in ``view``, written to ``out/{name}_eval.csv`` and
     ``{name}_eval_seen.csv`` (``{name}_persistent_eval.csv`` ... in the persistent view)."""
-    held = evaluate_per_seed(lm, tok, cfg, pool="heldout", view=view)
-    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes, view=view)
     name = name if view == "memory" else f"{name}_{view}"
-    write_atomic(out / f"{name}_eval.csv", lambda tmp: held.to_csv(tmp, index=False))
-    write_atomic(out / f"{name}_eval_seen.csv", lambda tmp: seen.to_csv(tmp, index=False))
+    held = evaluate_per_seed(lm, tok, cfg, pool="heldout", view=view, cache=out / f"{name}_eval.csv")
+    seen = evaluate_per_seed(lm, tok, cfg, pool="train", episodes=cfg.seen_eval_episodes, view=view,
+                             cache=out / f"{name}_eval_seen.csv")
     return held, seen
 
 
@@ -275,8 +314,7 @@ def _train_draw_eval(lm, tok, cfg: ExperimentConfig, out: Path) -> dict[str, flo
     facts, documents and questions it was trained on), written to ``teacher_eval_train_draws.csv``. A reader scores
     about as well on held-out draws; a model that recalls its training episodes scores higher here."""
     seeds = range(min(cfg.seen_eval_episodes, cfg.teacher.sft_episodes))
-    drawn = evaluate_per_seed(lm, tok, cfg, seeds=seeds, pool="train")
-    write_atomic(out / "teacher_eval_train_draws.csv", lambda tmp: drawn.to_csv(tmp, index=False))
+    drawn = evaluate_per_seed(lm, tok, cfg, seeds=seeds, pool="train", cache=out / "teacher_eval_train_draws.csv")
     return {"train_draw_f1": float(drawn.f1.mean()), "train_draw_f1_se": standard_error(drawn.f1)}
 
 
@@ -483,8 +521,8 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     for update, path in sorted(saved.items()):
         if update < cfg.updates:
             mid_lm, mid_tok = load_pretrained(path)
-            curve.append(evaluate_per_seed(mid_lm, mid_tok, cfg, pool="heldout", episodes=cfg.curve_episodes)
-                         .assign(update=update))
+            curve.append(evaluate_per_seed(mid_lm, mid_tok, cfg, pool="heldout", episodes=cfg.curve_episodes,
+                                           cache=out / f"curve_update{update}_eval.csv").assign(update=update))
     curve_frame = pd.concat(curve).sort_values(["update", "seed"], kind="stable")[["update", "seed", "f1", "em"]]
     write_atomic(out / "curve.csv", lambda tmp: curve_frame.to_csv(tmp, index=False))
     metrics = pd.read_csv(out / "metrics.csv")
