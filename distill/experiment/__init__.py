@@ -25,7 +25,10 @@ evaluated question (nor any other question about its entity) was ever trained on
 Stages, each cached under ``OUT`` and skipped on a rerun when its ``result.json`` exists (resume; a rerun with
 other settings is refused, naming them, but the arms' own settings may change while no arm has run;
 ``--until teacher`` or ``--until student`` stops after that stage, so
-the teacher's and the weak start's F1 can be read before the arms are paid for):
+the teacher's and the weak start's F1 can be read before the arms are paid for). Inside a stage, the SFT and
+the arms resume from their last checkpoint, and each finished greedy evaluation (``*_eval*.csv``) is read back where
+its key file (``*.key.json``: the weights' digest, the episodes, the view, the token cap) matches, so an
+interrupted stage does not play its finished evaluations again:
 
 1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories (:func:`agents.llm.sft.train_sft`);
 2. ``student/``: a smaller model (d=64, 2 layers) with the *teacher's tokenizer*, from a weak SFT (rounds until
