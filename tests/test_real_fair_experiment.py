@@ -3,6 +3,7 @@ reaches it, its CPU-time estimate and the weak start's window stop rule. Config-
 the evaluation faked: no model is loaded."""
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -118,14 +119,58 @@ def test_estimate_arithmetic_on_a_known_input(tmp_path):
         estimate_cpu(ExperimentConfig(out=str(tmp_path)))
 
 
-def test_real_preset_estimate_is_within_the_budget_it_states(tmp_path):
-    from distill.experiment.estimate import estimate_cpu, format_estimate
+def test_estimate_from_a_measured_run_replaces_the_older_inputs(tmp_path):
+    from distill.experiment.estimate import depth_scaled, estimate_cpu
 
-    parts = estimate_cpu(real_fair_config(str(tmp_path)))
-    assert parts["total"] <= 10 * 3600  # the issue's ~10 CPU-hours (the docstring and docs state ~8.2)
-    assert "~8.2 CPU-hours" in format_estimate(parts)
-    two_tasks = estimate_cpu(real_fair_config(str(tmp_path), tasks_per_update=2))
-    assert two_tasks["total"] > 10 * 3600  # why the knob was cut
+    measured = {"base_layers": 30, "sft_step_cpu_s": 10.0, "episode_cpu_s": 2.0, "episode_cpu_s_6_layers": 2.0,
+                "update_cpu_s": {"rl": 10.0, "memopd": 20.0, "teacher_persistent": 30.0}, "update_episodes": 8,
+                "teacher_scoring_cpu_s": 0.0, "actor_ms_per_token": 12.5, "actor_ms_per_token_6_layers": 3.5,
+                "actor_timing_cpu_s": 100.0, "fp32_factor": 0.5, "sft_step_cpu_s_two_views": 30.0}
+    # rescaled from the depth it was measured at: 1.25 + 0.375 L, so 55 at 15 layers is 100 at 30, itself at 15
+    assert depth_scaled(55.0, 30, "actor", measured, at=15) == pytest.approx(100.0)
+    assert depth_scaled(42.0, 15, "actor", measured, at=15) == pytest.approx(42.0)
+    assert depth_scaled(55.0, 0, "actor", measured, at=15) == pytest.approx(100.0)  # 0: all of the base's layers
+    run = {"student_layers": 15, "update_episodes": 4, "update_cpu_s": {"rl": 7.0, "memopd": 9.0},
+           "student_sft_step_cpu_s": 3.0, "teacher_sft_step_cpu_s_two_views": 50.0, "teacher_episode_cpu_s": 5.0,
+           "student_episode_cpu_s": 1.5}
+    cfg = ExperimentConfig(out=str(tmp_path), model="m", env_kwargs={"fresh_facts": True},
+                           teacher=ModelSpec(layers=0, sft_minutes=10.0, curve_every=5, curve_episodes=4,
+                                             sft_views=("memory", "persistent")),
+                           student=ModelSpec(layers=15, sft_steps=10, sft_minutes=None), student_max_steps=20,
+                           student_probes=(10, 20), probe_episodes=4, eval_episodes=5, seen_eval_episodes=3,
+                           arms=("rl", "memopd", "sft_continued"), seeds=2, updates=4, tasks_per_update=2,
+                           group_size=4, curve_every=2, curve_episodes=4, rl_lr_sweep=(1e-5, 3e-5, 1e-4))
+    older, parts = estimate_cpu(cfg, measured), estimate_cpu(cfg, {**measured, "run": run})
+    # at the run's own depths every figure is the run's, no fp32 factor (the run measured the current code)
+    assert parts["teacher"] == pytest.approx(600 + (12 // 5 * 4 + 2 * 8 + 3) * 5.0)  # 12 steps of 50 CPU-s
+    assert parts["student"] == pytest.approx(20 * 3.0 + (2 * 4 + 5 + 3) * 1.5)
+    assert parts["lr sweep"] == pytest.approx(3 * (4 * 7.0 * 8 / 4 + 4 * 1.5))  # 8 episodes per update, run's 4
+    assert parts["GRPO-trained arms"] == pytest.approx(2 * 4 * (7.0 + 9.0) * 2)
+    assert parts["SFT arms (equal CPU)"] == pytest.approx(2 * 4 * 9.0 * 2)
+    assert parts["arm evaluations"] == pytest.approx(2 * 1.5 * (2 * (8 + 4) + 8))
+    assert parts["actor timing"] == older["actor timing"]  # not in the run block: the older figure
+    # another student depth: the run's figures rescaled by the depth rule
+    deeper = estimate_cpu(replace(cfg, student=replace(cfg.student, layers=30)), {**measured, "run": run})
+    assert deeper["GRPO-trained arms"] == pytest.approx(parts["GRPO-trained arms"] * 100 / 55)
+
+
+def test_real_preset_estimate_is_the_one_the_docs_print(tmp_path):
+    from pathlib import Path
+
+    import distill.experiment.config as config
+    from distill.experiment.estimate import MEASURED, estimate_cpu, format_estimate
+
+    line = format_estimate(estimate_cpu(real_fair_config(str(tmp_path))))
+    docs = (Path(__file__).parents[1] / "docs" / "real_models.md").read_text()
+    assert line in docs  # the docs quote the command's line as it prints it now
+    hours = line.split("~")[1].split(" CPU-hours")[0]
+    assert f"~{hours} CPU-hours" in config.real_fair_config.__doc__
+    # priced from the preset's own run, which measured more than issue 33's figures said (the old inputs: < 10 h)
+    before = {k: v for k, v in MEASURED.items() if k != "run"}  # issue 33's inputs only
+    old = estimate_cpu(real_fair_config(str(tmp_path)), before)
+    assert old["total"] <= 10 * 3600 < estimate_cpu(real_fair_config(str(tmp_path)))["total"]
+    two_tasks = estimate_cpu(real_fair_config(str(tmp_path), tasks_per_update=2), before)
+    assert two_tasks["total"] > 10 * 3600  # why the knob was cut before the run
 
 
 def test_weak_start_verdict_on_probe_sequences():

@@ -18,6 +18,11 @@ costs of a model with ``L`` of the base's decoder layers, :func:`depth_scaled`):
   GRPO-trained arms) x ``ep(student)``.
 
 A per-update figure scales with the episodes per update (``tasks_per_update x group_size`` over the measured 8).
+
+Where :data:`MEASURED` holds a ``"run"`` block (it does: issue 47's own run of the real fair preset), its figures
+replace issue 33's: the current code's update per arm, SFT steps and evaluation episodes, measured at that run's
+depths (the 30-layer teacher, a 15-layer student) and rescaled from them by the same depth rule (``at``). Issue
+33's figures, scaled from the whole model, had priced that preset's updates at less than half of what it measured.
 """
 
 from __future__ import annotations
@@ -57,6 +62,26 @@ MEASURED: dict[str, Any] = {
     # one SFT step of the fair teacher (both views, two-hop demonstrations, 16 invocations, all 30 layers, fp32):
     # issue 47's run, steps 10-50 (under load: 78-125 CPU-s per step, mean 94; measured, so not scaled)
     "sft_step_cpu_s_two_views": 94.0,
+    # Issue 47's run of the real fair preset (runs/memopd_real_fair, 2026-12-06; AVX512, no AMX, fp32, 1 torch
+    # thread per process, two processes on the 2 cores): the current code at that preset's shapes (the weak
+    # 15-layer student writes ~50-60 tokens per action, 3-4 turns per episode)
+    "run": {
+        "student_layers": 15,
+        "update_episodes": 4,  # 1 task x 4
+        # training CPU per update (the trainer's clock, lr warm-up included, 12 updates): GRPO alone, the mean of
+        # its 5 seeds (839.6-965.8 CPU-s per run); MemOPD and the control, their seed 0 (1,110.4 and 1,115.1)
+        "update_cpu_s": {"rl": 75.2, "memopd": 92.5, "teacher_persistent": 92.9},
+        # the weak start's SFT: 1,478 CPU-s for 60 steps (16 invocations each)
+        "student_sft_step_cpu_s": 24.6,
+        # the teacher's SFT on both views: 10,816 CPU-s for 117 steps
+        "teacher_sft_step_cpu_s_two_views": 92.4,
+        # the teacher's greedy evaluation episodes: 1,306 CPU-s for 148 (both views, held-out, seen, train draws)
+        "teacher_episode_cpu_s": 8.8,
+        # the student's, after training (an arm's 82: 50 held-out, 16 seen, 16 midway; the process's CPU less its
+        # training): 13.4 after GRPO alone's seed 4, ~5.2 after MemOPD's seed 0 (whose student collapsed to short
+        # episodes); their mean. The weak start writes ~50-60 tokens per action over 3-4 turns.
+        "student_episode_cpu_s": 9.3,
+    },
 }
 
 
@@ -66,23 +91,30 @@ def _fixed_share(whole: float, six: float, layers: int = 30) -> float:
     return (six - 6 * per_layer) / whole
 
 
-def depth_scaled(cost: float, layers: int, kind: str, measured: dict[str, Any] = MEASURED) -> float:
-    """``cost`` (measured with all of the base's layers) for a model of ``layers`` of them: ``cost x (h + (1 - h)
-    L / L_base)``, ``h`` the depth-independent share (embeddings, LM head, environment), from the two measured
-    depths of ``kind``: ``"episode"`` (greedy episodes) or ``"actor"`` (forward+backward: SFT steps, updates)."""
+def depth_scaled(cost: float, layers: int, kind: str, measured: dict[str, Any] = MEASURED,
+                 at: int | None = None) -> float:
+    """``cost`` (measured with ``at`` of the base's layers, default all) for a model of ``layers`` of them:
+    ``cost x g(L) / g(at)`` with ``g(L) = h + (1 - h) L / L_base``, ``h`` the depth-independent share (embeddings,
+    LM head, environment), from the two measured depths of ``kind``: ``"episode"`` (greedy episodes) or
+    ``"actor"`` (forward+backward: SFT steps, updates)."""
     base = measured["base_layers"]
-    layers = base if layers in (0, None) or layers >= base else layers
+    depth = lambda n: base if n in (0, None) or n >= base else n  # noqa: E731
+    layers, at = depth(layers), depth(at)
     if kind == "episode":
         h = _fixed_share(measured["episode_cpu_s"], measured["episode_cpu_s_6_layers"], base)
     elif kind == "actor":
         h = _fixed_share(measured["actor_ms_per_token"], measured["actor_ms_per_token_6_layers"], base)
     else:
         raise ValueError(f"kind must be 'episode' or 'actor', got {kind!r}")
-    return cost * (h + (1 - h) * layers / base)
+    return cost * (h + (1 - h) * layers / base) / (h + (1 - h) * at / base)
 
 
 def _update(cfg: ExperimentConfig, arm: str, measured: dict[str, Any]) -> float:
     """One GRPO update of ``arm`` at ``cfg``'s student depth and episodes per update."""
+    run = measured.get("run")
+    if run is not None:  # the current code's own figures, at the run's student depth and episodes per update
+        per = depth_scaled(run["update_cpu_s"][arm], cfg.student.layers, "actor", measured, at=run["student_layers"])
+        return per * cfg.tasks_per_update * cfg.group_size / run["update_episodes"]
     total = measured["update_cpu_s"][arm]
     teacher = measured["teacher_scoring_cpu_s"] if arm != "rl" else 0.0
     per = depth_scaled(total - teacher, cfg.student.layers, "actor", measured) + teacher
@@ -103,6 +135,13 @@ def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> 
     else:
         step_t = depth_scaled(measured["sft_step_cpu_s"], t.layers, "actor", measured) * fp32
     step_s = depth_scaled(measured["sft_step_cpu_s"], s.layers, "actor", measured) * fp32
+    if (run := measured.get("run")) is not None:  # the current code's own figures, rescaled from their depths
+        at_t, at_s = measured["base_layers"], run["student_layers"]
+        ep_t = depth_scaled(run["teacher_episode_cpu_s"], t.layers, "episode", measured, at=at_t)
+        ep_s = depth_scaled(run["student_episode_cpu_s"], s.layers, "episode", measured, at=at_s)
+        step_s = depth_scaled(run["student_sft_step_cpu_s"], s.layers, "actor", measured, at=at_s)
+        if len(t.sft_views) > 1:
+            step_t = depth_scaled(run["teacher_sft_step_cpu_s_two_views"], t.layers, "actor", measured, at=at_t)
     teacher_sft = t.sft_minutes * 60 if t.sft_minutes else t.sft_steps * step_t
     curve_points = int(teacher_sft / step_t) // t.curve_every if t.curve_every else 0
     views = len(t.sft_views)
