@@ -461,7 +461,7 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
     10-13 GB per process).
 
     Its expected CPU time (:func:`distill.experiment.estimate.estimate_cpu`, printed before the run) is priced from
-    issue 47's own run of this preset (``MEASURED["run"]``): ~16.6 CPU-hours at 1 thread on the 2-core dev machine,
+    issue 47's own run of this preset (``MEASURED["run"]``): ~16.3 CPU-hours at 1 thread on the 2-core dev machine,
     the student's SFT priced to its 150-step cap, over the issue's ~10 (a weak student's greedy episodes cost about
     as much as its updates; docs/real_models.md). Before that run the estimate, from issue 33's figures, said ~8.2,
     and at 2 tasks x 4 episodes per update ~10.9: **the knob cut then is the tasks per update, 2 -> 1** (one GRPO
