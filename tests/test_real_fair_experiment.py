@@ -75,14 +75,31 @@ def test_cli_fair_refuses_quick_with_or_without_model(tmp_path, capsys):
         assert "it takes neither --quick nor --world fixed" in capsys.readouterr().err
 
 
+#: Hand-countable inputs of the estimate: depth scaling of the actor 1.25 + 0.375 L (3.5 at 6 layers, 12.5 at 30),
+#: episodes flat in depth.
+KNOWN_MEASURED = {"base_layers": 30, "sft_step_cpu_s": 10.0, "episode_cpu_s": 2.0, "episode_cpu_s_6_layers": 2.0,
+                  "update_cpu_s": {"rl": 10.0, "memopd": 20.0, "teacher_persistent": 30.0}, "update_episodes": 8,
+                  "teacher_scoring_cpu_s": 0.0, "actor_ms_per_token": 12.5, "actor_ms_per_token_6_layers": 3.5,
+                  "actor_timing_cpu_s": 100.0}
+
+
+def _known_cfg(tmp_path, teacher_curve_every: int, tasks_per_update: int) -> ExperimentConfig:
+    """A small pretrained-base experiment whose estimate can be counted by hand (2 seeds x 4 updates, 3 arms)."""
+    return ExperimentConfig(out=str(tmp_path), model="m", env_kwargs={"fresh_facts": True},
+                            teacher=ModelSpec(layers=0, sft_minutes=10.0, curve_every=teacher_curve_every,
+                                              curve_episodes=4, sft_views=("memory", "persistent")),
+                            student=ModelSpec(layers=15, sft_steps=10, sft_minutes=None), student_max_steps=20,
+                            student_probes=(10, 20), probe_episodes=4, eval_episodes=5, seen_eval_episodes=3,
+                            arms=("rl", "memopd", "sft_continued"), seeds=2, updates=4,
+                            tasks_per_update=tasks_per_update, group_size=4, curve_every=2, curve_episodes=4,
+                            rl_lr_sweep=(1e-5, 3e-5, 1e-4))
+
+
 def test_estimate_arithmetic_on_a_known_input(tmp_path):
     from distill.experiment.estimate import depth_scaled, estimate_cpu
 
     # depth scaling: actor cost 3.5 at 6 layers, 12.5 at 30 -> 1.25 + 0.375 L, a depth-independent share of 0.1
-    measured = {"base_layers": 30, "sft_step_cpu_s": 10.0, "episode_cpu_s": 2.0, "episode_cpu_s_6_layers": 2.0,
-                "update_cpu_s": {"rl": 10.0, "memopd": 20.0, "teacher_persistent": 30.0}, "update_episodes": 8,
-                "teacher_scoring_cpu_s": 0.0, "actor_ms_per_token": 12.5, "actor_ms_per_token_6_layers": 3.5,
-                "actor_timing_cpu_s": 100.0}
+    measured = dict(KNOWN_MEASURED)
     assert depth_scaled(100.0, 15, "actor", measured) == pytest.approx(55.0)
     assert depth_scaled(100.0, 0, "actor", measured) == depth_scaled(100.0, 30, "actor", measured) == 100.0
     assert depth_scaled(100.0, 6, "episode", measured) == pytest.approx(100.0)  # flat in depth: all fixed
@@ -90,13 +107,7 @@ def test_estimate_arithmetic_on_a_known_input(tmp_path):
         depth_scaled(1.0, 6, "sampler", measured)
     # no depth scaling below (actor cost flat in depth), so every part is hand-countable
     flat = {**measured, "actor_ms_per_token_6_layers": 12.5}
-    cfg = ExperimentConfig(out=str(tmp_path), model="m", env_kwargs={"fresh_facts": True},
-                           teacher=ModelSpec(layers=0, sft_minutes=10.0, curve_every=25, curve_episodes=4,
-                                             sft_views=("memory", "persistent")),
-                           student=ModelSpec(layers=15, sft_steps=10, sft_minutes=None), student_max_steps=20,
-                           student_probes=(10, 20), probe_episodes=4, eval_episodes=5, seen_eval_episodes=3,
-                           arms=("rl", "memopd", "sft_continued"), seeds=2, updates=4, tasks_per_update=1,
-                           group_size=4, curve_every=2, curve_episodes=4, rl_lr_sweep=(1e-5, 3e-5, 1e-4))
+    cfg = _known_cfg(tmp_path, teacher_curve_every=25, tasks_per_update=1)
     parts = estimate_cpu(cfg, flat)
     # teacher: 600 s of SFT (60 steps of 10 s: curve points at 25 and 50, 4 episodes each) + (8 + 2 x (5 + 3) + 3
     # training draws) episodes x 2 s
@@ -122,10 +133,7 @@ def test_estimate_arithmetic_on_a_known_input(tmp_path):
 def test_estimate_from_a_measured_run_replaces_the_older_inputs(tmp_path):
     from distill.experiment.estimate import depth_scaled, estimate_cpu
 
-    measured = {"base_layers": 30, "sft_step_cpu_s": 10.0, "episode_cpu_s": 2.0, "episode_cpu_s_6_layers": 2.0,
-                "update_cpu_s": {"rl": 10.0, "memopd": 20.0, "teacher_persistent": 30.0}, "update_episodes": 8,
-                "teacher_scoring_cpu_s": 0.0, "actor_ms_per_token": 12.5, "actor_ms_per_token_6_layers": 3.5,
-                "actor_timing_cpu_s": 100.0, "fp32_factor": 0.5, "sft_step_cpu_s_two_views": 30.0}
+    measured = {**KNOWN_MEASURED, "fp32_factor": 0.5, "sft_step_cpu_s_two_views": 30.0}
     # rescaled from the depth it was measured at: 1.25 + 0.375 L, so 55 at 15 layers is 100 at 30, itself at 15
     assert depth_scaled(55.0, 30, "actor", measured, at=15) == pytest.approx(100.0)
     assert depth_scaled(42.0, 15, "actor", measured, at=15) == pytest.approx(42.0)
@@ -133,13 +141,7 @@ def test_estimate_from_a_measured_run_replaces_the_older_inputs(tmp_path):
     run = {"student_layers": 15, "update_episodes": 4, "update_cpu_s": {"rl": 7.0, "memopd": 9.0},
            "student_sft_step_cpu_s": 3.0, "teacher_sft_step_cpu_s_two_views": 50.0, "teacher_episode_cpu_s": 5.0,
            "student_episode_cpu_s": 1.5}
-    cfg = ExperimentConfig(out=str(tmp_path), model="m", env_kwargs={"fresh_facts": True},
-                           teacher=ModelSpec(layers=0, sft_minutes=10.0, curve_every=5, curve_episodes=4,
-                                             sft_views=("memory", "persistent")),
-                           student=ModelSpec(layers=15, sft_steps=10, sft_minutes=None), student_max_steps=20,
-                           student_probes=(10, 20), probe_episodes=4, eval_episodes=5, seen_eval_episodes=3,
-                           arms=("rl", "memopd", "sft_continued"), seeds=2, updates=4, tasks_per_update=2,
-                           group_size=4, curve_every=2, curve_episodes=4, rl_lr_sweep=(1e-5, 3e-5, 1e-4))
+    cfg = _known_cfg(tmp_path, teacher_curve_every=5, tasks_per_update=2)
     older, parts = estimate_cpu(cfg, measured), estimate_cpu(cfg, {**measured, "run": run})
     # at the run's own depths every figure is the run's, no fp32 factor (the run measured the current code)
     assert parts["teacher"] == pytest.approx(600 + (12 // 5 * 4 + 2 * 8 + 3) * 5.0)  # 12 steps of 50 CPU-s
