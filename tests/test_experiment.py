@@ -869,3 +869,28 @@ def test_quick_says_it_is_a_smoke_run_and_the_stages_have_headers(tmp_path, caps
     out = capsys.readouterr().out
     assert "== teacher: SFT on oracle demonstrations" in out and out.index("== teacher") < out.index("teacher: held-out")
     assert bars == [False] and hf_logging.is_progress_bar_enabled() == was
+
+
+def test_report_states_how_many_turns_each_arm_takes_at_the_start_and_the_end(tmp_path):
+    """A policy that stops answering runs every episode to the turn limit: the table shows mean turns per held-out
+    episode at the start and the end (over seeds), and nothing where the frames do not record turns."""
+    from distill.experiment.config import ExperimentConfig
+    from distill.experiment.report import format_markdown, results_table
+
+    episodes = [0, 1, 2, 3]
+    start = _frames(np.full((1, 4), 0.5), episodes)[0].assign(turns=[3, 3, 4, 2])
+    ends = {"rl": [f.assign(turns=t) for f, t in zip(_frames(np.full((2, 4), 0.5), episodes), ([3] * 4, [4] * 4))],
+            "memopd": [f.assign(turns=6) for f in _frames(np.zeros((2, 4)), episodes)]}
+    cfg = ExperimentConfig(out=str(tmp_path), seeds=2, arms=tuple(ends))
+    runs = {arm: [{"update_s": 1.0, "train_cpu_seconds": 60.0}] * 2 for arm in ends}
+    timing = pd.DataFrame({"reconstruction": ["aligned"], "peak_scored_tokens": [100]})
+    table = results_table(cfg, start, ends, runs, timing).set_index("arm")
+    assert table.loc["rl", "start_turns"] == pytest.approx(3.0) and table.loc["rl", "end_turns"] == pytest.approx(3.5)
+    assert table.loc["memopd", "end_turns"] == pytest.approx(6.0)
+    teacher = {"f1": 0.7, "f1_se": 0.02, "em": 0.6, "seen_f1": 0.8, "parameters": 1000, "steps": 10, "hidden": 32,
+               "layers": 1}
+    md = format_markdown(cfg, table.reset_index(), pd.DataFrame(), teacher, {**teacher, "f1": 0.5}, timing, None,
+                         "host", [])
+    assert "| 3.00 / 6.00 |" in md and "| 3.00 / 3.50 |" in md and "turns start / end" in md
+    unrecorded = results_table(cfg, start.drop(columns="turns"), ends, runs, timing)
+    assert unrecorded.start_turns.isna().all()

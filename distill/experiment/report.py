@@ -29,7 +29,8 @@ RESULT_COLUMNS = (["arm", "label", "seeds", "updates", "eval_episodes", "seen_ev
                    "seen_gain_f1_boot_high",
                    "start_em", "end_em", "gain_em", "gain_em_se", "gain_em_t",
                    "peak_context_tokens", "peak_scored_tokens", "approx_kl_first", "clipfrac_first",
-                   "credit_share", "flat_credited_tokens", "distill_loss", "update_s", "train_cpu_min"])
+                   "credit_share", "flat_credited_tokens", "distill_loss", "update_s", "train_cpu_min",
+                   "start_turns", "end_turns"])
 COMPARISON_COLUMNS = ["a", "b", "seeds", "diff", "se", "t", "df", "p", "ci_low", "ci_high", "zero_variance",
                       "p_exact", "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio",
                       "seen_diff", "seen_se", "seen_t", "seen_zero_variance", "seen_p_exact", "seen_boot_low",
@@ -71,6 +72,14 @@ def _mean_of(runs: list[dict], key: str) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def _mean_turns(frames: list[pd.DataFrame]) -> float:
+    """Mean turns per held-out evaluation episode over ``frames`` (nan where they do not record turns): how an arm
+    ends its episodes (a policy that stops answering runs every episode to the turn limit)."""
+    if not frames or any("turns" not in f for f in frames):
+        return math.nan
+    return float(np.mean([f.turns.mean() for f in frames]))
+
+
 def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, list[pd.DataFrame]],
                   runs: dict[str, list[dict]], timing: pd.DataFrame, start_seen: pd.DataFrame | None = None,
                   ends_seen: dict[str, list[pd.DataFrame]] | None = None) -> pd.DataFrame:
@@ -86,6 +95,7 @@ def results_table(cfg: ExperimentConfig, start: pd.DataFrame, ends: dict[str, li
                "peak_scored_tokens": _peak_scored(timing, layouts if fields else {"aligned"}),
                "update_s": _mean_of(runs[arm], "update_s"),
                "train_cpu_min": _mean_of(runs[arm], "train_cpu_seconds") / 60,
+               "start_turns": _mean_turns([start]), "end_turns": _mean_turns(arm_ends),
                **{k: _mean_of(runs[arm], k) for k in ("approx_kl_first", "clipfrac_first", "credit_share",
                                                       "flat_credited_tokens", "distill_loss")}}
         if start_seen is not None and ends_seen is not None:
@@ -353,8 +363,8 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
              "the seeds first and is shown only to compare (it leaves out the training-seed variance).", "",
              "| arm | held-out F1 start | end (± sd over seeds) | gain ± SE (seeds) | t | exact p | "
              "95% CI (bootstrap) | episode SE | seen F1 end | seen gain ± SE | EM gain ± SE | approx-KL update 1 | "
-             "credit share / tokens credited in flat groups | s/update | CPU-min |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "credit share / tokens credited in flat groups | turns start / end | s/update | CPU-min |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in table.iterrows():
         lines.append(
             f"| {r.label} | {r.start_f1:.3f} | {r.end_f1:.3f} ± {_f(r.end_f1_seed_sd)} | "
@@ -364,7 +374,7 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
             f"{_f(r.gain_f1_episode_se)} | {_f(r.seen_end_f1)} | {_f(r.seen_gain_f1, signed=True)} ± "
             f"{_f(r.seen_gain_f1_se)} | {_f(r.gain_em, signed=True)} ± {_f(r.gain_em_se)} | "
             f"{_f(r.approx_kl_first, '.4f')} | {_f(r.credit_share, '.2f')} / {_f(r.flat_credited_tokens, '.0f')} | "
-            f"{_f(r.update_s, '.1f')} | "
+            f"{_f(_get(r, 'start_turns'), '.2f')} / {_f(_get(r, 'end_turns'), '.2f')} | {_f(r.update_s, '.1f')} | "
             f"{_f(r.train_cpu_min, '.1f')} |")
     if len(comparisons):
         lines += ["", "Comparisons (held-out end F1 of a minus b, paired by training seed and episode; with a common "
