@@ -113,8 +113,8 @@ PROBE_SEED_BASE = 2 * 10**7
 
 def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], pool: str, view: str) -> dict:
     """What a greedy evaluation's rows depend on: the weights (a digest of every tensor of the state dict, its
-    name, dtype and shape), the tokenizer (its vocabulary's fingerprint) and prompt settings, the episodes (pool, its env settings, seeds),
-    the view and the token cap. Equal keys give the same rows (greedy decoding of the same episodes)."""
+    name, dtype and shape), the tokenizer (its vocabulary's fingerprint) and prompt settings, the episodes (pool,
+    its env settings, seeds), the view and the token cap. Equal keys give the same rows (greedy decoding of the same episodes)."""
     import hashlib
 
     import torch
@@ -128,7 +128,8 @@ def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], p
         digest.update(flat.view(torch.uint8).numpy().data)
     return json.loads(json.dumps({
         "weights": digest.hexdigest(), "vocab": tokenizer_fingerprint(tokenizer),
-        "prompt": getattr(tokenizer, "memenv_prompt", None), "chat_template": getattr(tokenizer, "chat_template", None),
+        "prompt": getattr(tokenizer, "memenv_prompt", None),
+        "chat_template": getattr(tokenizer, "chat_template", None),
         "pool": pool, "env": pool_env_kwargs(cfg, pool), "seeds": [int(s) for s in seeds], "view": view,
         "max_new_tokens": cfg.max_new_tokens}, default=str))
 
