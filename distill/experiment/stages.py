@@ -114,7 +114,8 @@ PROBE_SEED_BASE = 2 * 10**7
 def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], pool: str, view: str) -> dict:
     """What a greedy evaluation's rows depend on: the weights (a digest of every tensor of the state dict, its
     name, dtype and shape), the tokenizer (its vocabulary's fingerprint) and prompt settings, the episodes (pool,
-    its env settings, seeds), the view and the token cap. Equal keys give the same rows (greedy decoding of the same episodes)."""
+    its env settings, seeds), the view and the token cap. Equal keys give the same rows (greedy decoding of the
+    same episodes)."""
     import hashlib
 
     import torch
