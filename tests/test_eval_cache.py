@@ -1,4 +1,4 @@
-"""A stage's greedy evaluation written with its key (distill.experiment.stages.evaluate_per_seed(cache=...)): an
+"""A stage's greedy evaluation written with its key (distill.experiment.evaluation.evaluate_per_seed(cache=...)): an
 interrupted stage resumes after the evaluations it finished, and rows are reused only for the same weights,
 episodes, view and settings."""
 
@@ -36,7 +36,7 @@ def _no_rollouts(monkeypatch):
 def test_a_finished_evaluation_is_read_back_and_only_for_its_own_key(tiny, tmp_path, monkeypatch):
     import torch
 
-    from distill.experiment.stages import evaluate_per_seed
+    from distill.experiment.evaluation import evaluate_per_seed
 
     lm, tok = tiny
     cfg, csv = _cfg(tmp_path), tmp_path / "end_eval.csv"
@@ -69,7 +69,7 @@ def test_a_finished_evaluation_is_read_back_and_only_for_its_own_key(tiny, tmp_p
 
 
 def test_rows_without_their_key_or_with_a_damaged_key_are_evaluated_again(tiny, tmp_path, monkeypatch):
-    from distill.experiment.stages import evaluate_per_seed
+    from distill.experiment.evaluation import evaluate_per_seed
 
     lm, tok = tiny
     cfg, csv = _cfg(tmp_path), tmp_path / "start_eval.csv"

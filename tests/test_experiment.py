@@ -35,7 +35,7 @@ def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     from agents.llm.training import eval_seeds
     from distill.experiment.config import SettingsMismatchError
     from distill.experiment.run import run_experiment
-    from distill.experiment.stages import make_env_fn
+    from distill.experiment.evaluation import make_env_fn
 
     cfg = _tiny(tmp_path / "exp")
     out = tmp_path / "exp"

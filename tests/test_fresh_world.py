@@ -110,7 +110,8 @@ def test_heldout_draws_never_occur_in_any_training_episode():
     from distill.experiment.baselines import (SEQKD_BATCH, SFT_ARM_DEMOS, SFT_ARM_SEED_BASE, SFT_ARM_SEED_STRIDE,
                                               sweep_jobs)
     from distill.experiment.config import ARMS, SFT_ARMS, fair_config
-    from distill.experiment.stages import PROBE_SEED_BASE, arm_config
+    from distill.experiment.evaluation import PROBE_SEED_BASE
+    from distill.experiment.stages import arm_config
 
     cfg = fair_config("unused")  # the fresh world with every kind of training run: 10 seeds, sweep, SFT arms
     assert cfg.env_kwargs["fresh_facts"] is True

@@ -8,7 +8,8 @@ import memenv  # noqa: F401
 from agents.llm.ppo import task_seeds
 from agents.llm.training import eval_seeds, make_envs
 from distill.experiment.config import ExperimentConfig, pool_env_kwargs
-from distill.experiment.stages import PROBE_SEED_BASE, _sft_config, make_env_fn
+from distill.experiment.evaluation import PROBE_SEED_BASE, make_env_fn
+from distill.experiment.stages import _sft_config
 
 KW = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "top_k": 1}
 

@@ -70,8 +70,8 @@ no gain exceeded its error at 50 updates and MemOPD's grew with updates. The HiM
 # - distill.experiment.config: ExperimentConfig, ModelSpec, the arms (ARMS), the
 #   presets (quick_config, pretrained_config) and the check that refuses a rerun with other
 #   settings (check_settings);
-# - distill.experiment.stages: the stages (teacher, student, one arm, actor timing, diagnostics) and the
-#   evaluation they share;
+# - distill.experiment.stages: the stages (teacher, student, one arm, actor timing, diagnostics);
+# - distill.experiment.evaluation: the greedy evaluation they share, cached by its key;
 # - distill.experiment.report: the results and comparisons tables, the targets, results.md and the
 #   learning curves;
 # - distill.experiment.run: run_experiment (every stage in order, cached) and the arm runs' worker

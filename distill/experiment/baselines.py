@@ -17,9 +17,9 @@ import pandas as pd
 
 from agents.files import write_atomic
 from distill.experiment.config import ARMS, ExperimentConfig
-from distill.experiment.stages import (PROBE_SEED_BASE, _arm_settings, _done, _evaluate_both, _portable,
-                                       _same_settings, _settings_mismatch, _sft_config, _sft_finished, _write_json,
-                                       arm_config, evaluate_per_seed, make_env_fn)
+from distill.experiment.evaluation import PROBE_SEED_BASE, evaluate_per_seed, make_env_fn
+from distill.experiment.stages import (_arm_settings, _done, _evaluate_both, _portable, _same_settings,
+                                       _settings_mismatch, _sft_config, _sft_finished, _write_json, arm_config)
 
 #: Task seeds of the SFT arms' data (train-pool questions; disjoint from SFT, probe, evaluation and GRPO seeds):
 #: training seed s of the oracle-demonstration arm plays base + s * SFT_ARM_SEED_STRIDE + i.

@@ -2,7 +2,8 @@
 (:func:`build_teacher`), the student's weak start (:func:`build_student`), one arm from that start for one training
 seed (:func:`arm_config`, :func:`run_arm`), the actor timing of the packings (:func:`actor_timing`) and the
 flattened transcript's misalignment (:func:`persistent_diagnostics`), with the greedy evaluation they share
-(:func:`evaluate_per_seed`). See :mod:`distill.experiment` for what each stage writes."""
+(:func:`distill.experiment.evaluation.evaluate_per_seed`). See :mod:`distill.experiment` for what each stage
+writes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ import pandas as pd
 from agents.files import write_atomic, write_text_atomic
 from distill.experiment.config import (ARMS, ENV_ID, SFT_ARMS, ExperimentConfig, ModelSpec, SettingsMismatchError,
                                        pool_env_kwargs)
+from distill.experiment.evaluation import PROBE_SEED_BASE, evaluate_per_seed, make_env_fn
 from distill.stats import standard_error
 
 
@@ -96,88 +98,6 @@ def _portable(settings: dict[str, Any]) -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float))
-
-
-def make_env_fn(cfg: ExperimentConfig, pool: str = "train"):
-    import gymnasium as gym
-
-    import memenv  # noqa: F401 - registers the environments
-
-    kwargs = pool_env_kwargs(cfg, pool)
-    return lambda: gym.make(ENV_ID, **kwargs)
-
-
-#: Seeds of the student's weak-start probe: neither SFT seeds (0..episodes-1) nor evaluation seeds (10**7 + i).
-PROBE_SEED_BASE = 2 * 10**7
-
-
-def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], pool: str, view: str) -> dict:
-    """What a greedy evaluation's rows depend on: the weights (a digest of every tensor of the state dict, its
-    name, dtype and shape), the tokenizer (its vocabulary's fingerprint) and prompt settings, the episodes (pool,
-    its env settings, seeds), the view and the token cap. Equal keys give the same rows (greedy decoding of the
-    same episodes)."""
-    import hashlib
-
-    import torch
-
-    from agents.llm.records import tokenizer_fingerprint
-
-    digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(lm.state_dict().items()):
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().data)
-    return json.loads(json.dumps({
-        "weights": digest.hexdigest(), "vocab": tokenizer_fingerprint(tokenizer),
-        "prompt": getattr(tokenizer, "memenv_prompt", None),
-        "chat_template": getattr(tokenizer, "chat_template", None),
-        "pool": pool, "env": pool_env_kwargs(cfg, pool), "seeds": [int(s) for s in seeds], "view": view,
-        "max_new_tokens": cfg.max_new_tokens}, default=str))
-
-
-def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
-                      pool: str = "heldout", episodes: int | None = None, view: str = "memory",
-                      cache: Path | None = None) -> pd.DataFrame:
-    """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
-    ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
-    per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts).
-    ``view``: what the model is shown (:func:`agents.llm.rollouts.rollout`): the memory state (default) or the
-    flattened transcript the teacher-persistent control scores in.
-
-    ``cache``: the CSV the rows are written to (atomically), with their :func:`evaluation_key` beside it
-    (``NAME.key.json``); where both are there and the key is this call's, the rows are read back instead of played
-    again, so a stage interrupted after one of its evaluations resumes after it."""
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import rollout
-    from agents.llm.training import eval_seeds
-
-    seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
-    if cache is not None:
-        key_file = cache.with_suffix(".key.json")
-        key = evaluation_key(lm, tokenizer, cfg, seeds, pool, view)
-        if cache.exists() and key_file.exists():
-            try:
-                cached = json.loads(key_file.read_text())
-            except ValueError:  # a damaged key: evaluate again
-                cached = None
-            if cached == key:
-                return pd.read_csv(cache, keep_default_na=False, dtype={"questions": str})
-        rows = evaluate_per_seed(lm, tokenizer, cfg, seeds, pool, view=view)
-        key_file.unlink(missing_ok=True)  # the key is written last: a CSV without its key is never reused
-        write_atomic(cache, lambda tmp: rows.to_csv(tmp, index=False))
-        write_text_atomic(key_file, json.dumps(key, indent=1))
-        return rows
-    env_fn = make_env_fn(cfg, pool)
-    envs = [env_fn() for _ in range(cfg.num_envs)]
-    eps = rollout(LLMPolicy(lm, tokenizer, temperature=0.0, max_new_tokens=cfg.max_new_tokens), envs, seeds,
-                  progress=cfg.progress, view=view)
-    for env in envs:
-        env.close()
-    return pd.DataFrame({"seed": seeds, "f1": [ep.f1 for ep in eps],
-                         "em": [float(ep.info.get("em", 0.0)) for ep in eps],
-                         "peak_context_tokens": [ep.info.get("peak_context_tokens", 0) for ep in eps],
-                         "turns": [ep.turns for ep in eps],
-                         "questions": [" | ".join(ep.info.get("questions", []) or []) for ep in eps]})
 
 
 def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
@@ -646,6 +566,6 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
     return table
 
 
-__all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluate_per_seed", "build_teacher", "build_student",
+__all__ = ["build_teacher", "build_student",
            "WeakStartNotReached", "weak_start_verdict", "arm_config",
            "run_arm", "actor_timing", "persistent_diagnostics"]
