@@ -3,7 +3,7 @@
     memenv experiment memopd --out runs/memopd            # the full run (teacher cached under OUT/teacher)
     memenv experiment memopd --out runs/memopd_quick --quick
     memenv experiment memopd --world fresh --out runs/memopd_fresh   # facts drawn afresh every episode
-    memenv experiment memopd --fair --model smollm2-135m-instruct --out runs/memopd_real_fair   # issue 47 (~8 CPU-h)
+    memenv experiment memopd --fair --model smollm2-135m-instruct --out runs/memopd_real_fair   # issue 47 (~16 CPU-h)
 
 Worlds (``--world``, :data:`distill.experiment.config.WORLDS`): ``fixed`` (default, described below) keeps one world
 whose facts a tiny model can learn by heart; ``fresh`` draws every episode's facts afresh over one inventory of
