@@ -154,3 +154,20 @@ def test_matched_control_claim_states_the_teachers_view_gap_beside_it():
     assert "a MemOPD loss holds despite it" in control and "win cannot be told apart" in control
     control, _ = details(0.03)  # within the tolerance: a fair control, no caveat
     assert "memory minus persistent" not in control
+
+
+def test_a_comparison_of_two_collapsed_arms_says_so_rather_than_reading_as_a_null():
+    from distill.experiment.report import targets
+
+    comparisons = pd.DataFrame([{"a": "memopd", "b": "teacher_persistent", "diff": 0.0, "boot_low": 0.0},
+                                {"a": "memopd", "b": "rl", "diff": -0.05, "boot_low": -0.1}])
+    table = pd.DataFrame([{"arm": "memopd", "end_f1": 0.0, "gain_f1": -0.1},
+                          {"arm": "teacher_persistent", "end_f1": 0.0, "gain_f1": -0.1},
+                          {"arm": "rl", "end_f1": 0.05, "gain_f1": -0.05}])
+    goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons)}
+    control = goals["MemOPD (aligned) above the teacher-persistent control"]
+    assert not control["met"] and "both arms end at F1 0 on every seed" in control["detail"]
+    assert "collapsed" not in goals["MemOPD above GRPO alone"]["detail"]  # one arm above the floor: a comparison
+    table.loc[table.arm == "teacher_persistent", "end_f1"] = 0.01
+    control = [g for g in targets(table, comparisons) if "control" in g["target"]][0]
+    assert "collapsed" not in control["detail"]

@@ -265,6 +265,10 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
             detail += f"; gains {g_a:+.3f} vs {g_b:+.3f}"
             if _finite(g_b) and g_b > 0:
                 detail += f" (ratio {g_a / g_b:.2f}, information only)"
+            if by.loc[HEADLINE_ARM, "end_f1"] == 0 and by.loc[b, "end_f1"] == 0:
+                # F1 >= 0, so a mean of 0 is 0 on every seed and episode: a floor, not a null
+                detail += ("; both arms end at F1 0 on every seed (collapsed to the floor): the comparison cannot "
+                           "tell them apart, and says nothing of which scoring is better")
         detail += _seen_detail(c, "seen_diff", "seen_se", "seen_zero_variance")
         if b == MATCHED_CONTROL and teacher is not None:
             detail += view_gap_caveat(teacher)
