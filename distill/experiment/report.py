@@ -265,7 +265,7 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
             detail += f"; gains {g_a:+.3f} vs {g_b:+.3f}"
             if _finite(g_b) and g_b > 0:
                 detail += f" (ratio {g_a / g_b:.2f}, information only)"
-            if by.loc[HEADLINE_ARM, "end_f1"] == 0 and by.loc[b, "end_f1"] == 0:
+            if _get(by.loc[HEADLINE_ARM], "end_f1") == 0 and _get(by.loc[b], "end_f1") == 0:
                 # F1 >= 0, so a mean of 0 is 0 on every seed and episode: a floor, not a null
                 detail += ("; both arms end at F1 0 on every seed (collapsed to the floor): the comparison cannot "
                            "tell them apart, and says nothing of which scoring is better")
@@ -448,6 +448,11 @@ def plot_curves(cfg: ExperimentConfig, path: Path, start: pd.DataFrame | None = 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     for arm in cfg.arms:
         color = f"C{list(ARMS).index(arm)}"  # one colour per arm in both panels
+        # and one marker and dash per arm, smaller for later arms: arms on the same points (two collapsed to 0)
+        # stay visible one inside the other instead of the last one drawn hiding the others
+        i = list(ARMS).index(arm)
+        style = dict(marker="osD^vP*X"[i % 8], markersize=9 - 1.2 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4],
+                     markerfacecolor="none" if i % 2 else color)
         label = ARMS[arm][0]
         short = label if len(label) <= 40 else label.split(" (")[0]
         c = curve_frame(cfg, arm, start)
@@ -456,17 +461,19 @@ def plot_curves(cfg: ExperimentConfig, path: Path, start: pd.DataFrame | None = 
             mean = per.mean(axis=1).to_numpy()
             se = np.array([standard_error(row.dropna()) for _, row in per.iterrows()])  # nan (no band): < 2 seeds
             x = per.index.to_numpy()
-            axes[0].plot(x, mean, marker="o", label=f"{short} (n={per.shape[1]})", color=color)
+            axes[0].plot(x, mean, label=f"{short} (n={per.shape[1]})", color=color, **style)
             axes[0].fill_between(x, mean - np.nan_to_num(se), mean + np.nan_to_num(se), alpha=0.2, color=color)
         frames = [pd.read_csv(p) for p in sorted((Path(cfg.out) / "arms" / arm).glob("seed*/metrics.csv"))]
         frames = [f[f["update"] > 0] for f in frames if "distill_loss" in f]
         if frames:
             n_up = min(len(f) for f in frames)
             dl = np.stack([f["distill_loss"].to_numpy(float)[:n_up] for f in frames]).mean(0)
-            axes[1].plot(frames[0]["update"].to_numpy()[:n_up], dl, label=short, color=color)
+            axes[1].plot(frames[0]["update"].to_numpy()[:n_up], dl, label=short, color=color,
+                         linestyle=style["linestyle"])
     from matplotlib.ticker import MaxNLocator
 
-    axes[0].set_ylim(0, max(0.05, axes[0].get_ylim()[1]))
+    top = max(0.05, axes[0].get_ylim()[1])
+    axes[0].set_ylim(-0.03 * top, top)  # a little below 0: points at F1 0 are drawn whole
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set(xlabel="GRPO update", ylabel="F1 on held-out questions (greedy)",
