@@ -2,10 +2,12 @@
 student's memory state, as sampled) and under the persistent view (the episode flattened into one transcript, the
 teacher-persistent control's) of the same invocations, on one GRPO-shaped batch of the start student's episodes
 at the training temperature (what the arms' first update sees). Prints the counts of each kind of action (search,
-answer, invalid) per view, for the invocations after each episode's first (turn 0's two views are one prompt),
-and the host line; ``--csv`` writes every row (the texts too).
+answer, invalid) per view, for the invocations after each episode's first (turn 0's two views are one prompt;
+``--min-turn 0`` takes them too), then, in the aligned view, the student's own sampled action against the
+teacher's there (what the distillation term pushes the student toward), and the host line; ``--csv`` writes every
+row (the texts too).
 
-    python benchmarks/teacher_views.py --run runs/memopd_smol [--episodes 32] [--csv views.csv]
+    python benchmarks/teacher_views.py --run runs/memopd_smol [--episodes 32] [--min-turn 0] [--csv views.csv]
 
 ``--run`` is a ``memenv experiment memopd`` output folder with its teacher and weak start built (``--until
 student``). 1 torch thread; greedy decoding, so the figures depend only on the run's models and the episodes.
@@ -71,10 +73,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, help="the experiment's --out folder (teacher and student built)")
     parser.add_argument("--episodes", type=int, default=32, help="episodes sampled (groups of the run's group size)")
+    parser.add_argument("--min-turn", type=int, default=1,
+                        help="the first turn read (0-based; default 1: turn 0's two views are one prompt)")
     parser.add_argument("--csv", default=None, help="write every row here (atomically)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise _refuse(f"--episodes must be >= 1, got {args.episodes}")
+    if args.min_turn < 0:
+        raise _refuse(f"--min-turn must be >= 0, got {args.min_turn}")
     run = Path(args.run)
     paths, saved = check_inputs(run, args.csv)
 
@@ -105,10 +111,14 @@ def main(argv=None) -> int:
         check_vocabulary(teacher_tok, tok, teacher)
     except VocabularyMismatchError as err:
         raise _refuse(str(err)) from None
-    table = teacher_next_actions(teacher, tok, records, max_new_tokens=cfg.max_new_tokens, progress=True)
+    table = teacher_next_actions(teacher, tok, records, max_new_tokens=cfg.max_new_tokens, min_turn=args.min_turn,
+                                 progress=True)
     counts = pd.crosstab(table["view"], table["kind"])
-    print(f"{len(table) // 2} invocations after an episode's first turn, in {len(records)} records")
+    print(f"{len(table) // 2} invocations from turn {args.min_turn} on, in {len(records)} records")
     print(counts.to_string())
+    aligned = table[table["view"] == "aligned"]
+    print("the student's sampled action (rows) against the teacher's greedy one in the student's state (columns):")
+    print(pd.crosstab(aligned["student_kind"], aligned["kind"], margins=True).to_string())
     if args.csv:
         write_atomic(Path(args.csv), lambda tmp: table.to_csv(tmp, index=False))
     return 0

@@ -113,9 +113,12 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
     """Where each reconstruction points the student: the teacher's greedy next action under the aligned view and
     under the persistent view (:func:`teacher_views`) of every invocation from turn ``min_turn`` on (turn 0's
     views are the same prompt). A :class:`pandas.DataFrame`, one row per invocation and view: ``record``,
-    ``turn``, ``view``, ``context_tokens``, ``kind`` (:func:`action_kind`) and ``text``. A teacher trained on
-    memory-state prompts that acts otherwise on the flattened transcript distils that other behaviour into the
-    student under the persistent control; ``pd.crosstab(table.view, table.kind)`` shows it."""
+    ``turn``, ``view``, ``context_tokens``, ``kind`` (:func:`action_kind`), ``text``, and ``student_kind``, the
+    kind of the action the student sampled there (its record's response). A teacher trained on memory-state
+    prompts that acts otherwise on the flattened transcript distils that other behaviour into the student under the
+    persistent control; ``pd.crosstab(table.view, table.kind)`` shows it. Where the teacher acts otherwise than the
+    student did in the student's own state (``pd.crosstab(table.student_kind, table.kind)`` of the aligned rows),
+    that is the behaviour the distillation term pushes the student toward."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -134,6 +137,7 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
                                      do_sample=False, pad_token_id=pad, stop_strings=list(DEFAULT_STOP),
                                      tokenizer=tokenizer)
                 text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                sampled = tokenizer.decode(records[v["record"]].response_ids, skip_special_tokens=True)
                 rows.append({"record": v["record"], "turn": v["turn"], "view": view, "context_tokens": ids.shape[1],
-                             "kind": action_kind(text), "text": text})
-    return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text"])
+                             "kind": action_kind(text), "text": text, "student_kind": action_kind(sampled)})
+    return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text", "student_kind"])

@@ -388,6 +388,11 @@ def test_teacher_views_part_after_the_first_turn_and_next_actions_are_greedy_und
     assert full.startswith(row["text"]) and (row["text"] == full or row["text"].endswith(("</search>", "</answer>")))
     assert row["view"] == "persistent" and row["context_tokens"] == ids.shape[1]
     assert set(table["kind"]) <= {"search", "answer", "invalid"}
+    # beside it, what the student itself sampled at that invocation (the same for both views of it)
+    for _, r in table.iterrows():
+        sampled = tok.decode(records[r["record"]].response_ids, skip_special_tokens=True)
+        assert r["student_kind"] == action_kind(sampled)
+    assert (table.groupby("record")["student_kind"].nunique() == 1).all()
     with pytest.raises(ValueError, match="min_turn"):
         teacher_next_actions(model, tok, records, min_turn=-1)
 

@@ -689,10 +689,21 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
     assert (pairs.size() == 2).all()
     assert (pairs["context_tokens"].max() > pairs["context_tokens"].min()).all()  # the transcript is longer
     out = capsys.readouterr().out
-    assert f"{len(rows) // 2} invocations after an episode's first turn" in out and "persistent" in out
-    with pytest.raises(SystemExit):
-        script.main(["--run", str(run), "--episodes", "0"])
-    assert "--episodes must be >= 1" in capsys.readouterr().err
+    assert f"{len(rows) // 2} invocations from turn 1 on" in out and "persistent" in out
+    assert "the student's sampled action (rows) against the teacher's" in out
+    assert set(rows["student_kind"]) <= {"search", "answer", "invalid"}
+    # --min-turn 0 reads each episode's first invocation too (its two views one prompt)
+    assert script.main(["--run", str(run), "--episodes", "4", "--min-turn", "0", "--csv",
+                        str(tmp_path / "views0.csv")]) == 0
+    rows0 = pd.read_csv(tmp_path / "views0.csv")
+    assert (rows0["turn"] == 0).any() and len(rows0) > len(rows)
+    first = rows0[rows0["turn"] == 0].groupby("record")["context_tokens"]
+    assert (first.max() == first.min()).all()
+    for bad, message in ((["--episodes", "0"], "--episodes must be >= 1"), (["--min-turn", "-1"], "--min-turn must be")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            script.main(["--run", str(run), *bad])
+        assert message in capsys.readouterr().err
 
 
 def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, capsys, monkeypatch):
