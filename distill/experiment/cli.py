@@ -13,7 +13,7 @@ from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
                                        WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
                                        real_fair_config, world_config)
-from distill.experiment.run import STAGES, run_experiment
+from distill.experiment.run import STAGES, link_stages, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
 from memenv.costs import cost
@@ -57,6 +57,11 @@ def _run(args: argparse.Namespace) -> int:
             from agents.llm.cli import check_checkpoint
 
             check_checkpoint(cfg.model, "--model")
+        if args.stages_from:
+            try:
+                link_stages(cfg, args.stages_from)
+            except SettingsMismatchError as err:
+                raise CommandError(str(err)) from None
         check_settings(cfg)
     if cfg.smoke:
         from distill.experiment.report import SMOKE_NOTE
@@ -147,6 +152,10 @@ def register_cli(subparsers) -> None:
     m.add_argument("--until", choices=list(STAGES), default=None,
                    help="stop after this stage (cached; a later run without --until resumes): measure the "
                         "teacher or the weak start before paying for the arms")
+    m.add_argument("--stages-from", dest="stages_from", default=None, metavar="RUN",
+                   help="link the teacher and student stages of the run in folder RUN (finished there, with the same "
+                        "settings but the arms'): a sensitivity run (another --lr, --distill-coef, --updates) in its "
+                        "own --out, without paying for either SFT again")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(func=_run)
 

@@ -516,28 +516,39 @@ def check_settings(cfg: ExperimentConfig) -> None:
                                     "not an object); not overwritten: move it away, or use another --out")
     if not any((Path(cfg.out) / stage).exists() for stage in ("teacher", "student", "arms")):
         return  # no stage made with those settings (a run that failed first): nothing to protect
-    new = _config_record(cfg)
-    # A setting added after that run was made is read as its default (what that run did): fill it in, at the
-    # top level and inside the model specs, before comparing.
-    default = _config_record(replace(ExperimentConfig(), teacher=ModelSpec(), student=ModelSpec()))
-    old = {**{k: v for k, v in default.items() if k not in ("teacher", "student")}, **old}
-    for role in ("teacher", "student"):
-        if isinstance(old.get(role), dict):
-            old[role] = {**default[role], **old[role]}
     later = any((Path(cfg.out) / name).exists() for name in ("arms", "timing.csv", "diagnostics.csv"))
     started = (Path(cfg.out) / "student" / "result.json").exists()
     free = RERUN_MAY_CHANGE + (() if later else ARM_SETTINGS) + (() if later or started else STUDENT_LENGTH_SETTINGS)
-    changed = sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k))
+    changed = changed_settings(old, cfg, free)
     if changed:
-        detail = ", ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in changed[:6])
-        more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
-        raise SettingsMismatchError(f"{cfg.out} holds a run with other settings: {detail}{more}; use another "
+        raise SettingsMismatchError(f"{cfg.out} holds a run with other settings: {changed}; use another "
                                     "--out (or the earlier settings) to keep its cached stages")
+
+
+def changed_settings(old: dict[str, Any], cfg: ExperimentConfig, free: tuple[str, ...]) -> str:
+    """The settings outside ``free`` in which ``cfg`` differs from a run's recorded ``experiment.json`` (``old``),
+    as ``name old -> new`` items (the first six, then a count); empty where none does. A setting added after
+    that run was made is read as its default (what that run did)."""
+    new = _config_record(cfg)
+    default = _config_record(replace(ExperimentConfig(), teacher=ModelSpec(), student=ModelSpec()))
+    old = {**{k: v for k, v in default.items() if k not in ("teacher", "student")}, **old}
+    for role in ("teacher", "student"):  # and inside the model specs
+        if isinstance(old.get(role), dict):
+            old[role] = {**default[role], **old[role]}
+    changed = []
+    for key in sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):  # a model spec: the fields that differ, by name
+            changed += [(f"{key}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            changed.append((key, a, b))
+    detail = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, a, b in changed[:6])
+    return detail + (f" (+{len(changed) - 6} more)" if len(changed) > 6 else "")
 
 
 __all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "STUDENT_LENGTH_SETTINGS",
            "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
-           "check_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
+           "check_settings", "changed_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
            "fair_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
            "real_fair_config"]

@@ -15,12 +15,13 @@ from typing import Any
 import pandas as pd
 
 from agents.files import write_atomic, write_text_atomic
-from distill.experiment.config import ExperimentConfig, _config_record, check_settings
+from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, ExperimentConfig, SettingsMismatchError,
+                                       _config_record, changed_settings, check_settings)
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
 from distill.experiment.config import SFT_ARMS
 from distill.experiment.baselines import choose_rl_lr, run_sft_arm, run_sweep_point, sweep_jobs
 from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
-                                       persistent_diagnostics, run_arm)
+                                       persistent_diagnostics, read_stage_json, run_arm)
 
 
 def _exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
@@ -142,6 +143,46 @@ def _stage(cfg: ExperimentConfig, name: str, what: str) -> None:
     _log(cfg, f"\n== {name}: {what} ==")
 
 
+#: The stages a sensitivity run may take from another run's folder (:func:`link_stages`): the costly ones, which
+#: no arm setting reads.
+LINKED_STAGES = ("teacher", "student")
+
+
+def link_stages(cfg: ExperimentConfig, source: str | Path) -> None:
+    """Make ``cfg.out``'s teacher and student stages links to those of the run in ``source``: a sensitivity run
+    that changes only arm settings (:data:`~distill.experiment.config.ARM_SETTINGS`: an lr, the distillation
+    coefficient, the updates) pays for neither SFT again, and runs in its own folder, so the first run's arms and
+    report stay as they were. Refused (:class:`SettingsMismatchError`, one line naming what) where ``source`` lacks
+    a finished stage (the run would train into ``source`` through the link), its settings differ in any other
+    than the arms' (and :data:`~distill.experiment.config.RERUN_MAY_CHANGE`), or ``cfg.out`` holds a stage of its
+    own; links already there to the same stages are kept (a rerun)."""
+    src = Path(source).resolve()
+    what = f"--stages-from {source}"
+    if not (src / "experiment.json").is_file():
+        raise SettingsMismatchError(f"{what}: no experiment.json there (not a memenv experiment memopd --out folder)")
+    old = read_stage_json(src / "experiment.json", "that run's settings record")
+    if not isinstance(old, dict):
+        raise SettingsMismatchError(f"{what}: its experiment.json is not a run's settings (a JSON object)")
+    for stage in LINKED_STAGES:
+        if not (src / stage / "result.json").is_file():
+            raise SettingsMismatchError(f"{what}: its {stage} stage is not finished ({src / stage / 'result.json'} "
+                                        f"is missing); finish it there first (--until {stage})")
+    changed = changed_settings(old, cfg, RERUN_MAY_CHANGE + ARM_SETTINGS)
+    if changed:
+        raise SettingsMismatchError(f"{what}: its stages were made with other settings: {changed}; only the arms' "
+                                    "settings may differ")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stage in LINKED_STAGES:
+        link = out / stage
+        if link.is_symlink() and link.resolve() == (src / stage).resolve():
+            continue
+        if link.exists() or link.is_symlink():
+            raise SettingsMismatchError(f"{link} exists already: {what} links the {stage} stage into a folder "
+                                        "without one; use another --out")
+        link.symlink_to(src / stage, target_is_directory=True)
+
+
 def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFrame:
     """All stages (cached, resumable); returns the results table and writes the outputs under ``cfg.out``.
 
@@ -212,4 +253,4 @@ def stage_summary(stages: dict[str, dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame([{"stage": name, **{k: res.get(k) for k in keys}} for name, res in stages.items()])
 
 
-__all__ = ["STAGES", "arm_jobs", "run_experiment", "stage_summary"]
+__all__ = ["STAGES", "LINKED_STAGES", "arm_jobs", "link_stages", "run_experiment", "stage_summary"]
