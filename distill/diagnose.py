@@ -129,6 +129,7 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
     rows = []
     with torch.no_grad():
         for v in tqdm(views, desc="teacher next actions", disable=not progress, leave=False):
+            sampled = action_kind(tokenizer.decode(records[v["record"]].response_ids, skip_special_tokens=True))
             for view in ("aligned", "persistent"):
                 ids = torch.tensor([v[view]])
                 # stopped where the policy would stop (the kind reads only up to there; greedy, so the text up to
@@ -137,7 +138,6 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
                                      do_sample=False, pad_token_id=pad, stop_strings=list(DEFAULT_STOP),
                                      tokenizer=tokenizer)
                 text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-                sampled = tokenizer.decode(records[v["record"]].response_ids, skip_special_tokens=True)
                 rows.append({"record": v["record"], "turn": v["turn"], "view": view, "context_tokens": ids.shape[1],
-                             "kind": action_kind(text), "text": text, "student_kind": action_kind(sampled)})
+                             "kind": action_kind(text), "text": text, "student_kind": sampled})
     return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text", "student_kind"])
