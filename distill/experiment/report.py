@@ -16,7 +16,8 @@ import pandas as pd
 
 from agents.files import write_atomic
 from distill.experiment.config import ARMS, ENV_ID, SFT_ARMS, ExperimentConfig
-from distill.stats import INFERENCE, arm_summary, compare_arms, sign_flip_test, standard_error
+from distill.stats import (ALPHA, INFERENCE, POWER, arm_summary, compare_arms, minimum_detectable_effect,
+                           sign_flip_test, standard_error, verdict)
 
 
 _GAIN = ["gain_f1", "gain_f1_se", "gain_f1_t", "gain_f1_df", "gain_f1_p", "gain_f1_ci_low", "gain_f1_ci_high",
@@ -33,6 +34,7 @@ RESULT_COLUMNS = (["arm", "label", "seeds", "updates", "eval_episodes", "seen_ev
                    "start_turns", "end_turns"])
 COMPARISON_COLUMNS = ["a", "b", "seeds", "diff", "se", "t", "df", "p", "ci_low", "ci_high", "zero_variance",
                       "p_exact", "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio",
+                      "seed_sd", "mde",
                       "seen_diff", "seen_se", "seen_t", "seen_zero_variance", "seen_p_exact", "seen_boot_low",
                       "seen_boot_high"]
 #: the arm whose claims the targets are: it is compared with every other arm that ran
@@ -116,7 +118,8 @@ def comparisons_table(ends: dict[str, list[pd.DataFrame]],
         c = compare_arms(ends[a], ends[b])
         row = {"a": a, "b": b, "seeds": c["n_seeds"], "diff": c["mean"],
                **{k: c[k] for k in ("se", "t", "df", "p", "ci_low", "ci_high", "zero_variance", "p_exact",
-                                    "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio")}}
+                                    "p_exact_min", "p_exact_draws", "boot_low", "boot_high", "boot_se", "ratio",
+                                    "seed_sd", "mde")}}
         if ends_seen is not None:
             s = compare_arms(ends_seen[a], ends_seen[b])
             row.update(seen_diff=s["mean"], seen_se=s["se"], seen_t=s["t"], seen_zero_variance=s["zero_variance"],
@@ -165,18 +168,30 @@ def _interval(low: float, high: float) -> str:
     return f"[{_f(low, '+.3f')}, {_f(high, '+.3f')}]"
 
 
-def above_zero(diff: float, boot_low: float) -> bool:
-    """A target's verdict: the paired difference is positive and its two-level bootstrap 95% interval lies
-    above 0 (excludes 0). A missing interval (nan) is not met."""
-    return bool(_finite(diff) and _finite(boot_low) and diff > 0 and boot_low > 0)
+#: MemOPD's paper: aligned scoring beats the teacher-persistent control by 7% of the control's F1 (1.07x). In a
+#: regime's own units the expected difference is this share of the control's end F1 (:func:`targets`).
+PAPER_RELATIVE_EFFECT = 0.07
+#: How results.md writes each verdict of :func:`distill.stats.verdict`.
+VERDICT_TEXT = {"met": "met", "reversed": "REVERSED", "inconclusive": "INCONCLUSIVE", "not met": "MISSED"}
+#: The decision rule, as the targets name it.
+RULE = f"paired difference > 0 with exact p <= {ALPHA:g} and bootstrap 95% CI above 0"
 
 
 def _claim_detail(diff: float, se: float, t: float, df: Any, zero_variance: Any, boot_low: float,
-                  boot_high: float, p_exact: float, p_exact_min: float, seeds: Any) -> str:
-    """``+0.030 ± 0.008 (seed SE), t 3.75 (df 9), bootstrap 95% CI [+0.012, +0.047], exact sign-flip p 0.002``..."""
+                  boot_high: float, p_exact: float, p_exact_min: float, seeds: Any, mde: float = math.nan) -> str:
+    """``+0.030 ± 0.008 (seed SE), t 3.75 (df 9), bootstrap 95% CI [+0.012, +0.047], exact sign-flip p 0.002,
+    minimum detectable effect 0.021 (80% power)``..."""
     parts = [f"{_f(diff, signed=True)} ± {_f(se)} (seed SE)", t_text(t, df, zero_variance),
-             f"bootstrap 95% CI {_interval(boot_low, boot_high)}", _exact_p_text(p_exact, p_exact_min, seeds)]
+             f"bootstrap 95% CI {_interval(boot_low, boot_high)}", _exact_p_text(p_exact, p_exact_min, seeds),
+             f"minimum detectable effect {mde:.3f} ({POWER:.0%} power)" if _finite(mde) else ""]
     return ", ".join(p for p in parts if p)
+
+
+def _mde_of(se: Any, seeds: Any) -> float:
+    """The minimum detectable effect of a seed-level SE over ``seeds`` seeds (nan where either is missing)."""
+    if not (_finite(se) and _finite(seeds)) or seeds < 2:
+        return math.nan
+    return minimum_detectable_effect(float(se) * math.sqrt(seeds), int(seeds))
 
 
 def _seen_detail(row, value: str, se: str, zero_variance: str) -> str:
@@ -218,9 +233,12 @@ def view_gap_caveat(teacher: dict) -> str:
 def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None = None,
             student: dict | None = None) -> list[dict[str, Any]]:
     """The set-up conditions and MemOPD's claims as targets, measured on held-out questions (``met`` a bool,
-    ``value`` the figure, ``detail`` the inference). Every claim is a paired difference, judged by
-    :func:`above_zero`: positive, with its two-level bootstrap 95% interval (training seeds x evaluation episodes)
-    above 0; the seed-level SE, t (or "no spread across seeds: no t") and the exact sign-flip p stand beside it.
+    ``value`` the figure, ``detail`` the inference; claims also carry ``verdict``). Every claim is a paired
+    difference judged by :func:`distill.stats.verdict` (:data:`RULE`): met only where it is positive, its exact
+    sign-flip p is at most 0.05 **and** its two-level bootstrap 95% interval (training seeds x evaluation episodes)
+    lies above 0; "inconclusive" where the interval holds the paper's effect (the matched control:
+    :data:`PAPER_RELATIVE_EFFECT` of the control's end F1) or excludes 0 without the exact test. The seed-level SE,
+    t (or "no spread across seeds: no t"), the exact p and the minimum detectable effect stand beside it.
     The claims: MemOPD's end F1 above every other arm's that ran (paired by training seed: with a common start,
     the difference of the two gains), the matched control first, and MemOPD's gain above 0. A ratio of gains is
     printed as information only, and only when the denominator gain is positive."""
@@ -259,7 +277,12 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
         detail = "end F1 difference " + _claim_detail(
             c["diff"], _get(c, "se"), _get(c, "t"), _get(c, "df"), _get(c, "zero_variance", False),
             _get(c, "boot_low"), _get(c, "boot_high"), _get(c, "p_exact"), _get(c, "p_exact_min"),
-            _get(c, "seeds"))
+            _get(c, "seeds"), _get(c, "mde", _mde_of(_get(c, "se"), _get(c, "seeds"))))
+        expected = math.nan
+        if b == MATCHED_CONTROL and b in by.index and _finite(_get(by.loc[b], "end_f1")):
+            expected = PAPER_RELATIVE_EFFECT * float(by.loc[b, "end_f1"])
+            detail += (f"; the paper's effect here: {expected:+.4f} ({PAPER_RELATIVE_EFFECT:.0%} of the control's "
+                       f"end F1)")
         if {HEADLINE_ARM, b} <= set(by.index):
             g_a, g_b = by.loc[HEADLINE_ARM, "gain_f1"], by.loc[b, "gain_f1"]
             detail += f"; gains {g_a:+.3f} vs {g_b:+.3f}"
@@ -272,18 +295,21 @@ def targets(table: pd.DataFrame, comparisons: pd.DataFrame, teacher: dict | None
         detail += _seen_detail(c, "seen_diff", "seen_se", "seen_zero_variance")
         if b == MATCHED_CONTROL and teacher is not None:
             detail += view_gap_caveat(teacher)
-        out.append({"target": f"{name}: paired difference > 0, bootstrap 95% CI above 0", "value": c["diff"],
-                    "met": above_zero(c["diff"], _get(c, "boot_low")), "detail": detail})
+        v = verdict(c["diff"], _get(c, "boot_low"), _get(c, "boot_high"), _get(c, "p_exact"), expected)
+        out.append({"target": f"{name}: {RULE}", "value": c["diff"], "met": v == "met", "verdict": v,
+                    "detail": detail})
     if HEADLINE_ARM in by.index:
         r = by.loc[HEADLINE_ARM]
         detail = "gain " + _claim_detail(
             r["gain_f1"], _get(r, "gain_f1_se"), _get(r, "gain_f1_t"), _get(r, "gain_f1_df"),
             _get(r, "gain_f1_zero_variance", False), _get(r, "gain_f1_boot_low"), _get(r, "gain_f1_boot_high"),
-            _get(r, "gain_f1_p_exact"), _get(r, "gain_f1_p_exact_min"), _get(r, "seeds"))
+            _get(r, "gain_f1_p_exact"), _get(r, "gain_f1_p_exact_min"), _get(r, "seeds"),
+            _mde_of(_get(r, "gain_f1_se"), _get(r, "seeds")))
         detail += _seen_detail(r, "seen_gain_f1", "seen_gain_f1_se", "seen_gain_f1_zero_variance")
-        out.append({"target": "MemOPD gain (end - start, paired) > 0, bootstrap 95% CI above 0",
-                    "value": r["gain_f1"], "met": above_zero(r["gain_f1"], _get(r, "gain_f1_boot_low")),
-                    "detail": detail})
+        v = verdict(r["gain_f1"], _get(r, "gain_f1_boot_low"), _get(r, "gain_f1_boot_high"),
+                    _get(r, "gain_f1_p_exact"))
+        out.append({"target": f"MemOPD gain (end - start, paired): {RULE.replace('paired difference', 'gain')}",
+                    "value": r["gain_f1"], "met": v == "met", "verdict": v, "detail": detail})
     return out
 
 
@@ -360,9 +386,11 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
              + f"; {seeds} training seeds; evaluation: "
              f"{int(table.eval_episodes.max())} held-out and {cfg.seen_eval_episodes} seen episodes (greedy), the "
              "same episodes at the start and the end", "",
-             f"Inference ({seeds} training seeds, df = {seeds - 1}): {INFERENCE}. A claim is met when its paired difference is above 0 "
-             "and its 95% bootstrap interval (training seeds, and inside them the same resampled evaluation "
-             "episodes for every seed) lies above 0; the exact p flips the signs of the per-seed differences "
+             f"Inference ({seeds} training seeds, df = {seeds - 1}): {INFERENCE}. A claim is met when its paired difference is above 0, "
+             f"its exact sign-flip p is at most {ALPHA:g} **and** its 95% bootstrap interval (training seeds, and inside "
+             "them the same resampled evaluation episodes for every seed) lies above 0; INCONCLUSIVE where the "
+             "interval holds the effect the claim predicts (the paper's 7% for the matched control), with the "
+             f"minimum detectable effect at {POWER:.0%} power beside it; the exact p flips the signs of the per-seed differences "
              f"({_sign_flip_note(seeds)}); seeds whose differences are all equal get no t. 'episode SE' averages "
              "the seeds first and is shown only to compare (it leaves out the training-seed variance).", "",
              "| arm | held-out F1 start | end (± sd over seeds) | gain ± SE (seeds) | t | exact p | "
@@ -415,10 +443,11 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
                       "(|d log-prob| vs the sampled log-probs; clip_share: tokens whose ratio against the sampled "
                       "log-probs leaves [0.8, 1.2]; that arm recomputes its old log-probs, so its own ratio starts "
                       "at 1):", "", markdown_table(diagnostics[cols], ".4f")]
-    verdict = (lambda g: "not judged: smoke run") if cfg.smoke else (lambda g: "met" if g["met"] else "MISSED")
+    judged = (lambda g: "not judged: smoke run") if cfg.smoke else \
+        (lambda g: VERDICT_TEXT[g.get("verdict", "met" if g["met"] else "not met")])
     lines += ["", "Targets" + (" (a smoke run of the pipeline: tiny budgets, figures near 0 expected, targets not "
                                "expected to be met, so none is judged)" if cfg.smoke else "") + ":", ""]
-    lines += [f"- {g['target']}: {_f(g['value'], '.3f')} — {verdict(g)} ({g['detail']})" for g in goals]
+    lines += [f"- {g['target']}: {_f(g['value'], '.3f')} — {judged(g)} ({g['detail']})" for g in goals]
     return "\n".join(lines) + "\n"
 
 
@@ -489,5 +518,6 @@ def plot_curves(cfg: ExperimentConfig, path: Path, start: pd.DataFrame | None = 
 
 
 __all__ = ["RESULT_COLUMNS", "COMPARISON_COLUMNS", "HEADLINE_ARM", "MATCHED_CONTROL", "COMPARISONS",
-           "INFERENCE_COLUMN", "comparison_pairs", "results_table", "comparisons_table", "above_zero", "t_text",
+           "INFERENCE_COLUMN", "PAPER_RELATIVE_EFFECT", "VERDICT_TEXT", "RULE", "comparison_pairs", "results_table",
+           "comparisons_table", "t_text",
            "targets", "markdown_table", "format_markdown", "curve_frame", "plot_curves"]

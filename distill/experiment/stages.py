@@ -466,15 +466,16 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     return res
 
 
-def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 123):
-    """One GRPO-shaped batch of training-temperature episodes (records for timing and diagnostics)."""
+def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 123, first_task: int = 9 * 10**6):
+    """One GRPO-shaped batch of training-temperature episodes (records for timing and diagnostics); task seeds
+    from ``first_task`` on (another ``first_task`` and ``seed``: an independent batch)."""
     from agents.llm.policy import LLMPolicy
     from agents.llm.rollouts import records_of, rollout
 
     env_fn = make_env_fn(cfg)
     group = cfg.group_size
     tasks = max(1, episodes // group)
-    seeds = [9 * 10**6 + t for t in range(tasks) for _ in range(group)]
+    seeds = [first_task + t for t in range(tasks) for _ in range(group)]
     policy = LLMPolicy(lm, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=seed)
     eps = rollout(policy, [env_fn() for _ in range(cfg.num_envs)], seeds,
                   groups=[t for t in range(tasks) for _ in range(group)])

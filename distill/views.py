@@ -1,0 +1,217 @@
+"""Whether the teacher's two views differ enough for MemOPD's matched control to test anything: measured on a batch
+of the student's own rollouts before any arm runs (issue 61).
+
+MemOPD scores each sampled action with the teacher in the state the student sampled it in (the *aligned* view: the
+memory-state prompt); its matched control scores the same action after the flattened transcript of the episode
+(the *persistent* view, :func:`distill.reconstruct.persistent`). Where the two views give the teacher the same
+distribution, the two arms are the same algorithm and no number of seeds can tell them apart.
+:func:`view_divergence` measures how far apart they are, in the units that matter for training:
+
+- per action token, ``KL(teacher | aligned || teacher | persistent)`` and whether the teacher's argmax differs,
+  overall and per turn (turn 0's two views are one prompt);
+- the **cosine between the two distillation gradients** (the student's gradient of the mean per-token
+  distillation loss against the teacher under each view, on the same records and the same student forward),
+  beside the **same-view noise reference**: the cosine between one view's gradients on two independent batches.
+  A between-view cosine near 1 while the same-view one is lower means the views' difference is smaller than the
+  batch-to-batch noise of one view: the arms' updates differ by less than two rollouts of one arm do;
+- the share of invocations with an **information gap** (:func:`information_gaps`): the flattened transcript holds
+  a gold answer that the memory state does not (the memory dropped a fact the transcript still holds: the
+  paper's mechanism, a teacher scoring with information the student no longer has), and the views' disagreement
+  on those invocations against the others.
+
+    from distill.views import view_divergence
+    result = view_divergence(teacher, student, tokenizer, batch_a, batch_b)   # two independent rollout batches
+    result.summary["between_view_cosine"], result.summary["same_view_cosine"], result.per_turn
+
+``python benchmarks/view_divergence.py`` runs it over a table of env settings (the regime search).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from agents.llm.records import InvocationRecord
+from distill.losses import DistillLossConfig, chunked_distill_loss, head_logprobs
+from distill.teacher import ScoringLayout, Teacher, records_action_hidden
+
+VIEWS = ("aligned", "persistent")
+
+
+def _holds(text: str, answers: Sequence[str]) -> bool:
+    """Whether ``text`` (lower-cased) contains one of an objective's accepted ``answers`` (case-insensitive)."""
+    return any(a and a.strip().lower() in text for a in answers)
+
+
+def information_gaps(records: Sequence[InvocationRecord], tokenizer):
+    """One row per invocation (a :class:`pandas.DataFrame`, in :func:`distill.diagnose.teacher_views` order):
+    ``record``, ``episode``, ``turn`` (0-based in its episode), ``objectives``, ``held_aligned`` and
+    ``held_persistent`` (how many objectives have an accepted gold answer in the text of that view: the memory-state
+    prompt, or the flattened transcript up to the action), ``info_gap`` (some objective's answer is in the
+    transcript but not in the memory state: the memory lost a fact the transcript keeps) and ``answerable_aligned``
+    / ``answerable_persistent`` (every objective's answer is in that view: answering from it is possible).
+    Records without gold answers (``gold`` None) count no objective and no gap."""
+    import pandas as pd
+
+    from distill.diagnose import teacher_views
+
+    rows = []
+    for v in teacher_views(records, tokenizer):
+        r = records[v["record"]]
+        gold = r.gold or []
+        text = {view: tokenizer.decode(v[view], skip_special_tokens=True).lower() for view in VIEWS}
+        held = {view: [_holds(text[view], answers) for answers in gold] for view in VIEWS}
+        rows.append({"record": v["record"], "episode": r.episode_id, "turn": v["turn"], "objectives": len(gold),
+                     "held_aligned": sum(held["aligned"]), "held_persistent": sum(held["persistent"]),
+                     "info_gap": any(p and not a for a, p in zip(held["aligned"], held["persistent"])),
+                     "answerable_aligned": bool(gold) and all(held["aligned"]),
+                     "answerable_persistent": bool(gold) and all(held["persistent"])})
+    return pd.DataFrame(rows, columns=["record", "episode", "turn", "objectives", "held_aligned", "held_persistent",
+                                       "info_gap", "answerable_aligned", "answerable_persistent"])
+
+
+@torch.no_grad()
+def token_disagreement(teacher: Teacher, records: Sequence[InvocationRecord], tokenizer,
+                       layouts: dict[str, ScoringLayout]):
+    """Per action token of ``records`` (record order, then token order): ``record``, ``kl`` =
+    ``KL(p_aligned || p_persistent)`` of the teacher's distributions (its temperature) and ``argmax_differs``.
+    Also returns the teacher's ``[N, d]`` hidden states per view (for the gradients)."""
+    import pandas as pd
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    hidden = {view: teacher.action_hidden(records, layouts[view], pad) for view in VIEWS}
+    kl, differs = [], []
+    for i in range(0, hidden["aligned"].shape[0], teacher.chunk):
+        lp = {view: head_logprobs(teacher.head, hidden[view][i:i + teacher.chunk], teacher.temperature)
+              for view in VIEWS}
+        p = lp["aligned"].exp()
+        kl.append(torch.where(p > 0, p * (lp["aligned"] - lp["persistent"]), torch.zeros_like(p)).sum(-1))
+        differs.append(lp["aligned"].argmax(-1) != lp["persistent"].argmax(-1))
+    owner = [i for i, r in enumerate(records) for m in r.action_mask if m]
+    frame = pd.DataFrame({"record": owner,
+                          "kl": torch.cat(kl).clamp_min(0).tolist() if kl else [],
+                          "argmax_differs": torch.cat(differs).tolist() if differs else []})
+    return frame, hidden
+
+
+def distill_gradients(student, teacher: Teacher, records: Sequence[InvocationRecord], tokenizer,
+                      teacher_hidden: dict[str, torch.Tensor], loss: DistillLossConfig,
+                      layout: ScoringLayout) -> dict[str, torch.Tensor]:
+    """The student's gradient (every trainable parameter, flattened into one fp32 vector) of the mean per-action-
+    token distillation loss against the teacher under each view, from one student forward on ``layout`` (the
+    actor's: the student's side is the same in both arms, only the teacher's view differs). The student is scored
+    in eval mode (no dropout) and left as it was."""
+    params = [p for p in student.parameters() if p.requires_grad]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    was_training = student.training
+    student.eval()
+    try:
+        with torch.enable_grad():
+            hidden, _ = records_action_hidden(student, records, layout, tokenizer, pad)
+            vocab = teacher.vocab_size
+            head = student.get_output_embeddings()
+            out = {}
+            for k, view in enumerate(VIEWS):
+                per_token = chunked_distill_loss(lambda h: head(h)[..., :vocab], hidden, teacher.head,
+                                                 teacher_hidden[view].to(hidden.device), loss)
+                grads = torch.autograd.grad(per_token.mean(), params, retain_graph=k + 1 < len(VIEWS),
+                                            allow_unused=True)
+                out[view] = torch.cat([(g if g is not None else torch.zeros_like(p)).detach().float().flatten()
+                                       for g, p in zip(grads, params)])
+    finally:
+        student.train(was_training)
+    return out
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The cosine of two gradient vectors (nan where either is 0), in float64."""
+    a, b = a.double(), b.double()
+    na, nb = float(a.norm()), float(b.norm())
+    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else math.nan
+
+
+@dataclass
+class ViewDivergence:
+    """:func:`view_divergence`'s result: ``summary`` (one dict of figures), ``per_turn`` (a DataFrame, one row per
+    0-based turn), ``tokens`` (one row per action token of both batches) and ``invocations`` (one row per
+    invocation, :func:`information_gaps` with each invocation's mean KL and argmax share)."""
+
+    summary: dict
+    per_turn: object
+    tokens: object
+    invocations: object
+
+
+def _share(x) -> float:
+    return float(x.mean()) if len(x) else math.nan
+
+
+def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[InvocationRecord],
+                    reference: Sequence[InvocationRecord], *, loss: DistillLossConfig | None = None,
+                    packing: str = "shared_prefix", token_budget: int = 4096,
+                    backend: str = "auto") -> ViewDivergence:
+    """How differently the teacher's two views score the student's sampled actions (see the module doc), on
+    ``records`` and ``reference``: two independent batches of the student's rollouts (other task seeds, or other
+    sampling seeds), each scored in both views.
+
+    ``summary``: ``between_view_cosine`` (the cosine of the aligned and the persistent distillation gradients on the
+    same batch, mean over the two batches), ``same_view_cosine`` (one view's gradients on the two batches, mean over
+    the two views: the noise reference), ``grad_norm_ratio`` (``|g_aligned - g_persistent| / |g_aligned|``, mean
+    over the batches), the per-token ``kl_mean`` / ``kl_median`` / ``argmax_differs``, ``info_gap_share`` (share of
+    invocations with an information gap), ``kl_info_gap`` / ``kl_no_gap`` and ``argmax_info_gap`` /
+    ``argmax_no_gap`` (per action token, on invocations with and without one; nan where there are none),
+    ``turns_per_episode``, ``invocations``, ``action_tokens`` and ``episodes``. Identical views give cosine 1, KL 0
+    and no argmax difference."""
+    import numpy as np
+    import pandas as pd
+
+    if not records or not reference:
+        raise ValueError("view_divergence needs two non-empty batches of records (records and reference)")
+    loss = loss or DistillLossConfig()
+    layouts = {view: ScoringLayout(view, packing, token_budget, backend) for view in VIEWS}
+    grads, tokens, invocations = [], [], []
+    for batch, recs in enumerate((records, reference)):
+        frame, hidden = token_disagreement(teacher, recs, tokenizer, layouts)
+        grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"]))
+        gaps = information_gaps(recs, tokenizer)
+        per_record = frame.groupby("record").agg(kl=("kl", "mean"), argmax_differs=("argmax_differs", "mean"),
+                                                 action_tokens=("kl", "size"))
+        gaps = gaps.join(per_record, on="record")
+        frame = frame.merge(gaps[["record", "turn", "info_gap"]], on="record", how="left")
+        tokens.append(frame.assign(batch=batch))
+        invocations.append(gaps.assign(batch=batch))
+    tokens = pd.concat(tokens, ignore_index=True)
+    invocations = pd.concat(invocations, ignore_index=True)
+    between = [cosine(g["aligned"], g["persistent"]) for g in grads]
+    same = [cosine(grads[0][view], grads[1][view]) for view in VIEWS]
+    norm_ratio = [float((g["aligned"] - g["persistent"]).norm() / g["aligned"].norm())
+                  if float(g["aligned"].norm()) > 0 else math.nan for g in grads]
+    gap_tokens, other_tokens = tokens[tokens.info_gap.astype(bool)], tokens[~tokens.info_gap.astype(bool)]
+    episodes = invocations.groupby(["batch", "episode"]).size()
+    summary = {
+        "between_view_cosine": float(np.mean(between)), "between_view_cosine_batches": between,
+        "same_view_cosine": float(np.mean(same)), "same_view_cosine_views": dict(zip(VIEWS, same)),
+        "grad_norm_ratio": float(np.mean(norm_ratio)),
+        "kl_mean": _share(tokens.kl), "kl_median": float(tokens.kl.median()) if len(tokens) else math.nan,
+        "argmax_differs": _share(tokens.argmax_differs.astype(float)),
+        "info_gap_share": _share(invocations.info_gap.astype(float)),
+        "kl_info_gap": _share(gap_tokens.kl), "kl_no_gap": _share(other_tokens.kl),
+        "argmax_info_gap": _share(gap_tokens.argmax_differs.astype(float)),
+        "argmax_no_gap": _share(other_tokens.argmax_differs.astype(float)),
+        "turns_per_episode": float(episodes.mean()) if len(episodes) else math.nan,
+        "episodes": int(len(episodes)), "invocations": int(len(invocations)), "action_tokens": int(len(tokens)),
+    }
+    per_turn = (tokens.groupby("turn").agg(action_tokens=("kl", "size"), kl_mean=("kl", "mean"),
+                                           kl_median=("kl", "median"),
+                                           argmax_differs=("argmax_differs", "mean"))
+                .join(invocations.groupby("turn").agg(invocations=("record", "size"),
+                                                      info_gap_share=("info_gap", "mean")))
+                .reset_index())
+    return ViewDivergence(summary, per_turn, tokens, invocations)
+
+
+__all__ = ["VIEWS", "information_gaps", "token_disagreement", "distill_gradients", "cosine", "ViewDivergence",
+           "view_divergence"]
