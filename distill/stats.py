@@ -273,7 +273,12 @@ def detection_power(effect: float, seed_sd: float, n_seeds: int, alpha: float = 
     df = n_seeds - 1
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     nc = abs(effect) * math.sqrt(n_seeds) / seed_sd
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    upper, lower = float(stats.nct.sf(crit, df, nc)), float(stats.nct.cdf(-crit, df, nc))
+    # scipy's noncentral t underflows to nan far in a tail: there the tail holds no mass (the lower one, for a
+    # large nc) or all of it (the upper one)
+    lower = lower if math.isfinite(lower) else 0.0
+    upper = upper if math.isfinite(upper) else (1.0 if nc > crit else 0.0)
+    return min(1.0, upper + lower)
 
 
 def minimum_detectable_effect(seed_sd: float, n_seeds: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -298,10 +303,21 @@ def seeds_for_power(effect: float, seed_sd: float, alpha: float = ALPHA, power: 
     than ``at_least``: 16 for a headline); ``at_most`` bounds the search (returned where even it is too few)."""
     if not effect > 0 or not seed_sd > 0:
         raise ValueError(f"seeds_for_power needs a positive effect and seed sd, got {effect} and {seed_sd}")
-    n = max(2, at_least)
-    while n < at_most and detection_power(effect, seed_sd, n, alpha) < power:
-        n = n + 1 if n < 64 else int(n * 1.05) + 1
-    return min(n, at_most)
+    def enough(n: int) -> bool:
+        return detection_power(effect, seed_sd, n, alpha) >= power
+
+    low = max(2, at_least)
+    if enough(low):
+        return low
+    high = low
+    while high < at_most and not enough(high):  # the power rises with the seeds: double, then bisect
+        low, high = high, min(2 * high, at_most)
+    if not enough(high):
+        return at_most
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
 
 
 def _frame_scores(frames: Sequence[pd.DataFrame], metric: str, seeds: Sequence[int]) -> np.ndarray:

@@ -390,9 +390,11 @@ def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(t
 
 
 def test_targets_judge_paired_differences_on_held_out_questions_and_give_the_seen_figures_beside():
-    """A target is met when its paired difference is above 0 with its bootstrap 95% interval above 0; GRPO alone's
-    gain being <= 0 no longer meets "MemOPD beats GRPO alone", and no ratio decides anything."""
-    from distill.experiment.report import targets
+    """A target is met when its paired difference is above 0 with its exact sign-flip p <= 0.05 **and** its bootstrap
+    95% interval above 0 (issue 61's rule); an interval above 0 that the exact test cannot confirm (5 seeds: no p
+    below 0.0625) is inconclusive, not met; GRPO alone's gain being <= 0 no longer meets "MemOPD beats GRPO alone",
+    and no ratio decides anything."""
+    from distill.experiment.report import RULE, targets
 
     table = pd.DataFrame([
         {"arm": "rl", "gain_f1": -0.02, "gain_f1_se": 0.01, "gain_f1_t": -2.0, "gain_f1_df": 4,
@@ -409,26 +411,42 @@ def test_targets_judge_paired_differences_on_held_out_questions_and_give_the_see
         {"a": "memopd", "b": "rl", "seeds": 5, "diff": 0.032, "se": 0.02, "t": 1.6, "df": 4, "p": 0.18,
          "boot_low": -0.01, "boot_high": 0.07, "p_exact": 0.19, "p_exact_min": 0.0625, "ratio": 1.1}])
     goals = {g["target"]: g for g in targets(table, comparisons)}
-    control = goals["MemOPD (aligned) above the teacher-persistent control: paired difference > 0, bootstrap 95% CI "
-                    "above 0"]
+    control = goals[f"MemOPD (aligned) above the teacher-persistent control: {RULE}"]
     assert not control["met"] and control["value"] == 0.001  # held-out decides, however large the seen difference
-    assert control["detail"] == ("end F1 difference +0.001 ± 0.002 (seed SE), t 0.50 (df 4), bootstrap 95% CI "
-                                 "[-0.003, +0.005], exact sign-flip p 0.81; "
-                                 "seen questions: +0.120 ± 0.010 (t 12.0)")
-    rl = goals["MemOPD above GRPO alone: paired difference > 0, bootstrap 95% CI above 0"]
+    assert control["verdict"] == "not met"  # no end F1 in the table: no paper effect to be inconclusive about
+    assert control["detail"].startswith("end F1 difference +0.001 ± 0.002 (seed SE), t 0.50 (df 4), bootstrap 95% "
+                                        "CI [-0.003, +0.005], exact sign-flip p 0.81, minimum detectable effect ")
+    assert control["detail"].endswith("(80% power); seen questions: +0.120 ± 0.010 (t 12.0)")
+    rl = goals[f"MemOPD above GRPO alone: {RULE}"]
     assert not rl["met"] and "gains +0.012 vs -0.020" in rl["detail"] and "ratio" not in rl["detail"]
-    gain = goals["MemOPD gain (end - start, paired) > 0, bootstrap 95% CI above 0"]
-    assert gain["met"] and "seen questions: +0.080 ± 0.004 (t 20.0)" in gain["detail"]
+    gain = goals["MemOPD gain (end - start, paired): " + RULE.replace("paired difference", "gain")]
+    # interval above 0, exact p 0.0625 (the least 5 seeds give): the old bootstrap-only rule said met
+    assert not gain["met"] and gain["verdict"] == "inconclusive"
+    assert "seen questions: +0.080 ± 0.004 (t 20.0)" in gain["detail"]
     assert not any("2x" in g or "1.07x" in g or "rl: gain" in g for g in goals)
-    # the same difference with its interval above 0 is met, and a positive GRPO gain prints the ratio, as
-    # information only
-    separated = comparisons.assign(boot_low=[0.0005, 0.004])
-    goals = {g["target"]: g for g in targets(table.assign(gain_f1=[0.004, 0.012]), separated)}
-    assert all(g["met"] for g in goals.values())
-    assert "gains +0.012 vs +0.004 (ratio 3.00, information only)" in \
-        goals["MemOPD above GRPO alone: paired difference > 0, bootstrap 95% CI above 0"]["detail"]
+    # the same differences with their intervals above 0 and exact p <= 0.05 are met, and a positive GRPO gain
+    # prints the ratio, as information only
+    separated = comparisons.assign(boot_low=[0.0005, 0.004], p_exact=[0.01, 0.02])
+    goals = {g["target"]: g for g in targets(table.assign(gain_f1=[0.004, 0.012], gain_f1_p_exact=0.01), separated)}
+    assert all(g["met"] and g["verdict"] == "met" for g in goals.values())
+    assert "gains +0.012 vs +0.004 (ratio 3.00, information only)" in goals[f"MemOPD above GRPO alone: {RULE}"]["detail"]
+    # an interval above 0 with an exact p above 0.05 is not met (the rule needs both)
+    assert not any(g["met"] for g in targets(table.iloc[:1], separated.assign(p_exact=0.06)))
     # a negative difference is never met, whatever its interval
     assert not any(g["met"] for g in targets(table.iloc[:1], separated.assign(diff=-0.01)))
+    # the matched control against the paper's effect (7% of the control's end F1 = +0.0042): an interval holding it
+    # is inconclusive; one excluding it while holding 0 is a null with power ("not met")
+    ends = table.assign(end_f1=[0.05, 0.065]).iloc[:1]
+    ends = pd.concat([ends, pd.DataFrame([{"arm": "teacher_persistent", "end_f1": 0.06}])])
+    wide = comparisons.iloc[:1].assign(diff=0.005, boot_low=-0.006, boot_high=0.016, p_exact=0.22)
+    (c,) = [g for g in targets(ends, wide) if "control" in g["target"]]
+    assert c["verdict"] == "inconclusive" and "the paper's effect here: +0.0042" in c["detail"]
+    narrow = wide.assign(diff=0.0, boot_low=-0.002, boot_high=0.002, p_exact=0.9)
+    (c,) = [g for g in targets(ends, narrow) if "control" in g["target"]]
+    assert c["verdict"] == "not met"
+    (c,) = [g for g in targets(ends, narrow.assign(diff=-0.01, boot_low=-0.02, boot_high=-0.001, p_exact=0.004))
+            if "control" in g["target"]]
+    assert c["verdict"] == "reversed" and not c["met"]
 
 
 def _frames(scores: np.ndarray, episodes: list[int]) -> list[pd.DataFrame]:
@@ -484,11 +502,11 @@ def test_report_compares_memopd_with_every_arm_that_ran_on_paired_differences(tm
     goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons, teacher, student)}
     assert goals["MemOPD (aligned) above the teacher-persistent control"]["met"]
     assert "no spread across seeds: no t" in goals["MemOPD (aligned) above the teacher-persistent control"]["detail"]
-    assert goals["MemOPD above GRPO alone"]["met"] and goals["MemOPD gain (end - start, paired) > 0, bootstrap 95% CI "
-                                                             "above 0"]["met"]
+    assert goals["MemOPD above GRPO alone"]["met"] and goals["MemOPD gain (end - start, paired)"]["met"]
     assert not goals["MemOPD above continued SFT on oracle demonstrations"]["met"]  # MemOPD is below it
     seqkd = vs.loc["seqkd"]
-    assert goals["MemOPD above sequence-level distillation"]["met"] == (seqkd["diff"] > 0 and seqkd["boot_low"] > 0)
+    assert goals["MemOPD above sequence-level distillation"]["met"] == (seqkd["diff"] > 0 and seqkd["boot_low"] > 0
+                                                                         and seqkd["p_exact"] <= 0.05)
     md = format_markdown(cfg, table, comparisons, teacher, student, timing, None, "host", list(goals.values()))
     assert "| memopd | teacher_persistent | 10 | +0.030 ± 0.000 | no spread across seeds: no t | [+0.030, +0.030] | " \
            "0.00195 |" in md
@@ -638,9 +656,12 @@ def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_contr
                                  "p_exact": 0.0625, "p_exact_min": 0.0625, "ratio": math.inf}])
     goals = {g["target"].split(":")[0]: g for g in targets(table, comparisons)}
     control = goals["MemOPD (aligned) above the teacher-persistent control"]
-    assert control["met"] and "ratio" not in control["detail"]
+    # 5 seeds: the interval is far above 0 but the exact test cannot go below 0.0625, so the rule cannot call it met
+    assert not control["met"] and control["verdict"] == "inconclusive" and "ratio" not in control["detail"]
     assert "exact sign-flip p 0.0625 (the least 5 seeds can give)" in control["detail"]
-    wide = {g["target"].split(":")[0]: g for g in targets(table, comparisons.assign(boot_low=-0.01))}
+    ten = {g["target"].split(":")[0]: g for g in targets(table, comparisons.assign(seeds=10, p_exact=2 / 1024))}
+    assert ten["MemOPD (aligned) above the teacher-persistent control"]["met"]
+    wide = {g["target"].split(":")[0]: g for g in targets(table, comparisons.assign(boot_low=-0.01, p_exact=2 / 1024))}
     assert not wide["MemOPD (aligned) above the teacher-persistent control"]["met"]
 
 
