@@ -24,7 +24,13 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # teacher_views.py beside this file: the run's checks
-from teacher_views import _refuse, check_inputs  # noqa: E402
+from teacher_views import check_inputs  # noqa: E402
+
+
+def _refuse(message: str) -> SystemExit:
+    """One line on stderr, exit status 2 (as ``memenv`` commands refuse a user's input)."""
+    print(f"view_divergence.py: error: {message}", file=sys.stderr)
+    return SystemExit(2)
 
 #: The columns of a setting's row (the table the regime is chosen from).
 COLUMNS = ["setting", "env", "between_view_cosine", "same_view_cosine", "grad_norm_ratio", "kl_mean", "kl_median",
@@ -147,15 +153,19 @@ def main(argv=None) -> int:
         check_vocabulary(teacher_tok, tok, teacher)
     except VocabularyMismatchError as err:
         raise _refuse(str(err)) from None
-    rows, turns = [], {}
+    rows, turns, skipped = [], {}, {}
     cpu0 = time.process_time()
     for name, cfg in tqdm(configs, desc="settings"):
         try:
             row, per_turn = measure(cfg, teacher, student, tok, args.episodes, args.teacher_episodes)
-        except (TypeError, ValueError) as err:  # an env setting MemQA refuses
-            raise _refuse(f"--setting {name}: {err}") from None
+        except (TypeError, ValueError) as err:  # an env setting MemQA refuses, a prompt beyond the context window
+            print(f"--setting {name}: skipped: {err}", file=sys.stderr, flush=True)
+            skipped[name] = str(err)
+            continue
         rows.append({"setting": name, **row})
         turns[name] = per_turn
+    if not rows:
+        raise _refuse("no setting could be measured (each one's reason is above)")
     table = pd.DataFrame(rows).reindex(columns=COLUMNS)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.drop(columns=["env"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -163,10 +173,10 @@ def main(argv=None) -> int:
             for name, per_turn in turns.items():
                 print(f"\n{name}:\n{per_turn.to_string(index=False, float_format=lambda v: f'{v:.3f}')}")
     cpu = time.process_time() - cpu0
-    print(f"{len(rows)} settings, {cpu:.0f} CPU-s")
+    print(f"{len(rows)} settings ({len(skipped)} skipped), {cpu:.0f} CPU-s")
     if args.json:
         record = {"host": host, "run": str(run), "episodes_per_batch": args.episodes,
-                  "teacher_episodes": args.teacher_episodes, "cpu_seconds": cpu,
+                  "teacher_episodes": args.teacher_episodes, "cpu_seconds": cpu, "skipped": skipped,
                   "rows": json.loads(table.to_json(orient="records")),
                   "per_turn": {k: json.loads(v.to_json(orient="records")) for k, v in turns.items()}}
         write_text_atomic(Path(args.json), json.dumps(record, indent=1))

@@ -114,3 +114,67 @@ def test_acting_in_the_persistent_view_is_shown_the_transcript_persistent_scores
     assert later and all(r.prompt_ids == policy.encode_prompt(r.snapshot["observation"]) for r in later)
     with pytest.raises(ValueError, match="view must be one of"):
         rollout(policy, envs, [0], view="flat")
+
+
+def _play(expert, seed, env_kwargs=ENV):
+    import memenv  # noqa: F401
+
+    env = gym.make("MemQA-v0", **env_kwargs)
+    obs, _ = env.reset(seed=seed)
+    expert.reset(env.unwrapped)
+    actions = []
+    while True:
+        actions.append(expert.act(obs))
+        obs, _, terminated, truncated, info = env.step(actions[-1])
+        if terminated or truncated:
+            env.close()
+            return actions, info["summary"]["f1"]
+
+
+def test_forgetful_experts_lose_the_same_fact_and_act_on_what_their_view_holds():
+    """Issue 61's demonstrations: both experts drop the same document line when searching the last missing document;
+    the memory view's expert then searches for it again, the transcript's copies it back and answers at once. Both
+    still answer every question. At rate 0 they are the plain oracle."""
+    from agents.scripted.qa_strategies import ForgetfulOracle, OraclePolicy
+    from memenv.protocol import parse_action
+
+    memory_expert, transcript_expert = (ForgetfulOracle(1.0, seed=3, reads_transcript=t) for t in (False, True))
+    for seed in (0, 1, 2):
+        mem, f1_mem = _play(memory_expert, seed)
+        flat, f1_flat = _play(transcript_expert, seed)
+        assert f1_mem == f1_flat == 1.0 and memory_expert.forgot and transcript_expert.forgot
+        assert memory_expert.lost == transcript_expert.lost and len(memory_expert.lost) == 1
+        (title, kept), = memory_expert.lost.items()
+        assert len(mem) == len(flat) + 1  # one search more: the lost document, found again
+        part = next(i for i, (a, b) in enumerate(zip(mem, flat)) if a != b)  # the same episode up to the loss
+        assert f"{title}: " not in parse_action(mem[part - 1]).memory  # the search that lost the line
+        assert parse_action(mem[part]).tool == "search" and parse_action(flat[part]).tool == "answer"
+        assert f"{title}: {kept}" in parse_action(flat[part]).memory  # copied back from the transcript
+        assert f"{title}: " not in parse_action(mem[part]).memory and parse_action(mem[part]).argument == title
+    plain = OraclePolicy()
+    for t in (False, True):
+        assert _play(ForgetfulOracle(0.0, reads_transcript=t), 4)[0] == _play(plain, 4)[0]
+    with pytest.raises(ValueError, match="forget_rate"):
+        ForgetfulOracle(1.5)
+
+
+def test_forgetful_demonstrations_render_each_views_own_expert():
+    """SFTConfig.demo_forget_rate: the memory view's examples come from the expert that searches again, the
+    persistent view's transcript from the one that answers from the transcript (one search fewer)."""
+    from agents.llm.transcript import TranscriptFormat  # noqa: F401 - the transcript's renderer exists
+
+    policy = LLMPolicy(tiny_model(memqa_tokenizer(), seed=0), memqa_tokenizer(), temperature=0.0)
+    tok = memqa_tokenizer()
+    seeds = [3, 4]
+    data = expert_data(policy, SFTConfig(env_kwargs=ENV, views=("memory", "persistent"), demo_forget_rate=1.0), seeds)
+    transcripts = [d for d in data if d.action_mask is not None]
+    invocations = [d for d in data if d.action_mask is None]
+    searches = sum("<search>" in tok.decode(d.response_ids) for d in invocations)
+    flat_searches = sum(tok.decode(d.response_ids).count("<search>") for d in transcripts)
+    assert len(transcripts) == 2 and searches == flat_searches + 2
+    plain = expert_data(policy, SFTConfig(env_kwargs=ENV, views=("memory", "persistent")), seeds)
+    assert [d.response_ids for d in plain if d.action_mask is not None] != [d.response_ids for d in transcripts]
+    with pytest.raises(ValueError, match="demo_forget_rate"):
+        SFTConfig(demo_forget_rate=2.0)
+    with pytest.raises(ValueError, match="needs a MemQA env"):
+        expert_data(policy, SFTConfig(env_id="MemDialog-v0", env_kwargs={}, demo_forget_rate=0.5), [0])

@@ -63,6 +63,9 @@ class SFTConfig(RunConfig):
     # "memory", one example per invocation (the prompt the policy samples in); "persistent", one example per episode,
     # the flattened transcript distill.reconstruct.persistent scores (loss on every action). Both: a teacher at home
     # in the memory state and in the teacher-persistent control's transcript
+    demo_forget_rate: float = 0.0  # > 0 (MemQA): this share of the demonstrations loses one fact from memory
+    # (agents.scripted.qa_strategies.ForgetfulOracle): the memory view's expert then searches again, the persistent
+    # view's copies it back from the transcript and answers; each view renders its own expert's episode
     demo_seed_base: int = 0  # demonstrations play task seeds demo_seed_base .. + episodes - 1
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
@@ -103,6 +106,8 @@ class SFTConfig(RunConfig):
             raise ValueError(f"SFTConfig.views must name each view once, got {self.views!r}")
         for view in self.views:
             check_view(view)
+        if not 0.0 <= self.demo_forget_rate <= 1.0:
+            raise ValueError(f"SFTConfig.demo_forget_rate must be in [0, 1], got {self.demo_forget_rate!r}")
         if not isinstance(self.demo_env_overrides, dict):
             raise ValueError(f"SFTConfig.demo_env_overrides must be a dict of env kwargs, got {self.demo_env_overrides!r}")
 
@@ -155,7 +160,17 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
     worlds = getattr(cfg, "demo_worlds", 0)
     views = tuple(getattr(cfg, "views", ("memory",)))
     fmt = TranscriptFormat(policy.tokenizer) if "persistent" in views else None
-    oracle = make_strategy("oracle", cfg.env_id)
+    forget = getattr(cfg, "demo_forget_rate", 0.0)
+    if forget:  # each view's own expert (the same fact lost at the same turn): the episodes differ after it
+        from agents.scripted.qa_strategies import ForgetfulOracle, OraclePolicy
+
+        if not isinstance(make_strategy("oracle", cfg.env_id), OraclePolicy):
+            raise ValueError(f"SFTConfig.demo_forget_rate needs a MemQA env (its oracle), got {cfg.env_id!r}")
+        experts = {view: ForgetfulOracle(forget, seed=cfg.seed, reads_transcript=view == "persistent")
+                   for view in views}
+    else:  # one expert episode rendered in every view
+        oracle = make_strategy("oracle", cfg.env_id)
+        experts = {view: oracle for view in views}
     data = []
     # One world at a time (each holds its corpus and search index); the data's order does not matter to training.
     for world in range(min(worlds, len(seeds)) if worlds else 1):
@@ -168,20 +183,29 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
                                  f"(a world_seed argument); {cfg.env_id!r} has none") from exc
             raise
         for i in indices:
-            obs, _ = env.reset(seed=int(seeds[i]))
-            oracle.reset(env.unwrapped)
-            prompts, actions, observations = [], [], []
-            while True:
-                action = oracle.act(obs)
-                prompts.append(policy.encode_prompt(obs))
-                actions.append(policy.encode_action(action))
-                observations.append(obs)
-                obs, _, terminated, truncated, _ = env.step(action)
-                if terminated or truncated:
-                    break
+            played = {}
+            for view in views:
+                expert = experts[view]
+                if not forget and played:  # the same episode: play it once
+                    played[view] = next(iter(played.values()))
+                    continue
+                obs, _ = env.reset(seed=int(seeds[i]))
+                expert.reset(env.unwrapped)
+                prompts, actions, observations = [], [], []
+                while True:
+                    action = expert.act(obs)
+                    prompts.append(policy.encode_prompt(obs))
+                    actions.append(policy.encode_action(action))
+                    observations.append(obs)
+                    obs, _, terminated, truncated, _ = env.step(action)
+                    if terminated or truncated:
+                        break
+                played[view] = prompts, actions, observations
             if "memory" in views:
+                prompts, actions, _ = played["memory"]
                 data += [Demonstration(p, a, memory_mask(a, policy.tokenizer)) for p, a in zip(prompts, actions)]
             if fmt is not None:
+                prompts, actions, observations = played["persistent"]
                 data.append(transcript_demonstration(prompts[0], actions, observations, fmt, policy.tokenizer))
         env.close()
     return data

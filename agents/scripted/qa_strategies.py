@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import numpy as np
+
 from agents.scripted.world_reader import (
     Fact,
     Progress,
@@ -255,6 +257,7 @@ class OraclePolicy(ScriptedPolicy):
         self._reset_episode()
 
     def _reset_episode(self) -> None:
+        self.missing: list[str] = []  # after each act: the targets (document titles) not yet in memory
         self.queries: list[str] = []
         self.evidence_complete = False
         self.supported: list[bool] = []
@@ -329,6 +332,11 @@ class OraclePolicy(ScriptedPolicy):
         return None
 
     # ------------------------------------------------------------------ acting
+    def remembered(self, memory: str) -> str:
+        """The memory text the oracle acts on: the observation's own (:class:`ForgetfulOracle` adds what the
+        transcript still holds)."""
+        return memory
+
     def act(self, observation: str) -> str:
         if self.env is None:
             raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
@@ -340,7 +348,7 @@ class OraclePolicy(ScriptedPolicy):
         titles = sorted({self.env.document(d).title for q in questions for d in q.supporting_ids}, key=len,
                         reverse=True)
         kept_lines, lines, concluded = [], {}, {}
-        for line in view.memory.split("\n"):
+        for line in self.remembered(view.memory).split("\n"):
             if not line.strip() or line.startswith(FAILED_SEARCHES):
                 continue
             kept_lines.append(line)
@@ -401,6 +409,7 @@ class OraclePolicy(ScriptedPolicy):
         else:
             kept_lines += [f"{title}: {kept}" for title, kept in new_lines.items()]
         missing = [key for key in targets if not found(key)]
+        self.missing = missing
         self.evidence_complete = not missing
         memory = "\n".join(kept_lines + ([FAILED_SEARCHES + " | ".join(self._failed)] if self._failed else []))
         if missing and view.turns_left > 1:
@@ -412,6 +421,71 @@ class OraclePolicy(ScriptedPolicy):
                 return format_action(memory, "search", query)
         answers = [q.answers[0] if ok else self.abstain_answer for q, ok in zip(questions, self.supported)]
         return format_action(memory, "answer", "; ".join(answers))
+
+
+class ForgetfulOracle(OraclePolicy):
+    """The oracle whose memory loses one fact in a share of its episodes: demonstrations of what to do when the
+    memory state no longer holds what the episode's transcript does (issue 61: the states where MemOPD's two
+    views should point the student to different actions).
+
+    In an episode drawn to forget (probability ``forget_rate``, drawn at :meth:`reset` from ``seed``), the search
+    for the last missing document drops one document line (drawn likewise) from the memory it writes. Then:
+
+    - ``reads_transcript=False`` (the memory view's expert): it acts on its memory only, so it finds the document
+      missing and searches for it again before answering;
+    - ``reads_transcript=True`` (the flattened transcript's expert): the lost line is still in the transcript it
+      reads, so it copies it back into memory and answers without searching again.
+
+    Both draw the same two numbers per episode, so two of them made with one ``seed`` and played on the same
+    task seeds in the same order forget the same line at the same turn. ``forgot`` says whether this episode lost a
+    line, ``lost`` which (title -> kept text).
+    """
+
+    name = "oracle-forgetful"
+
+    def __init__(self, forget_rate: float = 0.5, seed: int = 0, reads_transcript: bool = False,
+                 **kwargs: Any) -> None:
+        if not 0.0 <= forget_rate <= 1.0:
+            raise ValueError(f"forget_rate must be in [0, 1], got {forget_rate}")
+        super().__init__(**kwargs)
+        self.forget_rate, self.reads_transcript = float(forget_rate), bool(reads_transcript)
+        self._rng = np.random.default_rng(seed)
+        self._forgets, self._which = False, 0.0
+        self.forgot, self.lost = False, {}
+
+    def reset(self, env: Any = None) -> None:
+        super().reset(env)
+        self._forgets = bool(self._rng.random() < self.forget_rate)
+        self._which = float(self._rng.random())
+        self.forgot, self.lost = False, {}
+
+    def remembered(self, memory: str) -> str:
+        if not self.reads_transcript or not self.lost:
+            return memory
+        present = set(memory.split("\n"))
+        back = [f"{title}: {text}" for title, text in self.lost.items() if f"{title}: {text}" not in present]
+        return "\n".join([m for m in [memory, *back] if m])
+
+    def act(self, observation: str) -> str:
+        from memenv.protocol import parse_action
+
+        action = super().act(observation)
+        if not self._forgets or self.forgot or len(self.missing) != 1:
+            return action
+        parsed = parse_action(action)
+        if parsed.tool != "search":
+            return action
+        lines = (parsed.memory or "").split("\n")
+        questions = self.env.questions
+        titles = {self.env.document(d).title for q in questions for d in q.supporting_ids}
+        droppable = [i for i, line in enumerate(lines) if any(line.startswith(f"{t}: ") for t in titles)]
+        if not droppable:
+            return action
+        index = droppable[int(self._which * len(droppable))]
+        title = next(t for t in sorted(titles, key=len, reverse=True) if lines[index].startswith(f"{t}: "))
+        self.lost[title] = lines[index][len(title) + 2:]
+        self.forgot = True
+        return format_action("\n".join(lines[:index] + lines[index + 1:]), "search", parsed.argument or "")
 
 
 STRATEGIES: dict[str, Callable[[], ScriptedPolicy]] = {
