@@ -90,9 +90,18 @@ class MemOPDConfig(PPOConfig):
     # it computes the same thing: reverse_kl over the full vocabulary (else the checkpointed pair, memory
     # O(chunk x vocab))
     fused_head: bool = True
+    # "teacher": the distillation term; "constant": the teacher-free control (issue 61, arXiv 2608.31046): the same
+    # update with that term replaced by a fixed negative advantage -constant_signal on every sampled action token
+    # (its size matched to a MemOPD run's mean distillation loss per token); no teacher is loaded
+    distill_signal: str = "teacher"
+    constant_signal: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.distill_signal not in ("teacher", "constant"):
+            raise ValueError(f"distill_signal must be 'teacher' or 'constant', got {self.distill_signal!r}")
+        if not (isinstance(self.constant_signal, (int, float)) and self.constant_signal >= 0):
+            raise ValueError(f"constant_signal must be a number >= 0, got {self.constant_signal!r}")
         if self.distill_coef < 0:
             raise ValueError(f"distill_coef (lambda) must be >= 0, got {self.distill_coef}")
         check_attention_backend(self.attention_backend)
@@ -262,6 +271,27 @@ class MemOPDHook:
         return self.coef * term, {"distill_loss": float(mean.detach())}
 
 
+class ConstantSignalHook:
+    """The teacher-free control of MemOPD (issue 61): a fixed negative advantage ``-value`` on every sampled action
+    token in place of the distillation term. Its loss is the policy-gradient loss of that advantage,
+    ``coef * value * mean_t log pi(a_t)``: it lowers the sampled tokens' log-probabilities by a constant push, as the
+    reverse KL to a teacher does on average (``value``: a MemOPD run's mean distillation loss per token), with no
+    information about which token the teacher prefers. What is left of MemOPD's gain over GRPO under it is the
+    generic effect of a dense negative signal, not the teacher's."""
+
+    plot_keys = ("constant_signal",)
+
+    def __init__(self, value: float, coef: float = 1.0) -> None:
+        self.value, self.coef = float(value), float(coef)
+
+    def __call__(self, records: Sequence[InvocationRecord], actor: ActorOutput) -> tuple[torch.Tensor, dict[str, float]]:
+        if not actor.logp.numel():
+            return actor.logp.sum() * 0.0, {"constant_signal": self.value}
+        per_token = self.value * actor.logp
+        term = per_token.sum() / actor.token_denom if actor.token_denom is not None else per_token.mean()
+        return self.coef * term, {"constant_signal": self.value}
+
+
 @torch.no_grad()
 def distillation_loss(student, teacher: Teacher, records: Sequence[InvocationRecord], layout: ScoringLayout,
                       loss: DistillLossConfig, tokenizer=None, teacher_layout: ScoringLayout | None = None) -> float:
@@ -288,7 +318,7 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
     ``model``/``tokenizer``: an in-memory student (else ``cfg.model`` or a fresh tiny model, as ``memenv train``);
     ``teacher``: an in-memory teacher LM (else loaded from ``cfg.teacher``), with ``teacher_tokenizer`` (default
     the student's); ``env_fn``: a callable making one env. ``cfg.resume`` continues from ``cfg.out_dir/latest``."""
-    if teacher is None and not cfg.teacher:
+    if cfg.distill_signal == "teacher" and teacher is None and not cfg.teacher:
         raise ValueError("MemOPD needs a teacher: set MemOPDConfig.teacher to a local checkpoint (--teacher PATH)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -301,6 +331,12 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
             model, tokenizer = load_or_build_model(cfg, dist)
     elif tokenizer is None:
         raise ValueError("an in-memory student model needs its tokenizer")
+    if cfg.distill_signal == "constant":  # the teacher-free control: no teacher to load
+        title = (f"GRPO + constant negative advantage {cfg.constant_signal:g} on sampled tokens (teacher-free control, "
+                 f"lambda={cfg.distill_coef}) {cfg.env_id}")
+        return train_rl(cfg, model=model, tokenizer=tokenizer, env_fn=env_fn,
+                        extra_loss=ConstantSignalHook(cfg.constant_signal, cfg.distill_coef),
+                        actor_forward=PackedActorForward(cfg.layout(), tokenizer, cfg.chunk), title=title)
     device = dist.device  # every rank scores its own records with its own copy of the teacher
     if teacher is None and is_served(cfg.teacher):  # --teacher openai:NAME@URL: log-probs from a server
         check_served_options(cfg.loss_config(), cfg.teacher_reconstruction, cfg.reconstruction)
@@ -330,4 +366,5 @@ def train_memopd(cfg: MemOPDConfig, model=None, tokenizer=None, *, teacher=None,
                     actor_forward=PackedActorForward(layout, tokenizer, cfg.chunk, distill=hook), title=title)
 
 
-__all__ = ["MemOPDConfig", "train_memopd", "MemOPDHook", "PackedActorForward", "distillation_loss"]
+__all__ = ["MemOPDConfig", "train_memopd", "MemOPDHook", "ConstantSignalHook", "PackedActorForward",
+           "distillation_loss"]

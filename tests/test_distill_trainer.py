@@ -325,3 +325,28 @@ def test_cli_trains_and_diagnoses(checkpoints, tmp_path, capsys):
         assert _cli("diagnose", *argv, "--model", checkpoints / "student") == 2
         message = capsys.readouterr().err.strip().splitlines()[-1]
         assert message.startswith("memenv distill: error: --records") and expected in message, message
+
+
+def test_the_teacher_free_control_pushes_down_the_sampled_tokens_by_a_constant(tmp_path):
+    """ConstantSignalHook is the policy-gradient loss of a fixed advantage -value on every sampled action token: its
+    gradient is value x the gradient of the tokens' mean log-prob (or of their sum over token_denom, the
+    micro-batch form); train_memopd with distill_signal="constant" trains without any teacher."""
+    from agents.llm.actor import ActorOutput
+    from distill.trainer import ConstantSignalHook
+
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    term, stats = ConstantSignalHook(0.3, coef=2.0)([], ActorOutput(logp))
+    term.backward()
+    assert torch.allclose(logp.grad, torch.full((3,), 2.0 * 0.3 / 3)) and stats == {"constant_signal": 0.3}
+    assert float(term.detach()) == pytest.approx(2.0 * 0.3 * (-3.5 / 3))
+    part = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ConstantSignalHook(0.3)([], ActorOutput(part, token_denom=4.0))[0].backward()
+    assert torch.allclose(part.grad, torch.full((2,), 0.3 / 4))
+    with pytest.raises(ValueError, match="distill_signal"):
+        _cfg(tmp_path, distill_signal="teachers")
+    with pytest.raises(ValueError, match="constant_signal"):
+        _cfg(tmp_path, distill_signal="constant", constant_signal=-1.0)
+    tok = memqa_tokenizer()
+    cfg = _cfg(tmp_path, updates=1, distill_signal="constant", constant_signal=0.5, teacher=None)
+    row = train_memopd(cfg, model=tiny_model(tok, seed=1), tokenizer=tok)  # no teacher given, none loaded
+    assert row["constant_signal"] == 0.5 and "distill_loss" not in row

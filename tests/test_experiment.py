@@ -926,3 +926,24 @@ def test_report_states_how_many_turns_each_arm_takes_at_the_start_and_the_end(tm
     assert "| 3.00 / 6.00 |" in md and "| 3.00 / 3.50 |" in md and "turns start / end" in md
     unrecorded = results_table(cfg, start.drop(columns="turns"), ends, runs, timing)
     assert unrecorded.start_turns.isna().all()
+
+
+def test_the_teacher_free_arm_is_matched_to_memopds_distillation_loss_of_the_same_seed(tmp_path):
+    """The constant arm's negative advantage is the same seed's MemOPD run's mean distillation loss; before that run
+    has finished the arm refuses to start, naming what it waits for; the arms run after MemOPD's."""
+    pytest.importorskip("torch")
+    from distill.experiment.config import powered_config
+    from distill.experiment.stages import arm_config
+
+    cfg = powered_config(str(tmp_path))
+    assert "constant" in cfg.arms and cfg.seeds >= 16 and cfg.teacher.sft_forget_rate > 0
+    with pytest.raises(ValueError, match="MemOPD's run of that seed, which has not finished"):
+        arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})
+    (tmp_path / "arms" / "memopd" / "seed3").mkdir(parents=True)
+    (tmp_path / "arms" / "memopd" / "seed3" / "result.json").write_text('{"distill_loss": 0.42}')
+    run = arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})
+    assert (run.distill_signal, run.constant_signal, run.reconstruction) == ("constant", 0.42, "aligned")
+    assert arm_config(cfg, "memopd", 3, {"path": "student"}, {"path": "teacher"}).distill_signal == "teacher"
+    (tmp_path / "arms" / "memopd" / "seed3" / "result.json").write_text('{"distill_loss": null}')
+    with pytest.raises(ValueError, match="no mean distillation loss"):
+        arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})

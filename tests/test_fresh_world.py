@@ -98,7 +98,7 @@ def test_fresh_facts_needs_the_synthetic_world_and_a_bool(tmp_path):
         gym.make("MemQA-v0", fresh_facts="yes")
 
 
-def test_heldout_draws_never_occur_in_any_training_episode():
+def test_heldout_draws_never_occur_in_any_training_episode(tmp_path):
     """The experiment's evaluation seeds are disjoint from every seed it trains or probes on (SFT demonstrations of
     teacher and student, the tokenizer's text, the weak-start probe, every GRPO update of every arm and seed), and a
     draw is a function of its seed, so no held-out draw was ever trained on; the draws' fingerprints are checked
@@ -113,8 +113,11 @@ def test_heldout_draws_never_occur_in_any_training_episode():
     from distill.experiment.evaluation import PROBE_SEED_BASE
     from distill.experiment.stages import arm_config
 
-    cfg = fair_config("unused")  # the fresh world with every kind of training run: 10 seeds, sweep, SFT arms
+    cfg = fair_config(str(tmp_path))  # the fresh world with every kind of training run: 10 seeds, sweep, SFT arms
     assert cfg.env_kwargs["fresh_facts"] is True
+    for seed in range(cfg.seeds):  # the teacher-free control's constant is read from MemOPD's finished run
+        (tmp_path / "arms" / "memopd" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "arms" / "memopd" / f"seed{seed}" / "result.json").write_text('{"distill_loss": 0.5}')
     evaluation = set(eval_seeds(max(cfg.eval_episodes, cfg.seen_eval_episodes)))
     training = {
         "teacher SFT": set(range(cfg.teacher.sft_episodes)),

@@ -12,7 +12,7 @@ from typing import Any
 from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
                                        WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
-                                       real_fair_config, world_config)
+                                       powered_config, real_fair_config, world_config)
 from distill.experiment.run import STAGES, link_stages, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
@@ -33,7 +33,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.fair and (args.quick or args.world == "fixed"):
             raise CommandError("--fair is the fresh world's fair-evidence preset (tiny models; with --model, the "
                                "real-model pair of issue 47): it takes neither --quick nor --world fixed")
-        if args.fair and args.model:
+        if args.powered and (args.fair or args.quick or args.model or args.world):
+            raise CommandError("--powered is issue 61's preset (fresh world, tiny models): it takes none of --fair, "
+                               "--quick, --model and --world")
+        if args.powered:
+            cfg = powered_config(args.out, **overrides)
+        elif args.fair and args.model:
             cfg = real_fair_config(args.out, args.model, **overrides)
         elif args.fair:
             cfg = fair_config(args.out, **overrides)
@@ -41,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
             cfg = pretrained_config(args.out, args.model, **{**(PRETRAINED_QUICK if args.quick else {}), **overrides})
         else:
             cfg = quick_config(args.out, **overrides) if args.quick else ExperimentConfig(out=args.out, **overrides)
-        if not args.fair:
+        if not (args.fair or args.powered):
             cfg = world_config(cfg, args.world or "fixed", quick=args.quick)
         if args.teacher_minutes is not None or args.teacher_clock is not None:
             cfg.teacher = replace(cfg.teacher, **({"sft_minutes": args.teacher_minutes}
@@ -146,6 +151,11 @@ def register_cli(subparsers) -> None:
                         "(distill.experiment.config.fair_config); with --model, the real-model pair of issue 47: the "
                         "whole base as teacher, 15 of its layers (first 5, last 10) as student, 4 arms x 5 seeds x "
                         "12 updates, its expected CPU time printed first (distill.experiment.config.real_fair_config)")
+    m.add_argument("--powered", action="store_true",
+                   help="issue 61's preset: a regime where the teacher's two views differ (a teacher trained on "
+                        "demonstrations whose memory loses a fact, a turn limit of 10), a stronger start, the "
+                        "teacher-free control beside the matched one, 16 seeds (distill.experiment.config."
+                        "powered_config)")
     m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")

@@ -30,6 +30,10 @@ ARMS = {
     "flattening": ("flattening trainer (actor and teacher on the flattened history)",
                    {"reconstruction": "persistent", "teacher_reconstruction": "persistent", "credit": "none",
                     "recompute_old_logprobs": True}),
+    # The teacher-free control (issue 61): MemOPD's update with the distillation term replaced by a fixed negative
+    # advantage on every sampled action token, its size the same seed's MemOPD run's mean distillation loss per token
+    "constant": ("teacher-free control (constant negative advantage, MemOPD's size)",
+                 {"reconstruction": "aligned", "credit": "none", "distill_signal": "constant"}),
     "memopd_himpo": ("MemOPD + HiMPO", {"reconstruction": "aligned", "teacher_reconstruction": "aligned",
                                         "credit": "himpo"}),
     # Equal-cost alternatives to on-policy distillation: SFT of the start student for the training CPU time of the
@@ -93,6 +97,10 @@ class ModelSpec:
     # With a pretrained base: of the ``layers`` kept, how many are the base's last decoder layers, the rest its
     # first ones (agents.llm.pretrained.shrink's keep_last; 0: the first ``layers``, as every run before issue 47).
     keep_last: int = 0
+    # > 0: this share of the demonstrations loses one fact from memory (SFTConfig.demo_forget_rate): the memory
+    # view's expert searches again, the persistent view's answers from the transcript (issue 61: a teacher whose
+    # two views point to different actions where the memory lost what the transcript holds)
+    sft_forget_rate: float = 0.0
 
     def __post_init__(self) -> None:
         self.sft_views = tuple(self.sft_views)
@@ -283,6 +291,7 @@ class ExperimentConfig:
                     len(set(spec.sft_views)) != len(spec.sft_views):
                 raise ValueError(f"{role} sft_views must name 'memory' and/or 'persistent' once each, "
                                  f"got {spec.sft_views!r}")
+            _finite(f"{role} sft_forget_rate", spec.sft_forget_rate, 0, 1)
             if not isinstance(spec.sft_env, dict):
                 raise ValueError(f"{role} sft_env must be a dict of env kwargs, got {spec.sft_env!r}")
 
@@ -350,6 +359,28 @@ def fair_config(out: str, **overrides: Any) -> ExperimentConfig:
     cfg = world_config(ExperimentConfig(out=out), "fresh")
     cfg = replace(cfg, teacher=replace(cfg.teacher, **FAIR_TEACHER), arms=FAIR_ARMS, seeds=10, warmup_updates=10,
                   rl_lr_sweep=(1e-4, 3e-4, 1e-3), sweep_seeds=2)
+    return replace(cfg, **overrides)
+
+
+#: Issue 61's regime: the fair world with room to search again (a turn limit of 10: an expert whose memory lost a
+#: fact needs a turn more), a teacher trained on both views of demonstrations half of which lose one fact from
+#: memory (the memory view's expert searches again, the transcript's answers from it: the two views' targets differ
+#: where the paper says they should), a stronger start (its train-pool probe F1 > 0.5, so that what both views
+#: agree on does not drown the part where they differ), the teacher-free control beside the matched one, and the
+#: seeds of a power analysis (16 at least; docs/results.md holds the pre-registration).
+POWERED_ENV = {"max_turns": 10}
+POWERED_TEACHER = dict(FAIR_TEACHER, sft_forget_rate=0.5)
+POWERED_ARMS = ("rl", "memopd", "teacher_persistent", "constant")
+POWERED_STUDENT_PROBES = (250, 500, 750, 1000, 1250, 1500, 2000, 2500, 3000, 4000, 5000, 6000)
+
+
+def powered_config(out: str, **overrides: Any) -> ExperimentConfig:
+    """``memenv experiment memopd --powered``: issue 61's regime (:data:`POWERED_ENV`, :data:`POWERED_TEACHER`,
+    :data:`POWERED_ARMS`) on :func:`fair_config`'s design; 16 training seeds."""
+    cfg = fair_config(out)
+    cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **POWERED_ENV}, teacher=replace(cfg.teacher, **POWERED_TEACHER),
+                  arms=POWERED_ARMS, seeds=16, student_start_f1=0.5, student_max_steps=6000,
+                  student_probes=POWERED_STUDENT_PROBES)
     return replace(cfg, **overrides)
 
 
@@ -550,5 +581,6 @@ __all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "
            "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
            "check_settings", "changed_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
-           "fair_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
+           "fair_config", "POWERED_ENV", "POWERED_TEACHER", "POWERED_ARMS", "POWERED_STUDENT_PROBES",
+           "powered_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
            "real_fair_config"]

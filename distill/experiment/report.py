@@ -40,7 +40,7 @@ COMPARISON_COLUMNS = ["a", "b", "seeds", "diff", "se", "t", "df", "p", "ci_low",
 #: the arm whose claims the targets are: it is compared with every other arm that ran
 HEADLINE_ARM = "memopd"
 #: further (a, b) pairs compared when both arms ran, after MemOPD against every other arm
-COMPARISONS = [("teacher_persistent", "rl"), ("flattening", "rl"), ("memopd_himpo", "memopd")]
+COMPARISONS = [("teacher_persistent", "rl"), ("constant", "rl"), ("flattening", "rl"), ("memopd_himpo", "memopd")]
 #: the arm MemOPD is compared with first: the matched control (one thing changed: the teacher's view)
 MATCHED_CONTROL = "teacher_persistent"
 INFERENCE_COLUMN = "seed-level t, exact sign-flip p, two-level bootstrap (seeds x episodes)"

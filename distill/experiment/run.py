@@ -18,7 +18,7 @@ from agents.files import write_atomic, write_text_atomic
 from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, ExperimentConfig, SettingsMismatchError,
                                        _config_record, changed_settings, check_settings)
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
-from distill.experiment.config import SFT_ARMS
+from distill.experiment.config import ARMS, SFT_ARMS
 from distill.experiment.baselines import choose_rl_lr, run_sft_arm, run_sweep_point, sweep_jobs
 from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
                                        persistent_diagnostics, read_stage_json, run_arm)
@@ -72,11 +72,14 @@ def _run_jobs(cfg: ExperimentConfig, jobs: list[tuple], run, done, desc: str, *a
 
 
 def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict, teacher: dict) -> dict:
-    """Every (arm, seed) run (:func:`_run_jobs`): the GRPO-trained arms first, then the SFT arms, whose CPU budget
-    is the same seed's ``cfg.equal_cpu_arm`` run."""
+    """Every (arm, seed) run (:func:`_run_jobs`): the GRPO-trained arms first, then those matched to another arm's
+    run of the same seed: the teacher-free control (its constant is MemOPD's mean distillation loss) and the SFT
+    arms (their CPU budget is ``cfg.equal_cpu_arm``'s run)."""
     done = lambda job: _done(Path(cfg.out) / "arms" / job[0] / f"seed{job[1]}")  # noqa: E731
     results = {}
-    for run, phase in ((run_arm, [j for j in jobs if j[0] not in SFT_ARMS]),
+    matched = tuple(a for a, (_, f) in ARMS.items() if f is not None and f.get("distill_signal") == "constant")
+    for run, phase in ((run_arm, [j for j in jobs if j[0] not in SFT_ARMS + matched]),
+                       (run_arm, [j for j in jobs if j[0] in matched]),
                        (run_sft_arm, [j for j in jobs if j[0] in SFT_ARMS])):
         if phase:
             results.update(_run_jobs(cfg, phase, run, done, "arms x seeds", student, teacher))

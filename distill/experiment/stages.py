@@ -125,7 +125,7 @@ def _sft_settings(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str 
                      budget_clock=spec.sft_clock, threads=cfg.sft_threads, tiny_hidden=spec.hidden,
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
                      num_envs=cfg.num_envs, resume=True, progress=cfg.progress, views=spec.sft_views,
-                     demo_env_overrides=dict(spec.sft_env),
+                     demo_env_overrides=dict(spec.sft_env), demo_forget_rate=spec.sft_forget_rate,
                      # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
                      # layers: OOM at ~24 GB), so they are recomputed in the backward
                      gradient_checkpointing=bool(cfg.model))
@@ -367,8 +367,23 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     # The actor keeps shared_prefix (in fp32 unless train_autocast says otherwise); the frozen teacher's scoring may
     # use another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
     teacher_kw = {k: getattr(cfg, k) for k in ("teacher_packing", "teacher_dtype") if getattr(cfg, k) is not None}
+    if fields.get("distill_signal") == "constant":  # no teacher: MemOPD's mean distillation loss, same seed
+        teacher_kw["constant_signal"] = matched_constant(cfg, seed)
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
                         attention_backend=cfg.attention_backend, **teacher_kw, **fields)
+
+
+def matched_constant(cfg: ExperimentConfig, seed: int) -> float:
+    """The teacher-free control's negative advantage for training seed ``seed``: the mean distillation loss per
+    action token (over its updates) of the same seed's MemOPD run, which must have finished first."""
+    result = Path(cfg.out) / "arms" / "memopd" / f"seed{seed}" / "result.json"
+    if not result.exists():
+        raise ValueError(f"the teacher-free control of seed {seed} is matched to MemOPD's run of that seed, which has "
+                         f"not finished ({result} is missing): run the memopd arm first")
+    value = read_stage_json(result, "MemOPD's run of that seed").get("distill_loss")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{result}: no mean distillation loss to match (distill_loss {value!r})")
+    return float(value)
 
 
 # Fields of an arm's trainer config that do not change what it learns (where it writes, how it shows progress, how
@@ -387,7 +402,8 @@ def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
 
 # Trainer settings added after earlier runs were made, with the value those runs had: a cached run whose settings
 # lack one was made with that value.
-_ADDED_LATER = {"warmup_updates": 0, "lora_rank": 0, "lora_alpha": None,
+_ADDED_LATER = {"warmup_updates": 0, "lora_rank": 0, "lora_alpha": None, "distill_signal": "teacher",
+                "constant_signal": 0.0,
                 "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
@@ -568,5 +584,5 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
 
 
 __all__ = ["build_teacher", "build_student",
-           "WeakStartNotReached", "weak_start_verdict", "arm_config",
+           "WeakStartNotReached", "weak_start_verdict", "arm_config", "matched_constant",
            "run_arm", "actor_timing", "persistent_diagnostics"]
