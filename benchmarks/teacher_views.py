@@ -4,8 +4,9 @@ teacher-persistent control's) of the same invocations, on one GRPO-shaped batch 
 at the training temperature (what the arms' first update sees). Prints the counts of each kind of action (search,
 answer, invalid) per view, for the invocations after each episode's first (turn 0's two views are one prompt;
 ``--min-turn 0`` takes them too), then, in the aligned view, the student's own sampled action against the
-teacher's there (what the distillation term pushes the student toward), and the host line; ``--csv`` writes every
-row (the texts too).
+teacher's there (what the distillation term pushes the student toward), the same counts split by whether every gold
+answer is in the view's text (answering possible: only there does a search say the teacher will not answer), and
+the host line; ``--csv`` writes every row (the texts too).
 
     python benchmarks/teacher_views.py --run runs/memopd_smol [--episodes 32] [--min-turn 0] [--csv views.csv]
 
@@ -116,6 +117,11 @@ def main(argv=None) -> int:
     counts = pd.crosstab(table["view"], table["kind"])
     print(f"{len(table) // 2} invocations from turn {args.min_turn} on, in {len(records)} records")
     print(counts.to_string())
+    # searching where the view holds no answer is right: whether a teacher answers when it can shows only on the
+    # states where every answer is in its view
+    print("where every gold answer is in the view (answering possible) / where not:")
+    print(pd.crosstab([table["view"], table["answerable"].map({True: "answerable", False: "not answerable"})],
+                      table["kind"]).to_string())
     aligned = table[table["view"] == "aligned"]
     print("the student's sampled action (rows) against the teacher's greedy one in the student's state (columns):")
     print(pd.crosstab(aligned["student_kind"], aligned["kind"], margins=True).to_string())

@@ -113,8 +113,11 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
     """Where each reconstruction points the student: the teacher's greedy next action under the aligned view and
     under the persistent view (:func:`teacher_views`) of every invocation from turn ``min_turn`` on (turn 0's
     views are the same prompt). A :class:`pandas.DataFrame`, one row per invocation and view: ``record``,
-    ``turn``, ``view``, ``context_tokens``, ``kind`` (:func:`action_kind`), ``text``, and ``student_kind``, the
-    kind of the action the student sampled there (its record's response). A teacher trained on memory-state
+    ``turn``, ``view``, ``context_tokens``, ``kind`` (:func:`action_kind`), ``text``, ``student_kind``, the
+    kind of the action the student sampled there (its record's response), and ``answerable``: every objective's
+    gold answer is in that view's text (:func:`distill.views.information_gaps`), so answering there is possible:
+    searching where it is not is right, and only the answerable states show whether a teacher answers when it can.
+    A teacher trained on memory-state
     prompts that acts otherwise on the flattened transcript distils that other behaviour into the student under the
     persistent control; ``pd.crosstab(table.view, table.kind)`` shows it. Where the teacher acts otherwise than the
     student did in the student's own state (``pd.crosstab(table.student_kind, table.kind)`` of the aligned rows),
@@ -124,6 +127,9 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
 
     if min_turn < 0 or max_new_tokens < 1:
         raise ValueError(f"min_turn must be >= 0 and max_new_tokens >= 1, got {min_turn} and {max_new_tokens}")
+    from distill.views import information_gaps
+
+    gaps = information_gaps(records, tokenizer).set_index("record")
     views = [v for v in teacher_views(records, tokenizer) if v["turn"] >= min_turn]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rows = []
@@ -139,5 +145,7 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
                                      tokenizer=tokenizer)
                 text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
                 rows.append({"record": v["record"], "turn": v["turn"], "view": view, "context_tokens": ids.shape[1],
-                             "kind": action_kind(text), "text": text, "student_kind": sampled})
-    return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text", "student_kind"])
+                             "kind": action_kind(text), "text": text, "student_kind": sampled,
+                             "answerable": bool(gaps.loc[v["record"], f"answerable_{view}"])})
+    return pd.DataFrame(rows, columns=["record", "turn", "view", "context_tokens", "kind", "text", "student_kind",
+                                       "answerable"])

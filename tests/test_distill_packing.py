@@ -393,6 +393,12 @@ def test_teacher_views_part_after_the_first_turn_and_next_actions_are_greedy_und
         sampled = tok.decode(records[r["record"]].response_ids, skip_special_tokens=True)
         assert r["student_kind"] == action_kind(sampled)
     assert (table.groupby("record")["student_kind"].nunique() == 1).all()
+    # whether answering was possible in each view: every objective's gold answer in that view's text
+    from distill.views import information_gaps
+
+    gaps = information_gaps(records, tok).set_index("record")
+    for _, r in table.iterrows():
+        assert r["answerable"] == gaps.loc[r["record"], f"answerable_{r['view']}"]
     with pytest.raises(ValueError, match="min_turn"):
         teacher_next_actions(model, tok, records, min_turn=-1)
 
