@@ -947,3 +947,50 @@ def test_the_teacher_free_arm_is_matched_to_memopds_distillation_loss_of_the_sam
     (tmp_path / "arms" / "memopd" / "seed3" / "result.json").write_text('{"distill_loss": null}')
     with pytest.raises(ValueError, match="no mean distillation loss"):
         arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})
+
+
+def test_every_swept_arm_gets_its_own_rate_and_an_edge_choice_extends_the_grid(tmp_path, monkeypatch):
+    """Issue 61: each arm of swept_arms is swept on the same grid (probe episodes, never evaluation ones); a choice
+    on the grid's edge adds a rate 3x past it and sweeps again (up to sweep_extend times); GRPO alone's rate lands
+    in rl_lr, the others' in lr_by_arm; the teacher-free control sweeps after MemOPD, each run matched to MemOPD's
+    sweep run of its seed at MemOPD's chosen rate."""
+    import json
+
+    import distill.experiment.run as run_module
+    from distill.experiment.baselines import sweep_dir, sweep_jobs
+    from distill.experiment.config import powered_config
+
+    cfg = powered_config(str(tmp_path), rl_lr_sweep=(1e-4, 3e-4, 1e-3), sweep_seeds=2, sweep_extend=2, workers=1,
+                         progress=False)
+    assert {a for a, _, _ in sweep_jobs(cfg)} == {"rl", "memopd", "teacher_persistent", "constant"}
+    best = {"rl": 2e-4, "memopd": 2e-2, "teacher_persistent": 1e-5, "constant": 3e-4}  # memopd and the control: edges
+    calls = []
+
+    def fake(cfg_, arm, lr, seed, student, teacher, matched_from=None):
+        calls.append((arm, lr, seed, matched_from))
+        return {"f1": -abs(math.log(lr / best[arm])), "train_cpu_seconds": 1.0}
+
+    monkeypatch.setattr(run_module, "run_sweep_point", fake)
+    tuned = run_module.tune_rl_lr(cfg, {"path": "student"}, {"path": "teacher"})
+    assert tuned.rl_lr == 3e-4  # interior: chosen in the first round (2e-4 is nearest 3e-4 on this grid)
+    assert tuned.lr_by_arm["memopd"] == pytest.approx(9e-3)  # 1e-3 -> 3e-3 -> 9e-3: extended twice, the limit
+    assert tuned.lr_by_arm["teacher_persistent"] == pytest.approx(1.11e-5)  # 1e-4 -> 3.33e-5 -> 1.11e-5
+    assert tuned.lr_by_arm["constant"] == 3e-4
+    memopd_lrs = sorted({lr for a, lr, _, _ in calls if a == "memopd"})
+    assert memopd_lrs == pytest.approx([1e-4, 3e-4, 1e-3, 3e-3, 9e-3])
+    constant = [c for c in calls if c[0] == "constant"]
+    assert constant and calls.index(constant[0]) > max(i for i, c in enumerate(calls) if c[0] == "memopd")
+    assert all(c[3] == sweep_dir(cfg, "memopd", tuned.lr_by_arm["memopd"], c[2]) for c in constant)
+    assert all(c[3] is None for c in calls if c[0] != "constant")
+    table = json.loads((tmp_path / "sweep" / "memopd" / "result.json").read_text())
+    assert table["chosen_lr"] == pytest.approx(9e-3) and table["on_edge"]  # the limit reached: said so
+    assert json.loads((tmp_path / "sweep" / "result.json").read_text())["arm"] == "rl"  # GRPO alone's, where it was
+    # a rate given for an arm is not swept; the fair preset sweeps GRPO alone only, as before
+    assert {a for a, _, _ in sweep_jobs(tuned)} == set()
+    from distill.experiment.config import fair_config
+
+    assert {a for a, _, _ in sweep_jobs(fair_config(str(tmp_path)))} == {"rl"}
+    with pytest.raises(ValueError, match="sweep memopd too"):
+        powered_config(str(tmp_path), swept_arms=("rl", "constant"))
+    with pytest.raises(ValueError, match="swept_arms must name GRPO-trained arms"):
+        powered_config(str(tmp_path), swept_arms=("sft_continued",))

@@ -140,8 +140,8 @@ def test_heldout_draws_never_occur_in_any_training_episode(tmp_path):
             run = arm_config(cfg, arm, seed, {"path": "student"}, {"path": "teacher"})
             for update in range(cfg.updates):
                 training["grpo"].update(task_seeds(run, update, 0)[0])
-    for lr, seed in sweep_jobs(cfg):
-        run = arm_config(replace(cfg, rl_lr=lr), "rl", seed, {"path": "student"}, {})
+    for arm, lr, seed in sweep_jobs(cfg):
+        run = arm_config(replace(cfg, rl_lr=lr), arm, seed, {"path": "student"}, {})
         for update in range(cfg.updates):
             training["lr sweep"].update(task_seeds(run, update, 0)[0])
     for name, seeds in training.items():

@@ -145,23 +145,50 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
 SWEEP_SEED_BASE = 1000
 
 
-def sweep_jobs(cfg: ExperimentConfig) -> list[tuple[float, int]]:
-    """The (learning rate, sweep seed) runs of GRPO alone's learning-rate sweep (none when ``cfg.rl_lr`` is set)."""
-    if cfg.rl_lr is not None or "rl" not in cfg.arms:
+def sweep_dir(cfg: ExperimentConfig, arm: str, lr: float, seed: int) -> Path:
+    """Where one sweep run of ``arm`` lives: ``OUT/sweep/lrLR/seedS`` for GRPO alone (as every run before issue 61
+    cached it), ``OUT/sweep/ARM/lrLR/seedS`` for the others."""
+    base = Path(cfg.out) / "sweep" if arm == "rl" else Path(cfg.out) / "sweep" / arm
+    return base / f"lr{lr:g}" / f"seed{seed}"
+
+
+def with_lr(cfg: ExperimentConfig, arm: str, lr: float) -> ExperimentConfig:
+    """``cfg`` with ``arm`` trained at ``lr`` (GRPO alone's in ``rl_lr``, the others' in ``lr_by_arm``)."""
+    return replace(cfg, rl_lr=lr) if arm == "rl" else replace(cfg, lr_by_arm={**cfg.lr_by_arm, arm: lr})
+
+
+def swept(cfg: ExperimentConfig) -> list[str]:
+    """The arms of this run whose learning rate the sweep still has to choose (``swept_arms`` that ran, with no
+    rate given), in :data:`ARMS` order."""
+    given = lambda arm: cfg.rl_lr is not None if arm == "rl" else arm in cfg.lr_by_arm  # noqa: E731
+    if not cfg.rl_lr_sweep:
         return []
-    return [(lr, SWEEP_SEED_BASE + s) for s in range(cfg.sweep_seeds) for lr in cfg.rl_lr_sweep]
+    return [a for a in ARMS if a in cfg.arms and a in cfg.swept_arms and not given(a)]
 
 
-def run_sweep_point(cfg: ExperimentConfig, lr: float, seed: int, student: dict[str, Any]) -> dict:
-    """One GRPO-alone run of the learning-rate sweep (the rl arm's settings at ``lr``; warm-up included), scored by
-    greedy F1 on the train-pool probe episodes (neither evaluation nor SFT seeds: the choice never sees the
-    evaluation episodes). Cached in ``OUT/sweep/lr{lr}/seed{seed}/result.json``; resumes like an arm."""
+def sweep_jobs(cfg: ExperimentConfig, grids: dict[str, tuple[float, ...]] | None = None
+               ) -> list[tuple[str, float, int]]:
+    """The (arm, learning rate, sweep seed) runs of the learning-rate sweep: every arm of :func:`swept` on its grid
+    (``grids[arm]``, default ``cfg.rl_lr_sweep``), ``cfg.sweep_seeds`` seeds each, seed-major."""
+    grids = grids or {}
+    return [(arm, lr, SWEEP_SEED_BASE + s) for s in range(cfg.sweep_seeds) for arm in swept(cfg)
+            for lr in grids.get(arm, cfg.rl_lr_sweep)]
+
+
+def run_sweep_point(cfg: ExperimentConfig, arm: str, lr: float, seed: int, student: dict[str, Any],
+                    teacher: dict[str, Any] | None = None, matched_from: Path | None = None) -> dict:
+    """One run of the learning-rate sweep: ``arm``'s settings at ``lr`` (warm-up included), scored by greedy F1 on
+    the train-pool probe episodes (neither evaluation nor SFT seeds: the choice never sees the evaluation
+    episodes). Cached in :func:`sweep_dir`'s ``result.json``; resumes like an arm. The teacher-free control takes
+    its constant from ``matched_from`` (MemOPD's sweep run of the same seed)."""
     from agents.llm.models import load_pretrained
     from agents.llm.ppo import train_rl
     from agents.llm.training import checkpoints
+    from distill.trainer import train_memopd
 
-    out = Path(cfg.out) / "sweep" / f"lr{lr:g}" / f"seed{seed}"
-    run_cfg = replace(arm_config(replace(cfg, rl_lr=lr), "rl", seed, student, {}), out_dir=str(out), keep_every=0)
+    out = sweep_dir(cfg, arm, lr, seed)
+    run_cfg = replace(arm_config(with_lr(cfg, arm, lr), arm, seed, student, teacher or {}, matched_from=matched_from),
+                      out_dir=str(out), keep_every=0)
     settings = {**_arm_settings(cfg, run_cfg), "probe_episodes": cfg.probe_episodes}
     if (res := _done(out)) is not None:
         if not _same_settings(res.get("settings", settings), settings):
@@ -173,30 +200,50 @@ def run_sweep_point(cfg: ExperimentConfig, lr: float, seed: int, student: dict[s
     out.mkdir(parents=True, exist_ok=True)
     _write_json(started, settings)
     lm, tok = load_pretrained(student["path"])
-    train_rl(run_cfg, model=lm, tokenizer=tok)
+    (train_rl if ARMS[arm][1] is None else train_memopd)(run_cfg, model=lm, tokenizer=tok)
     lm, tok = load_pretrained(checkpoints(out)[cfg.updates])
     probe = evaluate_per_seed(lm, tok, cfg, range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes), pool="train")
     metrics = pd.read_csv(out / "metrics.csv")
-    res = {"lr": lr, "seed": seed, "f1": float(probe.f1.mean()), "em": float(probe.em.mean()), "seen_f1": math.nan,
-           "probe_episodes": cfg.probe_episodes, "train_cpu_seconds": float(metrics["cpu_seconds"].iloc[-1]),
+    res = {"arm": arm, "lr": lr, "seed": seed, "f1": float(probe.f1.mean()), "em": float(probe.em.mean()),
+           "seen_f1": math.nan, "probe_episodes": cfg.probe_episodes,
+           "train_cpu_seconds": float(metrics["cpu_seconds"].iloc[-1]),
            "approx_kl_first": float(metrics["approx_kl"].iloc[0]) if "approx_kl" in metrics else math.nan,
+           **({"distill_loss": float(metrics["distill_loss"].mean())} if "distill_loss" in metrics else {}),
            "settings": settings}
     _write_json(out / "result.json", res)
     return res
 
 
-def choose_rl_lr(cfg: ExperimentConfig, runs: dict[tuple[float, int], dict]) -> dict[str, Any]:
-    """The sweep's table (mean probe F1 per learning rate over its seeds) and its choice, the highest mean (the
-    smaller learning rate on a tie); written to ``OUT/sweep/result.json``."""
+def choose_lr(cfg: ExperimentConfig, arm: str, runs: dict[tuple[float, int], dict],
+              grid: tuple[float, ...] | None = None) -> dict[str, Any]:
+    """One arm's sweep table (mean probe F1 per learning rate of ``grid``, default ``cfg.rl_lr_sweep``, over its
+    seeds) and its choice, the highest mean (the smaller learning rate on a tie), with ``on_edge`` (the choice is
+    the grid's smallest or largest rate: the grid may be too narrow); written to the arm's sweep folder
+    (``OUT/sweep/result.json`` for GRPO alone)."""
+    grid = tuple(sorted(grid or cfg.rl_lr_sweep))
     table = [{"lr": lr, "probe_f1": float(np.mean([r["f1"] for (l2, _), r in runs.items() if l2 == lr])),
               "per_seed": [r["f1"] for (l2, _), r in sorted(runs.items()) if l2 == lr]}
-             for lr in cfg.rl_lr_sweep]
+             for lr in grid]
     best = max(table, key=lambda row: (row["probe_f1"], -row["lr"]))
-    res = {"chosen_lr": best["lr"], "table": table, "seeds": cfg.sweep_seeds, "probe_episodes": cfg.probe_episodes,
-           "train_cpu_seconds": float(sum(r["train_cpu_seconds"] for r in runs.values()))}
-    _write_json(Path(cfg.out) / "sweep" / "result.json", res)
+    res = {"arm": arm, "chosen_lr": best["lr"], "table": table, "seeds": cfg.sweep_seeds,
+           "probe_episodes": cfg.probe_episodes, "on_edge": len(grid) > 1 and best["lr"] in (grid[0], grid[-1]),
+           "train_cpu_seconds": float(sum(r["train_cpu_seconds"] for (l2, _), r in runs.items() if l2 in grid))}
+    _write_json(sweep_dir(cfg, arm, 0, 0).parent.parent / "result.json", res)
     return res
 
 
+def choose_rl_lr(cfg: ExperimentConfig, runs: dict[tuple[float, int], dict]) -> dict[str, Any]:
+    """GRPO alone's :func:`choose_lr` (the sweep before issue 61)."""
+    return choose_lr(cfg, "rl", runs)
+
+
+def extended(grid: tuple[float, ...], chosen: float, factor: float = 3.0) -> tuple[float, ...]:
+    """``grid`` with one more rate past the edge ``chosen`` sits on (``factor`` beyond it)."""
+    grid = tuple(sorted(grid))
+    new = chosen * factor if chosen == grid[-1] else chosen / factor
+    return tuple(sorted({*grid, float(f"{new:.3g}")}))
+
+
 __all__ = ["SFT_ARM_SEED_BASE", "SFT_ARM_SEED_STRIDE", "SFT_ARM_DEMOS", "SEQKD_BATCH", "run_sft_arm",
-           "SWEEP_SEED_BASE", "sweep_jobs", "run_sweep_point", "choose_rl_lr"]
+           "SWEEP_SEED_BASE", "sweep_dir", "with_lr", "swept", "sweep_jobs", "run_sweep_point", "choose_lr",
+           "choose_rl_lr", "extended"]

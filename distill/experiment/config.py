@@ -53,7 +53,7 @@ RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arm
 ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "temperature", "distill_coef",
                 "attention_backend", "teacher_packing", "teacher_dtype", "train_autocast", "curve_every",
                 "curve_episodes", "timing_rounds", "diagnose_episodes", "warmup_updates", "rl_lr", "rl_lr_sweep",
-                "sweep_seeds", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
+                "sweep_seeds", "swept_arms", "lr_by_arm", "sweep_extend", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
 
 
 #: Settings of the weak start's length a rerun may also change while that stage has no result and no arm has run: a
@@ -193,6 +193,13 @@ class ExperimentConfig:
     rl_lr: float | None = None
     rl_lr_sweep: tuple[float, ...] = ()
     sweep_seeds: int = 1
+    # Issue 61: the arms whose learning rate the sweep chooses, each on its own runs over rl_lr_sweep (GRPO alone's
+    # lands in rl_lr, the others' in lr_by_arm; an arm given there is not swept); ("rl",): every run before it. A
+    # choice on the grid's edge extends that arm's grid by a factor 3 past the edge, up to sweep_extend times. The
+    # teacher-free control sweeps after MemOPD, matched to MemOPD's sweep runs at MemOPD's chosen rate.
+    swept_arms: tuple[str, ...] = ("rl",)
+    lr_by_arm: dict[str, float] = field(default_factory=dict)
+    sweep_extend: int = 0
     # The SFT arms (SFT_ARMS) train for the training CPU seconds of this arm's run of the same seed.
     equal_cpu_arm: str = "memopd"
     # seqkd: at most this share of that CPU samples the teacher's episodes; the rest trains on them.
@@ -220,6 +227,20 @@ class ExperimentConfig:
             _finite("rl_lr_sweep value", value, 0, strict_low=True)
         if self.rl_lr is not None:
             _finite("rl_lr", self.rl_lr, 0, strict_low=True)
+        self.swept_arms = tuple(self.swept_arms)
+        bad = [a for a in self.swept_arms if a not in ARMS or a in SFT_ARMS]
+        if bad:
+            raise ValueError(f"swept_arms must name GRPO-trained arms of {', '.join(a for a in ARMS if a not in SFT_ARMS)}"
+                             f"; got {', '.join(map(repr, bad))}")
+        if "constant" in self.swept_arms and "constant" not in self.lr_by_arm and "memopd" not in self.swept_arms:
+            raise ValueError("swept_arms: the teacher-free control's sweep is matched to MemOPD's sweep runs: sweep "
+                             "memopd too")
+        if not isinstance(self.lr_by_arm, dict) or any(a not in ARMS for a in self.lr_by_arm):
+            raise ValueError(f"lr_by_arm must map arms of ARMS to learning rates, got {self.lr_by_arm!r}")
+        for arm, value in self.lr_by_arm.items():
+            _finite(f"lr_by_arm[{arm!r}]", value, 0, strict_low=True)
+        if isinstance(self.sweep_extend, bool) or not isinstance(self.sweep_extend, int) or self.sweep_extend < 0:
+            raise ValueError(f"sweep_extend must be an integer >= 0, got {self.sweep_extend!r}")
         if self.student_start_ratio is not None:
             _finite("student_start_ratio", self.student_start_ratio, 0, 1, strict_low=True)
         _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
@@ -380,7 +401,7 @@ def powered_config(out: str, **overrides: Any) -> ExperimentConfig:
     cfg = fair_config(out)
     cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **POWERED_ENV}, teacher=replace(cfg.teacher, **POWERED_TEACHER),
                   arms=POWERED_ARMS, seeds=16, student_start_f1=0.5, student_max_steps=6000,
-                  student_probes=POWERED_STUDENT_PROBES)
+                  student_probes=POWERED_STUDENT_PROBES, swept_arms=POWERED_ARMS, sweep_extend=2)
     return replace(cfg, **overrides)
 
 

@@ -19,7 +19,8 @@ from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, Experimen
                                        _config_record, changed_settings, check_settings)
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
 from distill.experiment.config import ARMS, SFT_ARMS
-from distill.experiment.baselines import choose_rl_lr, run_sft_arm, run_sweep_point, sweep_jobs
+from distill.experiment.baselines import (choose_lr, extended, run_sft_arm, run_sweep_point, sweep_dir, sweep_jobs,
+                                          swept, with_lr)
 from distill.experiment.stages import (_done, _log, actor_timing, build_student, build_teacher,
                                        persistent_diagnostics, read_stage_json, run_arm)
 
@@ -86,18 +87,45 @@ def _run_arms(cfg: ExperimentConfig, jobs: list[tuple[str, int]], student: dict,
     return results
 
 
-def tune_rl_lr(cfg: ExperimentConfig, student: dict) -> ExperimentConfig:
-    """``cfg`` with GRPO alone's learning rate (``rl_lr``) chosen by the sweep (:func:`stages.run_sweep_point`,
-    :func:`stages.choose_rl_lr`) when ``cfg.rl_lr_sweep`` is set and ``cfg.rl_lr`` is not."""
-    jobs = sweep_jobs(cfg)
-    if not jobs:
+def tune_rl_lr(cfg: ExperimentConfig, student: dict, teacher: dict | None = None) -> ExperimentConfig:
+    """``cfg`` with the learning rate of every arm of :func:`baselines.swept` chosen by the sweep
+    (:func:`baselines.run_sweep_point`, :func:`baselines.choose_lr`): GRPO alone's in ``rl_lr`` (the only one before
+    issue 61), the others' in ``lr_by_arm``. A choice on its grid's edge extends that arm's grid past the edge
+    (:func:`baselines.extended`) and sweeps the new rate, up to ``cfg.sweep_extend`` times. The teacher-free
+    control sweeps last, each of its runs matched to MemOPD's sweep run of the same seed at MemOPD's chosen rate."""
+    arms = swept(cfg)
+    if not arms:
         return cfg
-    done = lambda job: _done(Path(cfg.out) / "sweep" / f"lr{job[0]:g}" / f"seed{job[1]}")  # noqa: E731
-    runs = _run_jobs(cfg, jobs, run_sweep_point, done, "lr sweep", student)
-    chosen = choose_rl_lr(cfg, runs)
-    _log(cfg, "GRPO alone's learning rate: " + ", ".join(f"{r['lr']:g} -> probe F1 {r['probe_f1']:.3f}"
-                                                         for r in chosen["table"]) + f"; chosen {chosen['chosen_lr']:g}")
-    return replace(cfg, rl_lr=chosen["chosen_lr"])
+    matched = [a for a in arms if ARMS[a][1] is not None and ARMS[a][1].get("distill_signal") == "constant"]
+    for phase in ([a for a in arms if a not in matched], matched):
+        grids = {arm: tuple(sorted(cfg.rl_lr_sweep)) for arm in phase}
+        for round_ in range(cfg.sweep_extend + 1):
+            pending = [a for a in phase if a in grids]
+            if not pending:
+                break
+            jobs = [j for j in sweep_jobs(cfg, grids) if j[0] in pending]
+            source = {} if not matched or phase is not matched else \
+                {seed: sweep_dir(cfg, "memopd", cfg.lr_by_arm["memopd"], seed) for _, _, seed in jobs}
+            done = lambda job: _done(sweep_dir(cfg, *job))  # noqa: E731
+            runs = _run_jobs(cfg, jobs, _sweep_point, done, "lr sweep", student, teacher, source)
+            for arm in pending:
+                res = choose_lr(cfg, arm, {(lr, seed): r for (a, lr, seed), r in runs.items() if a == arm},
+                                grids[arm])
+                _log(cfg, f"{arm}'s learning rate: " + ", ".join(f"{r['lr']:g} -> probe F1 {r['probe_f1']:.3f}"
+                                                                for r in res["table"])
+                     + f"; chosen {res['chosen_lr']:g}" + (" (on the grid's edge)" if res["on_edge"] else ""))
+                if res["on_edge"] and round_ < cfg.sweep_extend:
+                    grids[arm] = extended(grids[arm], res["chosen_lr"])
+                    continue
+                cfg = with_lr(cfg, arm, res["chosen_lr"])
+                del grids[arm]
+    return cfg
+
+
+def _sweep_point(cfg: ExperimentConfig, arm: str, lr: float, seed: int, student: dict, teacher: dict | None,
+                 source: dict) -> dict:
+    """One sweep job (:func:`_run_jobs` passes the job's fields, then the shared arguments)."""
+    return run_sweep_point(cfg, arm, lr, seed, student, teacher, source.get(seed))
 
 
 def arm_jobs(cfg: ExperimentConfig) -> list[tuple[str, int]]:
@@ -225,9 +253,9 @@ def _run_stages(cfg: ExperimentConfig, until: str | None) -> pd.DataFrame:
     start_seen = pd.read_csv(out / "student" / "start_eval_seen.csv")
     _stage(cfg, "timing", "the actor's cost on one update's records")
     timing = actor_timing(cfg, student)
-    if "rl" in cfg.arms and sweep_jobs(cfg):
-        _stage(cfg, "lr sweep", "GRPO alone's learning rate")
-        cfg = tune_rl_lr(cfg, student)
+    if swept(cfg):
+        _stage(cfg, "lr sweep", "the learning rate of " + ", ".join(swept(cfg)))
+        cfg = tune_rl_lr(cfg, student, teacher)
     jobs = arm_jobs(cfg)
     _stage(cfg, "arms", f"{len(cfg.arms)} arm(s) x {cfg.seeds} training seed(s): {' '.join(cfg.arms)}")
     results = _run_arms(cfg, jobs, student, teacher)

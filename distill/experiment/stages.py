@@ -341,15 +341,17 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     return res
 
 
-def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any]):
+def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any], teacher: dict[str, Any],
+               matched_from: Path | None = None):
     """The GRPO (``rl``) or MemOPD config of one arm; every arm shares the RL hyper-parameters and trains on the
     ``train`` question pool. A checkpoint after every update (the run resumes from the last one, exactly) of which
-    those every ``curve_every`` updates are kept (the learning curve's points)."""
+    those every ``curve_every`` updates are kept (the learning curve's points). The teacher-free control's constant
+    comes from the same seed's MemOPD arm run, or from ``matched_from`` (a sweep run's folder)."""
     from agents.llm.ppo import PPOConfig
     from distill.trainer import MemOPDConfig
 
     curve_every = min(cfg.curve_every, cfg.updates)
-    lr = cfg.rl_lr if arm == "rl" and cfg.rl_lr is not None else cfg.lr
+    lr = cfg.rl_lr if arm == "rl" and cfg.rl_lr is not None else cfg.lr_by_arm.get(arm, cfg.lr)
     common = dict(algo="grpo", env_id=ENV_ID, env_kwargs=pool_env_kwargs(cfg, "train"), model=student["path"],
                   out_dir=str(Path(cfg.out) / "arms" / arm / f"seed{seed}"), seed=seed, updates=cfg.updates,
                   episodes_per_update=cfg.tasks_per_update * cfg.group_size, group_size=cfg.group_size,
@@ -368,15 +370,16 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     # use another packing and dtype (ExperimentConfig.teacher_packing / teacher_dtype; unset: the trainer's defaults).
     teacher_kw = {k: getattr(cfg, k) for k in ("teacher_packing", "teacher_dtype") if getattr(cfg, k) is not None}
     if fields.get("distill_signal") == "constant":  # no teacher: MemOPD's mean distillation loss, same seed
-        teacher_kw["constant_signal"] = matched_constant(cfg, seed)
+        teacher_kw["constant_signal"] = matched_constant(cfg, seed, matched_from)
     return MemOPDConfig(**common, teacher=teacher["path"], distill_coef=cfg.distill_coef, packing="shared_prefix",
                         attention_backend=cfg.attention_backend, **teacher_kw, **fields)
 
 
-def matched_constant(cfg: ExperimentConfig, seed: int) -> float:
+def matched_constant(cfg: ExperimentConfig, seed: int, run: Path | None = None) -> float:
     """The teacher-free control's negative advantage for training seed ``seed``: the mean distillation loss per
-    action token (over its updates) of the same seed's MemOPD run, which must have finished first."""
-    result = Path(cfg.out) / "arms" / "memopd" / f"seed{seed}" / "result.json"
+    action token (over its updates) of the same seed's MemOPD run (or of the MemOPD run in folder ``run``), which
+    must have finished first."""
+    result = (run or Path(cfg.out) / "arms" / "memopd" / f"seed{seed}") / "result.json"
     if not result.exists():
         raise ValueError(f"the teacher-free control of seed {seed} is matched to MemOPD's run of that seed, which has "
                          f"not finished ({result} is missing): run the memopd arm first")
