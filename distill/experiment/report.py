@@ -422,14 +422,17 @@ def format_markdown(cfg: ExperimentConfig, table: pd.DataFrame, comparisons: pd.
                          f"{t_text(c.t, c.df, _get(c, 'zero_variance', False))} | "
                          f"{_interval(c.boot_low, c.boot_high)} | {_f(c.p_exact, '.3g')} | {_f(ratio)} | "
                          f"{_f(c.seen_diff, signed=True)} ± {_f(c.seen_se)} |")
-    sweep = Path(cfg.out) / "sweep" / "result.json"
-    if sweep.exists():
+    sweeps = [Path(cfg.out) / "sweep" / "result.json"] + sorted((Path(cfg.out) / "sweep").glob("*/result.json"))
+    for sweep in (p for p in sweeps if p.exists()):
         res = json.loads(sweep.read_text())
-        lines += ["", f"GRPO alone's learning rate (sweep: a full-length run per rate and seed, {res['seeds']} seed(s) "
+        arm = res.get("arm", "rl")
+        who = "GRPO alone's" if arm == "rl" else f"{_short_label(arm)}'s"
+        edge = " (on the grid's edge after its extensions: the best rate may lie beyond)" if res.get("on_edge") else ""
+        lines += ["", f"{who} learning rate (sweep: a full-length run per rate and seed, {res['seeds']} seed(s) "
                       f"each, greedy F1 on {res['probe_episodes']} train-pool probe episodes, never the evaluation "
                       f"episodes; {res['train_cpu_seconds'] / 60:.1f} CPU-min of training): "
                   + ", ".join(f"{r['lr']:g}: {r['probe_f1']:.3f} (" + "/".join(f"{v:.3f}" for v in r["per_seed"]) + ")"
-                              for r in res["table"]) + f"; chosen **{res['chosen_lr']:g}**."]
+                              for r in res["table"]) + f"; chosen **{res['chosen_lr']:g}**{edge}."]
     if any(a in SFT_ARMS for a in table.arm):
         lines += ["", f"The SFT arms train for the training CPU seconds of the same seed's {cfg.equal_cpu_arm} run "
                       "(data making included: the oracle's demonstrations, or the teacher's greedy episodes sampled "
