@@ -118,3 +118,61 @@ def test_the_cli_option_links_and_refuses_in_one_line(tmp_path, monkeypatch, cap
                  "--student-steps", "7", "--stages-from", str(source)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "other settings: student.sft_steps 200 -> 7;" in err[0]
+
+
+def test_teacher_from_links_the_teacher_only_and_lets_the_start_differ(tmp_path, monkeypatch, capsys):
+    """``--teacher-from RUN`` (issue 61's plateau question): only the teacher is linked, from a run whose teacher is
+    finished; the student's settings may differ (this run builds its own start), the teacher's and the env's may
+    not; --plateau needs --powered, and the two link options exclude each other."""
+    source = tmp_path / "first"
+    _fake_run(source, _tiny(source), stages=("teacher",))  # its student not built: no matter here
+    mine = _tiny(tmp_path / "plateau", student_plateau=0.01, student_max_steps=8, arms=("memopd",))
+    with pytest.raises(SettingsMismatchError, match="its student stage is not finished"):
+        link_stages(mine, source)  # both stages: refused
+    link_stages(mine, source, ("teacher",))
+    assert (tmp_path / "plateau" / "teacher").is_symlink() and not (tmp_path / "plateau" / "student").exists()
+    other_teacher = dataclasses.replace(mine, out=str(tmp_path / "x"), teacher=dataclasses.replace(mine.teacher,
+                                                                                                  sft_steps=9))
+    with pytest.raises(SettingsMismatchError, match="teacher.sft_steps 3 -> 9.*and the student's settings may differ"):
+        link_stages(other_teacher, source, ("teacher",))
+    with pytest.raises(ValueError, match="stages must be"):
+        link_stages(mine, source, ("student",))
+    from memenv.cli import main
+
+    assert main(["experiment", "memopd", "--plateau", "--out", str(tmp_path / "y")]) == 2
+    assert "--plateau is a variant of --powered" in capsys.readouterr().err
+    assert main(["experiment", "memopd", "--powered", "--out", str(tmp_path / "z"), "--stages-from", str(source),
+                 "--teacher-from", str(source)]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_the_plateau_rule_stops_the_start_when_a_probe_no_longer_improves():
+    from distill.experiment.config import PLATEAU_ARMS, plateau_config
+    from distill.experiment.stages import plateau_verdict
+
+    probes = [{"probe_f1": f} for f in (0.2, 0.4, 0.45, 0.455)]
+    assert [plateau_verdict(probes[:n], 0.01) for n in (1, 2, 3, 4)] == ["continue", "continue", "continue", "plateau"]
+    assert plateau_verdict([{"probe_f1": 0.5}, {"probe_f1": 0.3}], 0.01) == "plateau"  # a drop is no improvement
+    cfg = plateau_config("unused")
+    assert cfg.arms == PLATEAU_ARMS and cfg.student_plateau == 0.01 and cfg.swept_arms == ("memopd",)
+    assert cfg.equal_cpu_arm == "memopd" and cfg.teacher.sft_forget_rate > 0
+    with pytest.raises(ValueError, match="student_plateau"):
+        plateau_config("unused", student_plateau=0.0)
+
+
+def test_a_plateau_start_is_built_from_a_linked_teacher_and_stops_at_its_plateau(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from distill.experiment.run import run_experiment
+
+    run_experiment(_tiny(tmp_path / "first"), until="teacher")
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "first").rglob("*") if p.is_file()}
+    plateau = _tiny(tmp_path / "plateau", student_plateau=0.99, student_probes=(1, 2, 3), student_max_steps=3)
+    link_stages(plateau, tmp_path / "first", ("teacher",))
+    run_experiment(plateau, until="student")
+    res = json.loads((tmp_path / "plateau" / "student" / "result.json").read_text())
+    # the second probe cannot gain 0.99 F1 on the first: the plateau, two probes in
+    assert res["plateau"] == {"tolerance": 0.99, "verdict": "plateau"} and res["sft_steps"] == 2
+    assert [p["steps"] for p in res["probes"]] == [1, 2] and "start_window" not in res
+    assert not (tmp_path / "plateau" / "student").is_symlink()
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "first").rglob("*") if p.is_file()} == before

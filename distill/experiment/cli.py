@@ -12,8 +12,8 @@ from typing import Any
 from distill import experiment
 from distill.experiment.config import (ARMS, DEFAULT_ARMS, PRETRAINED_QUICK, ExperimentConfig, SettingsMismatchError,
                                        WORLDS, FAIR_ARMS, check_settings, fair_config, pretrained_config, quick_config,
-                                       powered_config, real_fair_config, world_config)
-from distill.experiment.run import STAGES, link_stages, run_experiment
+                                       plateau_config, powered_config, real_fair_config, world_config)
+from distill.experiment.run import LINKED_STAGES, STAGES, link_stages, run_experiment
 from memenv.cli_common import (CommandError, HelpFormatter, check_out_dir, non_negative_float, non_negative_int,
                                positive_float, positive_int, unit_float, user_input)
 from memenv.costs import cost
@@ -36,7 +36,14 @@ def _run(args: argparse.Namespace) -> int:
         if args.powered and (args.fair or args.quick or args.model or args.world):
             raise CommandError("--powered is issue 61's preset (fresh world, tiny models): it takes none of --fair, "
                                "--quick, --model and --world")
-        if args.powered:
+        if args.plateau and not args.powered:
+            raise CommandError("--plateau is a variant of --powered (its regime and teacher): add --powered")
+        if args.stages_from and args.teacher_from:
+            raise CommandError("--stages-from links the teacher and the student, --teacher-from the teacher only: "
+                               "give one of them")
+        if args.powered and args.plateau:
+            cfg = plateau_config(args.out, **overrides)
+        elif args.powered:
             cfg = powered_config(args.out, **overrides)
         elif args.fair and args.model:
             cfg = real_fair_config(args.out, args.model, **overrides)
@@ -62,9 +69,10 @@ def _run(args: argparse.Namespace) -> int:
             from agents.llm.cli import check_checkpoint
 
             check_checkpoint(cfg.model, "--model")
-        if args.stages_from:
+        if args.stages_from or args.teacher_from:
             try:
-                link_stages(cfg, args.stages_from)
+                link_stages(cfg, args.stages_from or args.teacher_from,
+                            LINKED_STAGES if args.stages_from else ("teacher",))
             except SettingsMismatchError as err:
                 raise CommandError(str(err)) from None
         check_settings(cfg)
@@ -156,6 +164,10 @@ def register_cli(subparsers) -> None:
                         "demonstrations whose memory loses a fact, a turn limit of 10), a stronger start, the "
                         "teacher-free control beside the matched one, 16 seeds (distill.experiment.config."
                         "powered_config)")
+    m.add_argument("--plateau", action="store_true",
+                   help="with --powered: issue 61's second question: from a start SFT'd to its plateau, MemOPD against "
+                        "continued SFT at equal CPU (distill.experiment.config.plateau_config); link the powered run's "
+                        "teacher with --teacher-from")
     m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")
@@ -166,6 +178,9 @@ def register_cli(subparsers) -> None:
                    help="link the teacher and student stages of the run in folder RUN (finished there, with the same "
                         "settings but the arms'): a sensitivity run (another --lr, --distill-coef, --updates) in its "
                         "own --out, without paying for either SFT again")
+    m.add_argument("--teacher-from", dest="teacher_from", default=None, metavar="RUN",
+                   help="link only the teacher stage of the run in folder RUN (finished there, with the same settings "
+                        "but the arms' and the student's): this run builds its own start from it")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(func=_run)
 

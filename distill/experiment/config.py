@@ -60,6 +60,10 @@ ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "t
 #: start whose probes stayed at or below the floor up to the cap (the window rule of ``student_start_ratio``) is
 #: extended by a rerun with more steps, its SFT resuming from its last checkpoint.
 STUDENT_LENGTH_SETTINGS = ("student_max_steps", "student_probes")
+#: Settings only the student's stage reads (and the arms after it): a run that links only another run's teacher
+#: (``--teacher-from``) may change them.
+STUDENT_SETTINGS = ("student", "student_start_f1", "student_max_steps", "student_probes", "student_start_ratio",
+                    "student_plateau", "probe_episodes")
 
 
 class SettingsMismatchError(ValueError):
@@ -151,6 +155,10 @@ class ExperimentConfig:
     # between two probes: probe more finely); the cap reached below the floor is an error, with no start written.
     # None: stop at the first probe >= student_start_f1, as every run before issue 47.
     student_start_ratio: float | None = None
+    # Issue 61's user question ("after SFT, is MemOPD worth its CPU?"): with this set, the start is SFT'd to its
+    # plateau instead: the rounds go on until a probe's F1 exceeds the best earlier probe's by less than this
+    # (continued SFT no longer improves it), or student_max_steps; the floor and ratio rules do not apply.
+    student_plateau: float | None = None
     probe_episodes: int = 100
     vocab: int = 8192
     tokenizer_episodes: int = 200
@@ -243,6 +251,8 @@ class ExperimentConfig:
             raise ValueError(f"sweep_extend must be an integer >= 0, got {self.sweep_extend!r}")
         if self.student_start_ratio is not None:
             _finite("student_start_ratio", self.student_start_ratio, 0, 1, strict_low=True)
+        if self.student_plateau is not None:
+            _finite("student_plateau", self.student_plateau, 0, 1, strict_low=True)
         _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
         if isinstance(self.warmup_updates, bool) or not isinstance(self.warmup_updates, int) or self.warmup_updates < 0:
             raise ValueError(f"warmup_updates must be an integer >= 0, got {self.warmup_updates!r}")
@@ -402,6 +412,19 @@ def powered_config(out: str, **overrides: Any) -> ExperimentConfig:
     cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **POWERED_ENV}, teacher=replace(cfg.teacher, **POWERED_TEACHER),
                   arms=POWERED_ARMS, seeds=16, student_start_f1=0.5, student_max_steps=6000,
                   student_probes=POWERED_STUDENT_PROBES, swept_arms=POWERED_ARMS, sweep_extend=2)
+    return replace(cfg, **overrides)
+
+
+#: Issue 61's second question, asked of its regime: from a start SFT'd to its plateau, is MemOPD worth its CPU
+#: against continued SFT at equal CPU? (a probe gaining < 0.01 F1 on the best earlier one ends the SFT)
+PLATEAU_ARMS = ("memopd", "sft_continued")
+
+
+def plateau_config(out: str, **overrides: Any) -> ExperimentConfig:
+    """``memenv experiment memopd --powered --plateau``: :func:`powered_config`'s regime and teacher (link it with
+    ``--teacher-from``), its start SFT'd to the plateau (``student_plateau`` 0.01), MemOPD (its rate swept) against
+    continued SFT on oracle demonstrations for the same CPU."""
+    cfg = replace(powered_config(out), student_plateau=0.01, arms=PLATEAU_ARMS, swept_arms=("memopd",))
     return replace(cfg, **overrides)
 
 
@@ -599,9 +622,10 @@ def changed_settings(old: dict[str, Any], cfg: ExperimentConfig, free: tuple[str
 
 
 __all__ = ["ENV_ID", "ENV_KWARGS", "ARMS", "DEFAULT_ARMS", "RERUN_MAY_CHANGE", "ARM_SETTINGS", "STUDENT_LENGTH_SETTINGS",
+           "STUDENT_SETTINGS",
            "SettingsMismatchError", "ModelSpec",
            "ExperimentConfig", "quick_config", "PRETRAINED_QUICK", "WORLDS", "world_config", "pretrained_config", "pool_env_kwargs",
            "check_settings", "changed_settings", "SHORT_SYSTEM_PROMPT", "SFT_ARMS", "FAIR_ARMS", "FAIR_TEACHER",
            "fair_config", "POWERED_ENV", "POWERED_TEACHER", "POWERED_ARMS", "POWERED_STUDENT_PROBES",
-           "powered_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
+           "powered_config", "PLATEAU_ARMS", "plateau_config", "REAL_FAIR_ARMS", "REAL_FAIR_STUDENT_LAYERS", "REAL_FAIR_KEEP_LAST",
            "real_fair_config"]

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from agents.files import write_atomic, write_text_atomic
-from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, ExperimentConfig, SettingsMismatchError,
+from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, STUDENT_SETTINGS, ExperimentConfig, SettingsMismatchError,
                                        _config_record, changed_settings, check_settings)
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
 from distill.experiment.config import ARMS, SFT_ARMS
@@ -179,32 +179,38 @@ def _stage(cfg: ExperimentConfig, name: str, what: str) -> None:
 LINKED_STAGES = ("teacher", "student")
 
 
-def link_stages(cfg: ExperimentConfig, source: str | Path) -> None:
+def link_stages(cfg: ExperimentConfig, source: str | Path, stages: tuple[str, ...] = LINKED_STAGES) -> None:
     """Make ``cfg.out``'s teacher and student stages links to those of the run in ``source``: a sensitivity run
     that changes only arm settings (:data:`~distill.experiment.config.ARM_SETTINGS`: an lr, the distillation
     coefficient, the updates) pays for neither SFT again, and runs in its own folder, so the first run's arms and
     report stay as they were. Refused (:class:`SettingsMismatchError`, one line naming what) where ``source`` lacks
     a finished stage (the run would train into ``source`` through the link), its settings differ in any other
     than the arms' (and :data:`~distill.experiment.config.RERUN_MAY_CHANGE`), or ``cfg.out`` holds a stage of its
-    own; links already there to the same stages are kept (a rerun)."""
+    own; links already there to the same stages are kept (a rerun). ``stages=("teacher",)`` (``--teacher-from``)
+    links the teacher only: the student's settings (:data:`~distill.experiment.config.STUDENT_SETTINGS`) may then
+    differ too, and this run builds its own start from the linked teacher."""
     src = Path(source).resolve()
-    what = f"--stages-from {source}"
+    if tuple(stages) not in (LINKED_STAGES, ("teacher",)):
+        raise ValueError(f"stages must be {LINKED_STAGES} or ('teacher',), got {stages!r}")
+    what = f"--stages-from {source}" if tuple(stages) == LINKED_STAGES else f"--teacher-from {source}"
     if not (src / "experiment.json").is_file():
         raise SettingsMismatchError(f"{what}: no experiment.json there (not a memenv experiment memopd --out folder)")
     old = read_stage_json(src / "experiment.json", "that run's settings record")
     if not isinstance(old, dict):
         raise SettingsMismatchError(f"{what}: its experiment.json is not a run's settings (a JSON object)")
-    for stage in LINKED_STAGES:
+    for stage in stages:
         if not (src / stage / "result.json").is_file():
             raise SettingsMismatchError(f"{what}: its {stage} stage is not finished ({src / stage / 'result.json'} "
                                         f"is missing); finish it there first (--until {stage})")
-    changed = changed_settings(old, cfg, RERUN_MAY_CHANGE + ARM_SETTINGS)
+    free = RERUN_MAY_CHANGE + ARM_SETTINGS + (STUDENT_SETTINGS if "student" not in stages else ())
+    changed = changed_settings(old, cfg, free)
     if changed:
         raise SettingsMismatchError(f"{what}: its stages were made with other settings: {changed}; only the arms' "
-                                    "settings may differ")
+                                    + ("settings may differ" if "student" in stages else "and the student's settings "
+                                       "may differ"))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stage in LINKED_STAGES:
+    for stage in stages:
         link = out / stage
         if link.is_symlink() and link.resolve() == (src / stage).resolve():
             continue

@@ -268,6 +268,15 @@ def weak_start_verdict(probe_f1: float, floor: float, ceiling: float | None) -> 
     return "stop" if probe_f1 <= ceiling else "overshot"
 
 
+def plateau_verdict(probes: list[dict[str, Any]], tolerance: float) -> str:
+    """The plateau rule (``ExperimentConfig.student_plateau``): ``"plateau"`` once the last probe's F1 exceeds the
+    best earlier probe's by less than ``tolerance`` (more SFT no longer improves the start), else ``"continue"``."""
+    if len(probes) < 2:
+        return "continue"
+    best = max(p["probe_f1"] for p in probes[:-1])
+    return "plateau" if probes[-1]["probe_f1"] - best < tolerance else "continue"
+
+
 def _start_window(cfg: ExperimentConfig, teacher: dict[str, Any]) -> float | None:
     """The window's ceiling: ``student_start_ratio`` x the teacher's held-out F1 (the figure the issue's "<= 0.4
     of the teacher's" names; the probes themselves are train-pool episodes, so the choice never sees evaluation
@@ -313,14 +322,18 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
             probes.append({"steps": steps, "probe_f1": float(evaluate_per_seed(lm, tok, cfg, probe_seeds,
                                                                                pool="train").f1.mean())})
             write_text_atomic(probes_path, json.dumps(probes))
-        verdict = weak_start_verdict(probes[-1]["probe_f1"], cfg.student_start_f1, ceiling)
-        target = (f"window ({cfg.student_start_f1:g}, {ceiling:.3f}]: {verdict}" if ceiling is not None
-                  else f"weak-start target {cfg.student_start_f1}")
+        if cfg.student_plateau is not None:
+            verdict = plateau_verdict(probes, cfg.student_plateau)
+            target = f"plateau rule (< {cfg.student_plateau:g} over the best earlier probe): {verdict}"
+        else:
+            verdict = weak_start_verdict(probes[-1]["probe_f1"], cfg.student_start_f1, ceiling)
+            target = (f"window ({cfg.student_start_f1:g}, {ceiling:.3f}]: {verdict}" if ceiling is not None
+                      else f"weak-start target {cfg.student_start_f1}")
         _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} ({target})")
         if verdict != "continue" or steps >= cfg.student_max_steps:
             break
         steps = next(n for n in schedule if n > steps)
-    if ceiling is not None and verdict == "continue":
+    if cfg.student_plateau is None and ceiling is not None and verdict == "continue":
         raise WeakStartNotReached(
             f"the student's probe F1 stayed <= {cfg.student_start_f1:g} up to student_max_steps "
             f"{cfg.student_max_steps} (last {probes[-1]['probe_f1']:.3f}): rerun with a larger --student-max-steps "
@@ -335,7 +348,9 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
            "f1_se": standard_error(held.f1), "seen_f1": float(seen.f1.mean()), "seen_f1_se": standard_error(seen.f1),
            "parameters": sum(p.numel() for p in lm.parameters()), "probes": probes,
            **({"start_window": {"floor": cfg.student_start_f1, "ceiling": ceiling, "verdict": verdict}}
-              if ceiling is not None else {}),
+              if ceiling is not None and cfg.student_plateau is None else {}),
+           **({"plateau": {"tolerance": cfg.student_plateau, "verdict": verdict}}
+              if cfg.student_plateau is not None else {}),
            **asdict(replace(cfg.student, sft_steps=steps))}
     _write_json(out / "result.json", res)
     return res
@@ -587,5 +602,5 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
 
 
 __all__ = ["build_teacher", "build_student",
-           "WeakStartNotReached", "weak_start_verdict", "arm_config", "matched_constant",
+           "WeakStartNotReached", "weak_start_verdict", "plateau_verdict", "arm_config", "matched_constant",
            "run_arm", "actor_timing", "persistent_diagnostics"]
