@@ -28,6 +28,7 @@ import torch
 from agents.llm.policy import DEFAULT_STOP
 from distill import DIAGNOSE_METHODS
 from distill.scoring import score_records
+from distill.views import information_gaps, teacher_views  # noqa: F401 - teacher_views: also this module's API
 
 _PLAN = {  # method -> (reconstruction, packing)
     "aligned": ("aligned", "padded"),
@@ -84,19 +85,6 @@ def diagnose(records, model, tokenizer=None, clip: float = 0.2, methods: Sequenc
     return pd.DataFrame(rows)
 
 
-def teacher_views(records, tokenizer) -> list[dict]:
-    """What the teacher is shown before each sampled action, under each reconstruction: one dict per invocation,
-    in episode and turn order, with ``record`` (its index in ``records``), ``turn`` (0-based, in its episode),
-    ``aligned`` (the prompt ids the student sampled under: its memory state) and ``persistent`` (the flattened
-    transcript's ids up to that action, :func:`distill.reconstruct.persistent`). At turn 0 both are the first
-    prompt; they part from turn 1 on."""
-    from distill.reconstruct import persistent
-
-    return [{"record": seg.record, "turn": turn, "aligned": list(records[seg.record].prompt_ids),
-             "persistent": list(seq.input_ids[:seg.start])}
-            for seq in persistent(records, tokenizer) for turn, seg in enumerate(seq.segments)]
-
-
 def action_kind(text: str, stop: Sequence[str] = DEFAULT_STOP) -> str:
     """The kind of action ``text`` is, as the policy would have sent it (cut after its first stop string, like
     :class:`agents.llm.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where the
@@ -127,8 +115,6 @@ def teacher_next_actions(model, tokenizer, records, *, max_new_tokens: int = 96,
 
     if min_turn < 0 or max_new_tokens < 1:
         raise ValueError(f"min_turn must be >= 0 and max_new_tokens >= 1, got {min_turn} and {max_new_tokens}")
-    from distill.views import information_gaps
-
     gaps = information_gaps(records, tokenizer).set_index("record")
     views = [v for v in teacher_views(records, tokenizer) if v["turn"] >= min_turn]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -46,8 +46,21 @@ def _holds(text: str, answers: Sequence[str]) -> bool:
     return any(a and a.strip().lower() in text for a in answers)
 
 
+def teacher_views(records, tokenizer) -> list[dict]:
+    """What the teacher is shown before each sampled action, under each reconstruction: one dict per invocation,
+    in episode and turn order, with ``record`` (its index in ``records``), ``turn`` (0-based, in its episode),
+    ``aligned`` (the prompt ids the student sampled under: its memory state) and ``persistent`` (the flattened
+    transcript's ids up to that action, :func:`distill.reconstruct.persistent`). At turn 0 both are the first
+    prompt; they part from turn 1 on."""
+    from distill.reconstruct import persistent
+
+    return [{"record": seg.record, "turn": turn, "aligned": list(records[seg.record].prompt_ids),
+             "persistent": list(seq.input_ids[:seg.start])}
+            for seq in persistent(records, tokenizer) for turn, seg in enumerate(seq.segments)]
+
+
 def information_gaps(records: Sequence[InvocationRecord], tokenizer):
-    """One row per invocation (a :class:`pandas.DataFrame`, in :func:`distill.diagnose.teacher_views` order):
+    """One row per invocation (a :class:`pandas.DataFrame`, in :func:`teacher_views` order):
     ``record``, ``episode``, ``turn`` (0-based in its episode), ``objectives``, ``held_aligned`` and
     ``held_persistent`` (how many objectives have an accepted gold answer in the text of that view: the memory-state
     prompt, or the flattened transcript up to the action), ``info_gap`` (some objective's answer is in the
@@ -55,8 +68,6 @@ def information_gaps(records: Sequence[InvocationRecord], tokenizer):
     / ``answerable_persistent`` (every objective's answer is in that view: answering from it is possible).
     Records without gold answers (``gold`` None) count no objective and no gap."""
     import pandas as pd
-
-    from distill.diagnose import teacher_views
 
     rows = []
     for v in teacher_views(records, tokenizer):
@@ -213,5 +224,5 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     return ViewDivergence(summary, per_turn, tokens, invocations)
 
 
-__all__ = ["VIEWS", "information_gaps", "token_disagreement", "distill_gradients", "cosine", "ViewDivergence",
-           "view_divergence"]
+__all__ = ["VIEWS", "teacher_views", "information_gaps", "token_disagreement", "distill_gradients", "cosine",
+           "ViewDivergence", "view_divergence"]

@@ -93,7 +93,7 @@ def test_gradients_are_the_distillation_loss_gradients_of_each_view():
 def test_information_gaps_find_answers_the_transcript_keeps_and_the_memory_lost(monkeypatch):
     """An invocation has an information gap where an objective's gold answer is in the flattened transcript and not
     in the memory state; it is answerable in a view where every objective's answer is there (case-insensitive)."""
-    import distill.diagnose
+    import distill.views
     from agents.llm.records import InvocationRecord
     from distill.views import information_gaps
 
@@ -105,7 +105,7 @@ def test_information_gaps_find_answers_the_transcript_keeps_and_the_memory_lost(
                for t in range(3)]
     views = [{"record": t, "turn": t, "aligned": tok.encode(a), "persistent": tok.encode(p)}
              for t, (a, p) in enumerate(texts)]
-    monkeypatch.setattr(distill.diagnose, "teacher_views", lambda recs, tokenizer: views)
+    monkeypatch.setattr(distill.views, "teacher_views", lambda recs, tokenizer: views)
     gaps = information_gaps(records, tok)
     assert list(gaps.info_gap) == [False, True, False]
     assert list(gaps.held_aligned) == [0, 0, 2] and list(gaps.held_persistent) == [0, 1, 2]
