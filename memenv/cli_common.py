@@ -14,7 +14,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import gymnasium as gym
 
@@ -121,14 +121,61 @@ def _checked_number(text: str, kind: type, low: float, rule: str, strict: bool =
 
 
 # ---------------------------------------------------------------------------------------------- --out
-def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+def _same_place(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file or folder (through links and ``..`` too); False where either is
+    missing."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_out_file(path: str | os.PathLike, option: str = "--out",
+                   inputs: Sequence[str | os.PathLike] = ()) -> Path:
+    """Check, before any work and creating nothing, that ``path`` can be the output file of a command that writes it
+    atomically (a temporary file renamed over it): not empty, not a folder, not a symbolic link (the rename would
+    replace the link, not what it points to: a device, stdout, another file), not a device, pipe or socket, not one
+    of the command's ``inputs`` (its only copy would be replaced by the output), and in a folder that exists or can
+    be made, writable. A :class:`CommandError` naming ``option`` otherwise."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise CommandError(f"{option}: expected a file name, got an empty path")
+    out = Path(text)
+    for source in inputs:
+        if _same_place(out, Path(source)):
+            raise CommandError(f"{option} {text}: is the input {os.fspath(source)}; writing it would replace the "
+                               "input: choose another file")
+    if out.is_symlink():
+        raise CommandError(f"{option} {text}: is a symbolic link (to {os.readlink(out)}); the output would replace "
+                           "the link: name a regular file")
+    if out.is_dir():
+        raise CommandError(f"{option} {text}: is a folder (expected a file name)")
+    if out.exists() and not out.is_file():
+        raise CommandError(f"{option} {text}: is not a regular file (a device, pipe or socket): name a regular file")
+    above = out.absolute().parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise CommandError(f"{option} {text}: {above} is a file, so no file can be written under it")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise CommandError(f"{option} {text}: {above} is not writable")
+    return out
+
+
+def check_out_dir(path: str | os.PathLike, option: str = "--out",
+                  inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """Check, creating nothing, that ``path`` can be the output folder of a command: it is a folder or does not
-    exist yet, and the nearest folder that exists above it is writable. A :class:`CommandError` naming
-    ``option`` otherwise. Call it before any work; :func:`prepare_out_dir` then makes the folder."""
+    exist yet, is none of the command's ``inputs`` (a folder it reads), and the nearest folder that exists above
+    it is writable. A :class:`CommandError` naming ``option`` otherwise. Call it before any work;
+    :func:`prepare_out_dir` then makes the folder."""
     text = os.fspath(path)
     if not str(text).strip():
         raise CommandError(f"{option}: expected a folder, got an empty path")
     out = Path(text)
+    for source in inputs:
+        if _same_place(out, Path(source)):
+            raise CommandError(f"{option} {text}: is the input {os.fspath(source)}; writing there would change "
+                               "what the command reads: choose another folder")
     if out.is_symlink() and not out.exists():  # mkdir would fail on the link itself (FileExistsError)
         raise CommandError(f"{option} {text}: is a symbolic link to {os.readlink(out)}, which does not exist: make "
                            "that folder first, or remove the link")

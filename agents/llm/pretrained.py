@@ -456,7 +456,7 @@ def _shrink_cli(args: argparse.Namespace) -> int:
         raise CommandError(f"memenv models shrink {args.source}: {exc}") from None
     if not (source_folder / "config.json").is_file():
         raise CommandError(f"memenv models shrink {args.source}: no model folder there (config.json missing)")
-    check_out_dir(args.out)
+    check_out_dir(args.out, inputs=[source_folder])
     try:
         folder = shrink_folder(source_folder, args.layers, args.out)
     except (FileExistsError, ValueError) as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memenv.cli_common import CommandError, HelpFormatter, positive_int
+from memenv.cli_common import CommandError, HelpFormatter, check_out_file, positive_int
 
 TARGETS = ("trl", "slime", "skyrl", "tinker", "verl", "prime")  # agents.llm.exchange.TARGETS (no import here)
 WEIGHTS = ("token", "row", "episode")
@@ -55,9 +55,7 @@ def load_teacher(path: str, records, option: str = "--teacher"):
 def _export(args: argparse.Namespace) -> int:
     from agents.llm.exchange import export_records, teacher_scores, write_export
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise CommandError(f"--out {args.out}: is a folder (expected a file name)")
+    out = check_out_file(args.out, "--out", inputs=[args.records])
     records = read_records(args.records)
     teacher = None
     if args.teacher is not None:

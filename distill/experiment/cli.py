@@ -20,7 +20,11 @@ from memenv.costs import cost
 
 
 def _run(args: argparse.Namespace) -> int:
-    check_out_dir(args.out)  # a file, or a folder that cannot be made: one line, before any work
+    for option, value in (("--stages-from", args.stages_from), ("--teacher-from", args.teacher_from)):
+        if value is not None and not value.strip():
+            raise CommandError(f"{option}: expected a run's folder, got an empty path")
+    # a file, a folder that cannot be made, or one this run reads from: one line, before any work
+    check_out_dir(args.out, inputs=[p for p in (args.stages_from, args.teacher_from, args.model) if p])
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("seeds", "updates", "eval_episodes", "threads",
                                                                "workers", "sft_threads", "student_start_f1", "student_max_steps",
                                                                "lr", "distill_coef", "seen_eval_episodes",

@@ -1,0 +1,84 @@
+"""Where output goes (issue 64): every command that writes refuses, in one line and before any work, an output that
+is its own input (or a link to it), a symbolic link, a device, a path under a regular file or an empty path; the
+input is left as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memenv.cli_common import CommandError, check_out_dir, check_out_file
+
+
+def test_check_out_file_refuses_each_kind_of_bad_output(tmp_path):
+    data = tmp_path / "records.jsonl"
+    data.write_text("{}\n")
+    (tmp_path / "link").symlink_to(data)
+    (tmp_path / "null").symlink_to("/dev/null")
+    cases = {
+        str(data): "is the input",
+        str(tmp_path / "link"): "is the input",  # a link to the input is the input
+        str(tmp_path / "sub" / ".." / "records.jsonl"): "is the input",
+        str(tmp_path / "null"): r"is a symbolic link \(to /dev/null\)",
+        "/dev/null": "not a regular file",
+        str(tmp_path): "is a folder",
+        str(data / "out.jsonl"): "is a file, so no file can be written under it",
+        "  ": "expected a file name",
+    }
+    (tmp_path / "sub").mkdir()
+    for path, message in cases.items():
+        with pytest.raises(CommandError, match=message):
+            check_out_file(path, "--out", inputs=[data])
+    assert data.read_text() == "{}\n"
+    assert check_out_file(tmp_path / "new" / "rows.jsonl", "--out", inputs=[data]) == tmp_path / "new" / "rows.jsonl"
+    with pytest.raises(CommandError, match="is the input"):
+        check_out_dir(tmp_path / "sub", "--out", inputs=[tmp_path / "sub" / "."])
+
+
+def _records(tmp_path) -> Path:
+    from agents.llm.records import InvocationRecord, save_records
+
+    path = tmp_path / "records.jsonl"
+    save_records(path, [InvocationRecord("e", 1, [1, 2], [3], [-0.5], [1], [0], reward=1.0, done=True)])
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    lambda r, out: ["records", "export", str(r), "--to", "trl", "--out", out],
+    lambda r, out: ["view", str(r), "-o", out],
+])
+def test_export_and_view_never_replace_their_input(tmp_path, capsys, command):
+    from memenv.cli import main
+
+    records = _records(tmp_path)
+    before = records.read_bytes()
+    (tmp_path / "alias").symlink_to(records)
+    (tmp_path / "stdout").symlink_to("/dev/stdout")
+    for out, message in ((str(records), "is the input"), (str(tmp_path / "alias"), "is the input"),
+                         (str(tmp_path / "stdout"), "is a symbolic link"),
+                         (str(records / "x"), "is a file, so no file can be written under it")):
+        assert main(command(records, out)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert records.read_bytes() == before and (tmp_path / "alias").is_symlink()
+    assert os.readlink(tmp_path / "stdout") == "/dev/stdout"
+    assert main(command(records, str(tmp_path / "fine.out"))) == 0 and (tmp_path / "fine.out").is_file()
+
+
+def test_shrink_and_experiment_refuse_an_out_that_is_their_input(tmp_path, capsys):
+    from memenv.cli import main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert main(["models", "shrink", str(tmp_path / "model"), "--layers", "1", "--out", str(tmp_path / "model")]) == 2
+    assert "is the input" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "experiment.json").write_text("{}")
+    assert main(["experiment", "memopd", "--quick", "--out", str(tmp_path / "run"), "--stages-from",
+                 str(tmp_path / "run" / ".")]) == 2
+    assert "is the input" in capsys.readouterr().err
+    assert main(["experiment", "memopd", "--quick", "--out", str(tmp_path / "new"), "--stages-from", ""]) == 2
+    assert "--stages-from: expected a run's folder, got an empty path" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() and sorted(p.name for p in (tmp_path / "run").iterdir()) == ["experiment.json"]
