@@ -88,6 +88,18 @@ def test_cli_set_parses_booleans_and_literals():
     cfg = build_config(args)
     assert cfg.budget_counts_eval is False and cfg.value_detach is True  # "false" must not become a truthy str
     assert cfg.kl_coef == 0.05 and cfg.budget_clock == "cpu" and cfg.env_kwargs["objectives"] == 2
+    # every value to its setting's declared type (issue 64): "no" is False, not the truthy string "no"
+    args = parser.parse_args(["train", "--algo", "sft", "--set", "gradient_checkpointing=no", "budget_counts_eval=ON",
+                              "steps=20", "tiny_split_spaces=off", "warmup=0"])
+    cfg = build_config(args)
+    assert cfg.gradient_checkpointing is False and cfg.budget_counts_eval is True and cfg.steps == 20
+    assert cfg.tiny_split_spaces is False and isinstance(cfg.steps, int)
+    from memenv.cli_common import CommandError
+
+    for bad, message in (("gradient_checkpointing=maybe", "takes true or false"), ("steps=2.5", "takes a whole number"),
+                         ("steps=many", "takes a whole number"), ("lr=fast", "takes a number")):
+        with pytest.raises(CommandError, match=message):
+            build_config(parser.parse_args(["train", "--algo", "sft", "--set", bad]))
 
 
 WORKER = textwrap.dedent("""

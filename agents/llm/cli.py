@@ -64,6 +64,10 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+#: The words a boolean ``--set`` value may be (any case).
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
 def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str, Any]:
     """``--set KEY=VALUE`` items into ``values`` (fields of the dataclass ``cls``); a bad item or an unknown
     field raises :class:`memenv.cli_common.CommandError` naming it."""
@@ -75,7 +79,25 @@ def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str,
         if key not in known:
             raise CommandError(f"{cls.__name__} has no field {key!r}; fields: {', '.join(sorted(known))}")
         parsed = _parse_value(value)
-        kind = str(known[key].type)
+        kind = str(known[key].type).replace(" ", "")
+        if kind in ("bool", "bool|None"):  # "no" or "off" as a string would be truthy: parse to the declared type
+            word = value.strip().lower()
+            if kind == "bool|None" and word == "none":
+                values[key] = None
+                continue
+            if word not in _BOOL_WORDS:
+                raise CommandError(f"--set {item}: {key} takes true or false (also yes/no, on/off, 1/0)"
+                                   + (" or none" if kind == "bool|None" else ""))
+            values[key] = _BOOL_WORDS[word]
+            continue
+        if kind == "bool|str" and value.strip().lower() in ("true", "false", "yes", "no", "on", "off"):
+            values[key] = _BOOL_WORDS[value.strip().lower()]  # a word that means a boolean is one
+            continue
+        if kind in ("int", "int|None") and not (parsed is None and kind == "int|None"):
+            if isinstance(parsed, bool) or not isinstance(parsed, (int, float)) or parsed != int(parsed):
+                raise CommandError(f"--set {item}: {key} takes a whole number")
+            values[key] = int(parsed)
+            continue
         numeric = ("float" in kind or "int" in kind) and "str" not in kind
         if numeric and isinstance(parsed, str):
             try:
