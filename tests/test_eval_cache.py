@@ -84,3 +84,34 @@ def test_rows_without_their_key_or_with_a_damaged_key_are_evaluated_again(tiny, 
         again = evaluate_per_seed(lm, tok, cfg, seeds=[3, 4], pool="heldout", cache=csv)  # greedy: the same rows
         pd.testing.assert_frame_equal(again, rows)
         assert json.loads(key.read_text())["seeds"] == [3, 4]
+
+
+def test_a_cache_is_reused_only_when_it_holds_exactly_the_rows_asked_for(tiny, tmp_path, monkeypatch, capsys):
+    """Issue 64: a cached CSV cut short, emptied, holding other seeds' rows or a damaged score is never returned for
+    the seeds asked: it is evaluated again, with a warning naming the file; the rows asked for come back."""
+    from distill.experiment.evaluation import evaluate_per_seed
+
+    lm, tok = tiny
+    cfg, csv = _cfg(tmp_path), tmp_path / "end_eval.csv"
+    rows = evaluate_per_seed(lm, tok, cfg, seeds=[5, 6, 7], pool="heldout", cache=csv)
+    good = csv.read_text()
+    lines = good.splitlines(keepends=True)
+    damages = {
+        "cut short": "".join(lines[:-1]),
+        "empty": "",
+        "other seeds": good.replace("\n5,", "\n9,", 1),
+    }
+    header = lines[0].strip().split(",")
+    first = lines[1].strip().split(",")
+    first[header.index("f1")] = "7.5"
+    damages["a score outside [0, 1]"] = lines[0] + ",".join(first) + "\n" + "".join(lines[2:])
+    for name, text in damages.items():
+        csv.write_text(text)
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            _no_rollouts(m)
+            with pytest.raises(AssertionError, match="played the episodes again"):
+                evaluate_per_seed(lm, tok, cfg, seeds=[5, 6, 7], pool="heldout", cache=csv)
+        again = evaluate_per_seed(lm, tok, cfg, seeds=[5, 6, 7], pool="heldout", cache=csv)
+        assert f"{csv}:" in capsys.readouterr().err, name
+        pd.testing.assert_frame_equal(again, rows)

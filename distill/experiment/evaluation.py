@@ -50,6 +50,40 @@ def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], p
         "max_new_tokens": cfg.max_new_tokens}, default=str))
 
 
+#: The columns every cached evaluation holds (:func:`evaluate_per_seed`'s rows).
+EVALUATION_COLUMNS = ("seed", "f1", "em", "peak_context_tokens", "turns", "questions")
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _cached_rows(cache: Path, seeds: Sequence[int]) -> tuple[pd.DataFrame | None, str]:
+    """The cached rows when they are exactly the ones asked for (one per seed, in order, every column, finite
+    scores), else ``(None, why not)``: a file cut short, empty or damaged is evaluated again, never returned."""
+    import numpy as np
+
+    try:
+        rows = pd.read_csv(cache, keep_default_na=False, dtype={"questions": str})
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as exc:
+        return None, f"not a readable evaluation ({type(exc).__name__})"
+    missing = [c for c in EVALUATION_COLUMNS if c not in rows.columns]
+    if missing:
+        return None, f"no {', '.join(missing)} column"
+    try:
+        cached_seeds = [int(s) for s in rows.seed]
+        scores = rows[["f1", "em"]].to_numpy(dtype=float)
+    except (TypeError, ValueError):
+        return None, "a seed or score that is not a number"
+    if cached_seeds != [int(s) for s in seeds]:
+        return None, f"holds {len(cached_seeds)} rows of other seeds than the {len(seeds)} asked for"
+    if not np.isfinite(scores).all() or (scores < 0).any() or (scores > 1).any():
+        return None, "a score outside [0, 1]"
+    return rows, ""
+
+
 def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int] | None = None,
                       pool: str = "heldout", episodes: int | None = None, view: str = "memory",
                       cache: Path | None = None) -> pd.DataFrame:
@@ -76,7 +110,10 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
             except ValueError:  # a damaged key: evaluate again
                 cached = None
             if cached == key:
-                return pd.read_csv(cache, keep_default_na=False, dtype={"questions": str})
+                rows, why = _cached_rows(cache, seeds)
+                if rows is not None:
+                    return rows
+                _warn(f"{cache}: {why}; evaluated again")
         rows = evaluate_per_seed(lm, tokenizer, cfg, seeds, pool, view=view)
         key_file.unlink(missing_ok=True)  # the key is written last: a CSV without its key is never reused
         write_atomic(cache, lambda tmp: rows.to_csv(tmp, index=False))
@@ -95,4 +132,4 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
                          "questions": [" | ".join(ep.info.get("questions", []) or []) for ep in eps]})
 
 
-__all__ = ["make_env_fn", "PROBE_SEED_BASE", "evaluation_key", "evaluate_per_seed"]
+__all__ = ["make_env_fn", "PROBE_SEED_BASE", "EVALUATION_COLUMNS", "evaluation_key", "evaluate_per_seed"]
