@@ -168,18 +168,50 @@ def _e(text: Any) -> str:
     return html.escape(_clean(text), quote=True)
 
 
-def memory_diff(before: str, after: str) -> str:
-    """The change from ``before`` to ``after`` word by word, as escaped HTML with ``<del>``/``<ins>``."""
-    a, b = re.findall(r"\s+|\S+", before), re.findall(r"\s+|\S+", after)  # words and the spaces between
-    out = []
+#: How a memory is cut for the diff, coarse to fine: lines, sentences (and the spaces after them), words (and the
+#: spaces between them). Each finer level runs only inside a block the coarser one found changed.
+_DIFF_LEVELS = (r"[^\n]*\n|[^\n]+", r"[^.!?;\n]*[.!?;]+\s*|[^.!?;\n]+\s*|\s+", r"\s+|\S+")
+#: The most unit pairs (len(a) x len(b)) each level's matcher compares (lines, sentences, words); a block beyond it
+#: is matched at the next finer level, and at the word level shown whole (deleted, then inserted): difflib's matcher
+#: grows faster than quadratically in repeated units (a 17 KB memory diffed word by word took ~9 minutes), so the caps
+#: bound the page's cost (benchmarks/viewer_diff.py: a 100 KB memory in well under a second).
+DIFF_MAX_PAIRS = (4_000_000, 1_000_000, 200_000)
+
+
+def _diff_units(a: list[str], b: list[str], level: int, out: list[str]) -> None:
+    """Appends the diff of units ``a`` -> ``b`` (cut at ``_DIFF_LEVELS[level]``) to ``out``."""
+    finest = level + 1 == len(_DIFF_LEVELS)
+    if not a or not b or (finest and len(a) * len(b) > DIFF_MAX_PAIRS[level]):  # nothing to match, or too large
+        if a:
+            out.append(f"<del>{_e(''.join(a))}</del>")
+        if b:
+            out.append(f"<ins>{_e(''.join(b))}</ins>")
+        return
+    if len(a) * len(b) > DIFF_MAX_PAIRS[level]:  # too many units to match at this level: match finer ones instead
+        _diff_units(re.findall(_DIFF_LEVELS[level + 1], "".join(a)), re.findall(_DIFF_LEVELS[level + 1], "".join(b)),
+                    level + 1, out)
+        return
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if op == "equal":
             out.append(_e("".join(a[i1:i2])))
-            continue
-        if i2 > i1:
-            out.append(f"<del>{_e(''.join(a[i1:i2]))}</del>")
-        if j2 > j1:
-            out.append(f"<ins>{_e(''.join(b[j1:j2]))}</ins>")
+        elif finest or i1 == i2 or j1 == j2:  # words, or a pure deletion or insertion: shown as it is
+            if i2 > i1:
+                out.append(f"<del>{_e(''.join(a[i1:i2]))}</del>")
+            if j2 > j1:
+                out.append(f"<ins>{_e(''.join(b[j1:j2]))}</ins>")
+        else:  # a changed block: finer inside it
+            _diff_units(re.findall(_DIFF_LEVELS[level + 1], "".join(a[i1:i2])),
+                        re.findall(_DIFF_LEVELS[level + 1], "".join(b[j1:j2])), level + 1, out)
+
+
+def memory_diff(before: str, after: str) -> str:
+    """The change from ``before`` to ``after`` as escaped HTML with ``<del>``/``<ins>``: line by line, then inside each
+    changed block sentence by sentence, then word by word (:data:`_DIFF_LEVELS`), so that a deletion and an insertion
+    never interleave across lines and shifted lines stay aligned. Its cost is bounded: no level compares more unit
+    pairs than :data:`DIFF_MAX_PAIRS` allows it, a larger changed block at the word level being shown whole (the whole
+    old block deleted, the new one inserted). Dropping every ``<ins>`` gives ``before`` back, every ``<del>`` ``after``."""
+    out: list[str] = []
+    _diff_units(re.findall(_DIFF_LEVELS[0], before), re.findall(_DIFF_LEVELS[0], after), 0, out)
     return "".join(out)
 
 

@@ -149,3 +149,38 @@ def test_the_page_opens_in_a_real_headless_browser(tmp_path):
                    timeout=120, env=env, check=True)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+
+
+def _undiff(diff: str, drop: str) -> str:
+    """The text a diff keeps when its ``<drop>`` parts are removed (and the other tags unwrapped)."""
+    import html
+    import re
+
+    keep = "ins" if drop == "del" else "del"
+    text = re.sub(rf"<{drop}>.*?</{drop}>", "", diff, flags=re.DOTALL)
+    return html.unescape(text.replace(f"<{keep}>", "").replace(f"</{keep}>", ""))
+
+
+def test_memory_diff_is_exact_and_bounded_on_long_memories():
+    """Issue 64: a long memory rewritten in part or whole still gives a diff from which both texts come back exactly
+    (its cost is bounded by DIFF_MAX_PAIRS per level; benchmarks/viewer_diff.py times it); lines shifted by an
+    insertion stay aligned (no deletion and insertion interleaved across lines)."""
+    import random
+    import re
+
+    from agents.viewer import DIFF_MAX_PAIRS
+
+    rng = random.Random(0)
+    words = [f"w{rng.randrange(500)}" for _ in range(21000)]  # ~100 KB of text, many repeated words
+    before = "\n".join(" ".join(words[i:i + 12]) + "." for i in range(0, len(words), 12))
+    lines = before.split("\n")
+    edited = "\n".join(lines[:50] + ["a new line here."] + [ln.replace("w1 ", "w1x ") for ln in lines[50:]])
+    rewritten = " ".join(reversed(words))  # one line, every word moved
+    for after in (edited, rewritten, "", before):
+        diff = memory_diff(before, after)
+        assert _undiff(diff, "ins") == before and _undiff(diff, "del") == after
+    assert len(before) > 100_000 and max(DIFF_MAX_PAIRS) <= 4 * 10**6
+    # a local edit of a long memory is shown as local: the deleted text is the few words that changed
+    deleted = "".join(re.findall(r"<del>(.*?)</del>", memory_diff(before, edited), flags=re.DOTALL))
+    assert 0 < len(deleted) < 0.05 * len(before)
+    assert memory_diff("a\nb\nc\n", "a\nX\nb\nc\n") == "a\n<ins>X\n</ins>b\nc\n"
