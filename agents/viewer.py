@@ -133,6 +133,12 @@ def load_view_input(path: str | os.PathLike) -> tuple[str, list[Any]]:
                     raise ValueError(f"{path} line {number}: not a JSON episode trace ({exc}{cut})") from None
                 if not isinstance(trace, dict) or not isinstance(trace.get("snapshots"), list):
                     raise ValueError(f"{path} line {number}: not an episode trace (no snapshots list)")
+                bad = next((i for i, snap in enumerate(trace["snapshots"]) if not isinstance(snap, dict)), None)
+                if bad is not None:
+                    raise ValueError(f"{path} line {number}: snapshot {bad} is not a JSON object (an invocation's "
+                                     "info['invocation'])")
+                if "summary" in trace and not isinstance(trace["summary"], (dict, type(None))):
+                    raise ValueError(f"{path} line {number}: its summary is not a JSON object")
                 traces.append(trace)
         return "traces", traces
     raise ValueError(f"{path} line 1: neither an invocation record (prompt_ids) nor an episode trace (snapshots)")

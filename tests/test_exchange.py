@@ -276,3 +276,41 @@ def test_cli_exports_and_refuses_bad_input_with_one_line(sampled, tmp_path, caps
     with pytest.raises(SystemExit) as exc:
         _cli(path, "--to", "openrlhf", "--out", bad_out)
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err and not bad_out.exists()
+
+
+def test_one_record_check_for_every_reader_names_the_record_and_the_field(tmp_path):
+    """Issue 64: per-token lists of another length than the response, token ids beyond 64 bits, a snapshot or gold
+    of another shape, a number that is not finite: refused when a record is made or read, naming the record and the
+    field; a teacher asked to score an id outside its vocabulary names the record instead of an IndexError."""
+    import json as _json
+
+    from agents.llm.records import InvocationRecord, load_records
+
+    base = dict(episode_id="e", turn=1, prompt_ids=[1, 2], response_ids=[3, 4, 5], response_logprobs=[-1.0] * 3,
+                action_mask=[1] * 3, memory_mask=[0] * 3)
+    with pytest.raises(ValueError, match=r"turn=1.*token_advantages has 2 values for 3 response tokens"):
+        InvocationRecord(**base, token_advantages=[0.1, 0.2])
+    with pytest.raises(ValueError, match="snapshot must be a JSON object"):
+        InvocationRecord(**base, snapshot=[1, 2])
+    cases = {
+        "response_ids": ([3, 4, 2**64], "response_ids must be a list of token ids"),
+        "token_returns": ([1.0, "x", 2.0], "token_returns must be a list of finite numbers"),
+        "advantage": (float("nan"), "advantage must be a finite number"),
+        "gold": ([["a"], "b"], "gold must be a list of lists"),
+        "snapshot": ("text", "snapshot must be a JSON object"),
+    }
+    for field, (value, message) in cases.items():
+        path = tmp_path / f"{field}.jsonl"
+        path.write_text(_json.dumps({**base, field: value}) + "\n")
+        with pytest.raises(ValueError, match=message):
+            load_records(path)
+    torch = pytest.importorskip("torch")
+    from agents.llm.exchange import teacher_scores
+    from llm_common import memqa_tokenizer, tiny_model
+
+    tok = memqa_tokenizer()
+    model = tiny_model(tok)
+    far = InvocationRecord(**{**base, "response_ids": [3, 4, 10**6]})
+    with pytest.raises(ValueError, match=r"turn=1.*token id 1000000 is outside the teacher's vocabulary"):
+        teacher_scores(model, [far])
+    assert torch.is_tensor(torch.tensor([2**63 - 1]))  # the largest id accepted still fits an int64

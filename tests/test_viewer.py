@@ -184,3 +184,17 @@ def test_memory_diff_is_exact_and_bounded_on_long_memories():
     deleted = "".join(re.findall(r"<del>(.*?)</del>", memory_diff(before, edited), flags=re.DOTALL))
     assert 0 < len(deleted) < 0.05 * len(before)
     assert memory_diff("a\nb\nc\n", "a\nX\nb\nc\n") == "a\n<ins>X\n</ins>b\nc\n"
+
+
+def test_a_trace_whose_snapshot_or_summary_is_not_an_object_is_one_line(tmp_path, capsys):
+    import json
+
+    from memenv.cli import main
+
+    for name, trace in (("snap", {"snapshots": [{"turn": 1}, "text"]}), ("summ", {"snapshots": [], "summary": [1]})):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(trace) + "\n")
+        assert main(["view", str(path), "-o", str(tmp_path / f"{name}.html")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "line 1:" in err[0] and "not a JSON object" in err[0], err
+        assert not (tmp_path / f"{name}.html").exists()

@@ -314,6 +314,11 @@ def teacher_scores(model, records: Sequence[InvocationRecord], *, top_k: int = 0
     if tokenizer is not None:
         check_tokenizer(records, tokenizer_fingerprint(tokenizer))
     device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    for r in records:  # an id beyond the teacher's embedding would be an IndexError deep inside the model
+        top = max(r.input_ids, default=0)
+        if top >= vocab:
+            raise ValueError(f"{r.describe()}: token id {top} is outside the teacher's vocabulary ({vocab} ids)")
     was_training = model.training
     model.eval()
     out = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -57,6 +58,13 @@ class InvocationRecord:
             raise ValueError(f"record {self.key}: response_ids ({n}), response_logprobs "
                              f"({len(self.response_logprobs)}), action_mask ({len(self.action_mask)}) and "
                              f"memory_mask ({len(self.memory_mask)}) must have the same length")
+        for name in PER_TOKEN_OPTIONAL:  # one value per response token, or none (an exporter writes them row by row)
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"{self.describe()}: {name} has {len(values)} values for {n} response tokens")
+        if not isinstance(self.snapshot, dict):
+            raise ValueError(f"{self.describe()}: snapshot must be a JSON object (the env's info['invocation']), got "
+                             f"{type(self.snapshot).__name__}")
 
     @property
     def key(self) -> tuple[str, int]:
@@ -177,8 +185,12 @@ def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -
 
 
 #: Fields without a default, and what each must hold (checked when records are loaded from a file).
-_REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids",
-             "response_ids": "a list of token ids", "response_logprobs": "a list of numbers",
+#: Per-token fields a record may hold (None) or hold one value per response token.
+PER_TOKEN_OPTIONAL = ("token_advantages", "token_returns", "values")
+#: Token ids are stored as 64-bit integers by every exporter (TRL, Tinker: int64 tensors and arrays).
+MAX_TOKEN_ID = 2**63 - 1
+_REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids (0 to 2^63 - 1)",
+             "response_ids": "a list of token ids (0 to 2^63 - 1)", "response_logprobs": "a list of numbers",
              "action_mask": "a list of 0/1", "memory_mask": "a list of 0/1"}
 
 
@@ -198,7 +210,32 @@ def _field_problem(name: str, value: Any) -> bool:
         return not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
     if name in ("action_mask", "memory_mask"):
         return not all(v in (0, 1) and not isinstance(v, float) for v in value)
-    return not all(_is_int(v) and v >= 0 for v in value)
+    return not all(_is_int(v) and 0 <= v <= MAX_TOKEN_ID for v in value)
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _optional_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a record's optional fields (a per-token list of another type, a number that is not finite,
+    a snapshot or gold of another shape), or None."""
+    for name in PER_TOKEN_OPTIONAL:
+        value = data.get(name)
+        if value is not None and not (isinstance(value, list) and all(_finite_number(v) for v in value)):
+            return f"{name} must be a list of finite numbers (one per response token) or null, got {_excerpt(value)}"
+    for name in ("reward", "episode_return", "return_to_go", "temperature"):
+        if name in data and not _finite_number(data[name]):
+            return f"{name} must be a finite number, got {_excerpt(data[name])}"
+    if data.get("advantage") is not None and not _finite_number(data["advantage"]):
+        return f"advantage must be a finite number or null, got {_excerpt(data['advantage'])}"
+    if "snapshot" in data and not isinstance(data["snapshot"], dict):
+        return f"snapshot must be a JSON object, got {_excerpt(data['snapshot'])}"
+    gold = data.get("gold")
+    if gold is not None and not (isinstance(gold, list) and all(
+            isinstance(g, list) and all(isinstance(a, str) for a in g) for g in gold)):
+        return f"gold must be a list of lists of answers (strings) or null, got {_excerpt(gold)}"
+    return None
 
 
 def load_records(path: str | os.PathLike) -> list[InvocationRecord]:
@@ -231,6 +268,9 @@ def _record(line: str, where: str) -> InvocationRecord:
     for name, expected in _REQUIRED.items():
         if _field_problem(name, data[name]):
             raise ValueError(f"{where}: {name} must be {expected}, got {_excerpt(data[name])}")
+    problem = _optional_problem(data)
+    if problem:
+        raise ValueError(f"{where} (episode_id={data['episode_id']!r}, turn={data['turn']}): {problem}")
     try:
         return InvocationRecord.from_dict(data)
     except (TypeError, ValueError) as exc:
