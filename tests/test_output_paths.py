@@ -82,3 +82,22 @@ def test_shrink_and_experiment_refuse_an_out_that_is_their_input(tmp_path, capsy
     assert main(["experiment", "memopd", "--quick", "--out", str(tmp_path / "new"), "--stages-from", ""]) == 2
     assert "--stages-from: expected a run's folder, got an empty path" in capsys.readouterr().err
     assert not (tmp_path / "new").exists() and sorted(p.name for p in (tmp_path / "run").iterdir()) == ["experiment.json"]
+
+
+def test_shrink_checks_its_source_like_prepare_and_distill(tmp_path, capsys):
+    """A source folder with cut or missing weights is one line naming the file, not a safetensors traceback."""
+    pytest.importorskip("torch")
+    from llm_common import save_tiny_base
+
+    from memenv.cli import main
+
+    save_tiny_base(tmp_path / "base")
+    weights = tmp_path / "base" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a cut copy
+    capsys.readouterr()  # the base's own saving progress
+    assert main(["models", "shrink", str(tmp_path / "base"), "--layers", "1", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.safetensors" in err[0], err
+    weights.unlink()
+    assert main(["models", "shrink", str(tmp_path / "base"), "--layers", "1", "--out", str(tmp_path / "s")]) == 2
+    assert "no weights there" in capsys.readouterr().err and not (tmp_path / "s").exists()

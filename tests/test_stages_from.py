@@ -29,7 +29,7 @@ def _fake_run(folder, cfg, stages=("teacher", "student")):
     (folder / "experiment.json").write_text(json.dumps(_config_record(cfg)))
     for stage in stages:
         (folder / stage).mkdir()
-        (folder / stage / "result.json").write_text("{}")
+        (folder / stage / "result.json").write_text('{"persistent_f1": 0.5, "train_draw_f1": 0.5}')
 
 
 def test_the_stages_are_linked_for_another_arm_setting_and_a_rerun_keeps_them(tmp_path):
@@ -176,3 +176,22 @@ def test_a_plateau_start_is_built_from_a_linked_teacher_and_stops_at_its_plateau
     assert [p["steps"] for p in res["probes"]] == [1, 2] and "start_window" not in res
     assert not (tmp_path / "plateau" / "student").is_symlink()
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "first").rglob("*") if p.is_file()} == before
+
+
+def test_a_link_loop_or_an_old_teacher_layout_is_refused_and_that_run_never_written(tmp_path):
+    """Issue 64: a symbolic-link loop is one line, not a traceback; a RUN whose teacher stage predates figures this
+    version adds (the persistent-view evaluation) is refused rather than completed through the link."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    with pytest.raises(SettingsMismatchError, match="cannot be read as a folder"):
+        link_stages(_tiny(tmp_path / "a"), tmp_path / "loop")
+    with pytest.raises(SettingsMismatchError, match="empty path"):
+        link_stages(_tiny(tmp_path / "a"), "")
+    old = tmp_path / "old"
+    _fake_run(old, _tiny(old))
+    (old / "teacher" / "result.json").write_text('{"f1": 0.5}')  # before persistent_f1 existed
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    with pytest.raises(SettingsMismatchError, match=r"predates figures this version adds \(persistent_f1\)"):
+        link_stages(_tiny(tmp_path / "b", lr=1e-5), old)
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "b" / "teacher").exists()

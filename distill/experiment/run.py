@@ -189,10 +189,16 @@ def link_stages(cfg: ExperimentConfig, source: str | Path, stages: tuple[str, ..
     own; links already there to the same stages are kept (a rerun). ``stages=("teacher",)`` (``--teacher-from``)
     links the teacher only: the student's settings (:data:`~distill.experiment.config.STUDENT_SETTINGS`) may then
     differ too, and this run builds its own start from the linked teacher."""
-    src = Path(source).resolve()
     if tuple(stages) not in (LINKED_STAGES, ("teacher",)):
         raise ValueError(f"stages must be {LINKED_STAGES} or ('teacher',), got {stages!r}")
     what = f"--stages-from {source}" if tuple(stages) == LINKED_STAGES else f"--teacher-from {source}"
+    if not str(source).strip():
+        raise SettingsMismatchError(f"{what}: expected a run's folder, got an empty path")
+    try:
+        src = Path(source).resolve()
+    except (OSError, RuntimeError) as exc:  # missing, or a loop of symbolic links
+        raise SettingsMismatchError(f"{what}: cannot be read as a folder ({type(exc).__name__}: "
+                                    f"{getattr(exc, 'strerror', None) or exc})") from None
     if not (src / "experiment.json").is_file():
         raise SettingsMismatchError(f"{what}: no experiment.json there (not a memenv experiment memopd --out folder)")
     old = read_stage_json(src / "experiment.json", "that run's settings record")
@@ -202,6 +208,13 @@ def link_stages(cfg: ExperimentConfig, source: str | Path, stages: tuple[str, ..
         if not (src / stage / "result.json").is_file():
             raise SettingsMismatchError(f"{what}: its {stage} stage is not finished ({src / stage / 'result.json'} "
                                         f"is missing); finish it there first (--until {stage})")
+    teacher = read_stage_json(src / "teacher" / "result.json", "that run's teacher stage")
+    later = [k for k, on in (("train_draw_f1", bool(old.get("env_kwargs", {}).get("fresh_facts"))),
+                             ("persistent_f1", True)) if on and k not in (teacher if isinstance(teacher, dict) else {})]
+    if later:  # this version would add them, writing into that run through the link: refused, that run untouched
+        raise SettingsMismatchError(f"{what}: its teacher stage predates figures this version adds "
+                                    f"({', '.join(later)}); rerun that run once with --until teacher to add them "
+                                    "there, then link it")
     free = RERUN_MAY_CHANGE + ARM_SETTINGS + (STUDENT_SETTINGS if "student" not in stages else ())
     changed = changed_settings(old, cfg, free)
     if changed:
