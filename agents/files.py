@@ -55,6 +55,10 @@ def write_directory_atomic(path: str | os.PathLike, fill: Callable[[Path], objec
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; a checkpoint is shared like any folder
         fill(tmp)
+        # and its files like any file: some writers (transformers' safetensors shards) leave 0600 whatever the umask
+        for item in tmp.rglob("*"):
+            if item.is_file() and not item.is_symlink() and not item.stat().st_mode & 0o111:
+                os.chmod(item, 0o666 & ~current_umask())
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)

@@ -101,3 +101,18 @@ def test_shrink_checks_its_source_like_prepare_and_distill(tmp_path, capsys):
     weights.unlink()
     assert main(["models", "shrink", str(tmp_path / "base"), "--layers", "1", "--out", str(tmp_path / "s")]) == 2
     assert "no weights there" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_a_saved_model_folder_is_readable_as_the_umask_says(tmp_path):
+    """Issue 64: model.safetensors came out 0600 whatever the umask (others could not read a shared cache); every
+    file of an atomically written folder now has the mode the umask gives a new file."""
+    pytest.importorskip("torch")
+    from llm_common import save_tiny_base
+
+    old = os.umask(0o022)
+    try:
+        save_tiny_base(tmp_path / "base")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "base").iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
