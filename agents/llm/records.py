@@ -189,8 +189,8 @@ def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -
 PER_TOKEN_OPTIONAL = ("token_advantages", "token_returns", "values")
 #: Token ids are stored as 64-bit integers by every exporter (TRL, Tinker: int64 tensors and arrays).
 MAX_TOKEN_ID = 2**63 - 1
-_REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids (0 to 2^63 - 1)",
-             "response_ids": "a list of token ids (0 to 2^63 - 1)", "response_logprobs": "a list of numbers",
+_REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids",
+             "response_ids": "a list of token ids", "response_logprobs": "a list of numbers",
              "action_mask": "a list of 0/1", "memory_mask": "a list of 0/1"}
 
 
