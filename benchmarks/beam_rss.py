@@ -3,7 +3,7 @@
     python benchmarks/beam_rss.py [--sizes 128000 1000000 10000000] [--strategy relevance] [--source synthetic]
 
 Each length runs in a fresh Python process (so peak RSS, ``ru_maxrss``, compares like with like): build the
-env (tools mode, ``keep_snapshots=False``), warm it up on a short chat, then run one full episode of a scripted
+env (tools mode, ``keep_snapshots=False``; ``--snapshots default``: the env's default, the last 256 kept), warm it up on a short chat, then run one full episode of a scripted
 tools strategy, timed. ``--source disk`` first writes the synthetic chat in BEAM's layout to a temporary
 folder (not timed; written batch by batch) and reads it back through the streaming ``chat.json`` parser
 (``data_path=``). Printed per length: batches (sessions), messages, steps, steps/s, the process's peak RSS,
@@ -26,14 +26,14 @@ import time
 from memread_rss import _peak_rss_mb, _rss_mb  # the same RSS probes as the MemRead benchmark (benchmarks/ is on sys.path)
 
 
-def child(chat_tokens: int, strategy: str, seed: int, source: str) -> dict:
+def child(chat_tokens: int, strategy: str, seed: int, source: str, snapshots: str = "none") -> dict:
     from agents.scripted.bench import run_episode
     from agents.scripted.qa_strategies import make_strategy
     from memenv.envs.beam import MemDialogBeamEnv
     from tasks.beam import SyntheticBeamChat, write_beam_directory
 
     policy = make_strategy(strategy, "MemDialog-BEAM-v0")
-    kwargs = {"keep_snapshots": False, **policy.env_kwargs}
+    kwargs = {**({"keep_snapshots": False} if snapshots == "none" else {}), **policy.env_kwargs}
     run_episode(MemDialogBeamEnv(chat_tokens=8_000, **kwargs), policy, seed + 1)  # warm-up
     with tempfile.TemporaryDirectory() as tmp:
         if source == "disk":
@@ -72,19 +72,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--source", choices=("synthetic", "disk"), default="synthetic",
                         help="stream the synthetic chat directly, or write it in BEAM's layout and stream chat.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--snapshots", choices=("none", "default"), default="none",
+                        help="keep_snapshots=False, or the env's default (the last 256 kept for the summary)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.strategy, args.seed, args.source)))
+        print(json.dumps(child(args.child, args.strategy, args.seed, args.source, args.snapshots)))
         return []
     rows = []
     for size in args.sizes:
         out = subprocess.run([sys.executable, __file__, "--child", str(size), "--strategy", args.strategy,
-                              "--seed", str(args.seed), "--source", args.source],
+                              "--seed", str(args.seed), "--source", args.source, "--snapshots", args.snapshots],
                              check=True, capture_output=True, text=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"MemDialog-BEAM-v0 (memory_mode=tools), strategy {args.strategy}, source {args.source}, seed {args.seed}, "
-          "keep_snapshots=False, one process per length")
+          f"keep_snapshots={'False' if args.snapshots == 'none' else 'default (the last 256)'}, one process per length")
     print(f"host: {_host()}")
     print(f"{'chat tokens':>12} {'batches':>8} {'steps':>7} {'steps/s':>8} {'seconds':>8} {'peak RSS MB':>12} "
           f"{'RSS growth MB':>14} {'store tokens':>13} {'score':>6}")

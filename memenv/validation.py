@@ -93,6 +93,22 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+#: How many invocation snapshots the long-input envs (MemRead, MemDialog and its datasets) keep for an episode's
+#: summary by default: the last 256. Every snapshot holds its observation's text, so keeping them all grows with the
+#: episode (a 1M-token BEAM chat read one message per step kept 4.6 GB); ``keep_snapshots=True`` keeps them all.
+DEFAULT_KEPT_SNAPSHOTS = 256
+
+
+def check_keep_snapshots(value: Any) -> bool | int:
+    """``keep_snapshots``: ``True`` (every snapshot), ``False`` (none) or a whole number >= 1 (the last that many)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value >= 1:
+        return int(value)
+    raise ArgumentTypeError(f"keep_snapshots must be True, False or a whole number >= 1 (the last that many "
+                            f"snapshots), got {value!r} ({type(value).__name__})")
+
+
 def check_choice(name: str, value: Any, options: Collection[str], *, allow_none: bool = False) -> str | None:
     """``value`` if it is one of ``options`` (strings); the error lists them."""
     if value is None and allow_none:

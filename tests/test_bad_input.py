@@ -262,8 +262,8 @@ MEMREAD_CASES = [
     ({"chunk_tokens": 8}, ValueError, ["chunk_tokens", ">= 16"]),
     ({"chunk_tokens": "512"}, TypeError, ["chunk_tokens"]),
     ({"chunk_tokens": True}, TypeError, ["chunk_tokens"]),
-    ({"keep_snapshots": "yes"}, TypeError, ["keep_snapshots", "True or False"]),
-    ({"keep_snapshots": 1}, TypeError, ["keep_snapshots"]),
+    ({"keep_snapshots": "yes"}, TypeError, ["keep_snapshots", "True, False or a whole number"]),
+    ({"keep_snapshots": 2.5}, TypeError, ["keep_snapshots"]),
     ({"keep_snapshots": None}, TypeError, ["keep_snapshots"]),
 ]
 
@@ -288,7 +288,7 @@ DIALOG_CASES = [
     ({"question_types": [1]}, TypeError, ["question_types"]),
     ({"questions_upfront": "no"}, TypeError, ["questions_upfront", "True or False"]),
     ({"questions_upfront": 0}, TypeError, ["questions_upfront"]),
-    ({"keep_snapshots": 1}, TypeError, ["keep_snapshots"]),
+    ({"keep_snapshots": 2.5}, TypeError, ["keep_snapshots"]),
     ({"conversation": True}, TypeError, ["conversation"]),
     ({"conversation": -1}, ValueError, ["conversation"]),
 ]

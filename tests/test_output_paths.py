@@ -116,3 +116,32 @@ def test_a_saved_model_folder_is_readable_as_the_umask_says(tmp_path):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "base").iterdir() if p.is_file()}
     assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
+def test_long_input_envs_keep_a_bounded_number_of_snapshots_by_default():
+    """Issue 64: a default episode's summary keeps the last DEFAULT_KEPT_SNAPSHOTS snapshots and counts the others,
+    so memory no longer grows with the episode; True keeps every one, N the last N, and a bad value is refused."""
+    import gymnasium as gym
+
+    import memenv  # noqa: F401
+    from memenv.validation import DEFAULT_KEPT_SNAPSHOTS, ArgumentTypeError
+
+    def play(**kw):
+        env = gym.make("MemRead-v0", **kw)
+        env.reset(seed=0)
+        steps, info = 0, {}
+        while "summary" not in info:
+            _, _, _, _, info = env.step("<memory>x</memory>")  # keep reading: one chunk a step
+            steps += 1
+        return steps, info["summary"]
+
+    steps, summary = play(max_turns=40, keep_snapshots=3)
+    assert len(summary["snapshots"]) == 3 and summary["snapshots_dropped"] == steps - 3
+    assert [s["turn"] for s in summary["snapshots"]] == list(range(steps - 2, steps + 1))  # the last ones
+    steps, summary = play(max_turns=40, keep_snapshots=True)
+    assert len(summary["snapshots"]) == steps and summary["snapshots_dropped"] == 0
+    assert gym.make("MemRead-v0").unwrapped.keep_snapshots == DEFAULT_KEPT_SNAPSHOTS
+    assert gym.make("MemDialog-v0").unwrapped.keep_snapshots == DEFAULT_KEPT_SNAPSHOTS
+    for bad in (0, -1, "all", 2.5):
+        with pytest.raises(ArgumentTypeError, match="keep_snapshots"):
+            gym.make("MemRead-v0", keep_snapshots=bad)

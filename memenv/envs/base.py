@@ -208,6 +208,7 @@ class MemEnvBase(gym.Env):
         self._turn = 0
         self._memory = ""
         self._snapshots: list[dict[str, Any]] = []
+        self._snapshots_dropped = 0
         self._transcript: list[str] = []  # history/window modes: information blocks and actions, in order
         self._obs = ""
         self._obs_tokens = 0
@@ -247,6 +248,7 @@ class MemEnvBase(gym.Env):
         self._turn = 0
         self._memory = ""
         self._snapshots = []
+        self._snapshots_dropped = 0
         self._transcript = [first_information]
         self._information = first_information
         self._peak_tokens = 0
@@ -276,8 +278,11 @@ class MemEnvBase(gym.Env):
                     terminated: bool, truncated: bool, summary: Callable[[], dict[str, Any]]):
         """The common end of a step: forget kept snapshots unless ``keep_snapshots``, advance the observation,
         and return the step tuple whose info carries the invocation (and ``summary()`` once the episode ends)."""
-        if not getattr(self, "keep_snapshots", True):
-            self._snapshots.clear()
+        keep = getattr(self, "keep_snapshots", True)
+        if keep is not True and len(self._snapshots) > int(keep):  # False (0): none kept; N: the last N
+            extra = len(self._snapshots) - int(keep)
+            del self._snapshots[:extra]
+            self._snapshots_dropped += extra
         self._advance(information, action if isinstance(action, str) else repr(action))
         info: dict[str, Any] = {"invocation": snapshot}
         if terminated or truncated:
@@ -358,6 +363,7 @@ class MemEnvBase(gym.Env):
             "invalid_actions": self._invalid,
             "invalid_rate": self._invalid / max(1, self._turn),
             "snapshots": list(self._snapshots),
+            "snapshots_dropped": self._snapshots_dropped,  # the earliest ones, beyond keep_snapshots
         }
 
     def _episode_info(self, em: list[float], f1: list[float], answers: list[str], answered: bool,

@@ -59,8 +59,8 @@ from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
 from memenv.scoring.qa import best_em_f1
 from memenv.envs.memdialog import MAX_SESSIONS, _load_locomo
-from memenv.validation import (ArgumentTypeError, check_bool, check_choice, check_int, check_path,
-                               check_str_tuple)
+from memenv.validation import (DEFAULT_KEPT_SNAPSHOTS, ArgumentTypeError, check_bool, check_choice, check_int,
+                               check_keep_snapshots, check_path, check_str_tuple)
 from tasks.beam import (ABILITIES, QUESTIONS_FILE, BatchStream, BeamBatch, BeamConversation, ConversationSource,
                         SyntheticBeamChat, conversation_files, find_conversations, load_probing_questions)
 from tasks.conversations import ABSTENTION_ANSWER, QUESTION_TYPES, generate_conversation, min_questions_by_type
@@ -204,7 +204,7 @@ class MemDialogBeamEnv(MemEnvBase):
         context_budget: int | None = None,
         token_counter: TokenCounter | None = None,
         invalid_penalty: float = 0.0,
-        keep_snapshots: bool = True,
+        keep_snapshots: bool | int = DEFAULT_KEPT_SNAPSHOTS,
         render_mode: str | None = None,
     ) -> None:
         memory_mode = check_choice("memory_mode", memory_mode, MEMORY_MODES)
@@ -226,7 +226,7 @@ class MemDialogBeamEnv(MemEnvBase):
                                           maximum=MAX_QUESTIONS_PER_ABILITY, allow_none=True)
         self.show_store = check_bool("show_store", show_store)
         self.refine_strategy = check_bool("refine_strategy", refine_strategy)
-        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
+        self.keep_snapshots = check_keep_snapshots(keep_snapshots)
         if judge is not None and not isinstance(judge, str):
             raise ArgumentTypeError(f"judge must be a string 'openai:MODEL@URL' or None, got {judge!r} "
                                     f"({type(judge).__name__})")

@@ -40,7 +40,8 @@ from memenv.envs.base import MemEnvBase, file_stamps, required_data_file, saniti
 from memenv.context import TokenCounter
 from memenv.envs.memread import blank_action
 from memenv.protocol import parse_action
-from memenv.validation import check_bool, check_choice, check_int, check_path, check_str_tuple
+from memenv.validation import (DEFAULT_KEPT_SNAPSHOTS, check_bool, check_choice, check_int, check_keep_snapshots,
+                               check_path, check_str_tuple)
 from memenv.scoring.locomo import locomo_score
 from memenv.scoring.qa import best_em_f1
 from tasks.conversations import (
@@ -111,7 +112,9 @@ class MemDialogEnv(MemEnvBase):
         questions_upfront: list the questions in the task block while reading (default) or only after.
         memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
         max_turns: turn limit (default ``2 * (sessions + questions)``, per episode).
-        keep_snapshots: keep every invocation snapshot for ``info["summary"]["snapshots"]``.
+        keep_snapshots: the invocation snapshots ``info["summary"]["snapshots"]`` keeps: the last 256 by default
+            (``DEFAULT_KEPT_SNAPSHOTS``: memory stays bounded over long inputs), ``True`` every one, ``False`` none, N
+            the last N; ``snapshots_dropped`` counts the others.
         context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
     """
 
@@ -132,7 +135,7 @@ class MemDialogEnv(MemEnvBase):
         token_counter: TokenCounter | None = None,
         memory_budget: int | None = 256,
         invalid_penalty: float = 0.0,
-        keep_snapshots: bool = True,
+        keep_snapshots: bool | int = DEFAULT_KEPT_SNAPSHOTS,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
@@ -145,7 +148,7 @@ class MemDialogEnv(MemEnvBase):
         data_path = check_path("data_path", data_path)
         conversation = check_int("conversation", conversation, minimum=0, allow_none=True)
         self.questions_upfront = check_bool("questions_upfront", questions_upfront)
-        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
+        self.keep_snapshots = check_keep_snapshots(keep_snapshots)
         self.conversations: tuple[Conversation, ...] = ()
         if data_path is not None or dataset == "locomo":
             self.question_types = check_str_tuple("question_types", question_types,

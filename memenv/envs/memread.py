@@ -38,7 +38,7 @@ from memenv.envs.base import MemEnvBase, sanitize
 from memenv.context import TokenCounter
 from memenv.envs.memqa import _document_positions, _sanitized_corpus, check_qa_task, resolve_qa_source
 from memenv.protocol import parse_action
-from memenv.validation import check_bool, check_int
+from memenv.validation import DEFAULT_KEPT_SNAPSHOTS, check_bool, check_int, check_keep_snapshots
 from memenv.scoring.qa import score_objectives, split_answers
 from tasks.documents import READ_INSTRUCTIONS, READ_INSTRUCTIONS_NO_MEMORY, DocumentPlan, plan_long_document, token_counts
 from tasks.types import Document, Question
@@ -78,7 +78,8 @@ class MemReadEnv(MemEnvBase):
         chunk_tokens: tokens per chunk (whole paragraphs are packed; a longer paragraph is split).
         memory_budget: memory cap in tokens (the start is kept), shown in the instructions.
         max_turns: turn limit (default ``2 * (chunks + 1)``, per episode).
-        keep_snapshots: keep every invocation snapshot for ``info["summary"]["snapshots"]``; ``False`` keeps
+        keep_snapshots: the invocation snapshots ``info["summary"]["snapshots"]`` keeps: the last 256 by default,
+            ``True`` every one, N the last N (``snapshots_dropped`` counts the others); ``False`` keeps
             none (``info["invocation"]`` is still returned each step), for million-token episodes.
         context, context_budget, token_counter, invalid_penalty, render_mode: see :class:`MemEnvBase`.
     """
@@ -107,7 +108,7 @@ class MemReadEnv(MemEnvBase):
         token_counter: TokenCounter | None = None,
         memory_budget: int | None = 256,
         invalid_penalty: float = 0.0,
-        keep_snapshots: bool = True,
+        keep_snapshots: bool | int = DEFAULT_KEPT_SNAPSHOTS,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(context=context, context_budget=context_budget, token_counter=token_counter,
@@ -116,7 +117,7 @@ class MemReadEnv(MemEnvBase):
         self.doc_tokens = check_int("doc_tokens", doc_tokens, minimum=1, maximum=MAX_DOC_TOKENS)
         self.chunk_tokens = check_int("chunk_tokens", chunk_tokens, minimum=MIN_CHUNK_TOKENS)
         self._max_turns_arg = check_int("max_turns", max_turns, minimum=1, allow_none=True)
-        self.keep_snapshots = check_bool("keep_snapshots", keep_snapshots)
+        self.keep_snapshots = check_keep_snapshots(keep_snapshots)
         self.source = resolve_qa_source(
             objectives=self.objectives, hops=self.hops, comparison_rate=self.comparison_rate, dataset=dataset,
             source=source, data_path=data_path, data_limit=data_limit, corpus_path=corpus_path,
