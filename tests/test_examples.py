@@ -166,6 +166,8 @@ def test_documented_command_parses(page, command, tmp_path, monkeypatch):
     if " examples/sb3_ppo.py" in command:
         pytest.importorskip("sb3_contrib")
     monkeypatch.chdir(tmp_path)
+    if "examples/" in command:  # the commands run from the repository's root, where examples/ is
+        (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     for word in shlex.split(command, comments=True):  # a checkpoint an earlier command of the page trains
         if CHECKPOINT.match(word):
             (tmp_path / word).mkdir(parents=True)
@@ -248,3 +250,45 @@ def test_sb3_example_runs():
     for name in ("random", "masked_random", "PPO", "MaskablePPO"):
         assert 0.0 <= result[name] <= 1.0, name
     assert "MaskablePPO: F1" in out.getvalue() and result["PPO_train_s"] > 0
+
+
+def test_your_own_strategy_is_benchmarked_beside_the_built_in_ones(tmp_path, capsys):
+    """docs/bench.md's example (issue 65): examples/my_strategy.py:KeepLastSentences by its import path, beside
+    relevance, in one bench; a strategy that raises or returns a non-string fails its episodes in one line naming it
+    while the other cells are kept; one that cannot be imported or made is refused before the bench starts."""
+    import pandas as pd
+
+    from memenv.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "my_strategy.py"
+    out = tmp_path / "bench"
+    assert main(["bench", "--strategies", f"{example}:KeepLastSentences", "relevance", "--envs",
+                 "MemQA-v0:objectives=1,hops=1", "-n", "4", "--out", str(out), "--quiet"]) == 0
+    table = pd.read_csv(out / "results.csv")
+    assert list(table.strategy) == [f"{example}:KeepLastSentences", "relevance"] and (table.failed == 0).all()
+    assert table.set_index("strategy").loc["relevance", "f1"] == 1.0
+    mine = tmp_path / "mine.py"
+    mine.write_text("class Raises:\n    def act(self, obs):\n        raise KeyError('boom')\n"
+                    "class NotText:\n    def act(self, obs):\n        return 42\n"
+                    "class NoAct:\n    pass\n"
+                    "VALUE = 3\n")
+    for name, message in (("Raises", "act raised KeyError"), ("NotText", "act returned a int, not the action text")):
+        out = tmp_path / name
+        main(["bench", "--strategies", f"{mine}:{name}", "relevance", "--envs", "MemQA-v0:objectives=1,hops=1", "-n",
+              "2", "--out", str(out), "--quiet", "--max-failures", "5"])
+        episodes = pd.read_csv(out / "episodes.csv")
+        failed = episodes[episodes.strategy == f"{mine}:{name}"]
+        assert len(failed) == 2 and all(message in e and name in e for e in failed.error)
+        assert (pd.read_csv(out / "results.csv").set_index("strategy").loc["relevance", "f1"]) == 1.0
+    capsys.readouterr()
+    for spec, message in ((f"{mine}:NoAct", "has no act(observation) method"), (f"{mine}:VALUE", "not a class"),
+                          (f"{mine}:Missing", "cannot import it"), ("no_such_module_xyz:Thing", "cannot import it"),
+                          (f"{tmp_path / 'absent.py'}:X", "no such file")):
+        try:  # refused as argparse refuses an unknown strategy name: its usage, then one error line
+            code = main(["bench", "--strategies", spec, "--envs", "MemQA-v0", "-n", "1", "--out",
+                         str(tmp_path / "x"), "--quiet"])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and message in err[-1] and spec in err[-1], (spec, err)
+        assert not (tmp_path / "x" / "results.csv").exists()

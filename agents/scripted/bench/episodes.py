@@ -14,6 +14,7 @@ import agents.served
 import memenv.scoring.judges
 import memenv.search.http
 import memenv.search.remote
+from agents.scripted.user_strategies import StrategyError
 from agents.served import ServerError
 from memenv.cli_common import CommandError
 
@@ -33,7 +34,7 @@ def _errors_defined_in(*modules) -> tuple[type[BaseException], ...]:
 _SERVICE_BASE = getattr(memenv.search.http, "ServiceError", None)  # the base of every service failure
 SERVICE_ERRORS = tuple(dict.fromkeys(
     ((_SERVICE_BASE,) if _SERVICE_BASE is not None else _errors_defined_in(memenv.search.http, agents.served))
-    + (ServerError, memenv.search.remote.RetrieverError, memenv.scoring.judges.JudgeError)))
+    + (ServerError, memenv.search.remote.RetrieverError, memenv.scoring.judges.JudgeError, StrategyError)))
 
 class Stopped(Exception):
     """An episode abandoned because the run is stopping (Ctrl-C, or too many failed episodes)."""

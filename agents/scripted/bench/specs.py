@@ -16,6 +16,7 @@ import gymnasium as gym
 import memenv  # noqa: F401 - registers the environments
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family, make_strategy
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
+from agents.scripted.user_strategies import entry_point_names, is_import_path, load_factory, make_user_strategy
 from agents.served import ServedPolicy, ServedSpec, is_served
 from memenv.cli_common import CommandError
 
@@ -79,6 +80,11 @@ def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
     if is_model_path(name):  # a folder by its absolute path; a registered model name as it is
         return _checkpoint_strategy(str(Path(name).resolve()) if Path(name).exists() else name)
+    if name not in ALL_STRATEGY_NAMES and (is_import_path(name) or name in entry_point_names()):
+        try:  # the user's own strategy (agents.scripted.user_strategies)
+            return make_user_strategy(name)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
     if is_text_served(name):  # a real-text dialog strategy with a served model: KIND+openai:MODEL@URL
         return make_text_strategy(name, env_family(env_id, memory_mode))
     return ServedPolicy(name) if is_served(name) else make_strategy(name, env_id, memory_mode)
@@ -124,7 +130,13 @@ def strategy_name(name: str) -> str:
         ServedSpec.parse(name)
     elif is_text_served(name):
         ServedSpec.parse(name.partition("+")[2])
+    elif name not in ALL_STRATEGY_NAMES and (is_import_path(name) or name in entry_point_names()):
+        try:  # importable now, or refused before the bench starts
+            load_factory(name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     elif name not in ALL_STRATEGY_NAMES and not is_model_path(name):
         raise argparse.ArgumentTypeError(f"unknown strategy {name!r}: choose from {', '.join(ALL_STRATEGY_NAMES)}, "
-                                         f"openai:MODEL@URL or a local checkpoint folder (with config.json)")
+                                         f"openai:MODEL@URL, a local checkpoint folder (with config.json) or your "
+                                         f"own as module:Class or file.py:Class (docs/bench.md)")
     return name
