@@ -314,3 +314,31 @@ def test_one_record_check_for_every_reader_names_the_record_and_the_field(tmp_pa
     with pytest.raises(ValueError, match=r"turn=1.*token id 1000000 is outside the teacher's vocabulary"):
         teacher_scores(model, [far])
     assert torch.is_tensor(torch.tensor([2**63 - 1]))  # the largest id accepted still fits an int64
+
+
+def test_records_collect_writes_what_export_and_view_read(tmp_path, capsys):
+    """Issue 65: one command rolls a model out and writes invocation records; records export and memenv view read
+    them; save_records refuses its arguments swapped; a served model is refused in one line."""
+    pytest.importorskip("torch")
+    from llm_common import save_tiny_base
+
+    from agents.llm.records import InvocationRecord, load_records, save_records
+    from memenv.cli import main
+
+    save_tiny_base(tmp_path / "model")
+    out = tmp_path / "records.jsonl"
+    assert main(["records", "collect", "--model", str(tmp_path / "model"), "--env", "MemQA-v0", "--kw",
+                 "objectives=1", "hops=1", "max_turns=2", "-n", "3", "--max-new-tokens", "8", "--out", str(out),
+                 "--quiet"]) == 0
+    records = load_records(out)
+    assert len({r.episode_id for r in records}) == 3 and all(r.gold for r in records)
+    assert main(["records", "export", str(out), "--to", "trl", "--out", str(tmp_path / "rows.jsonl"), "--quiet"]) == 0
+    assert main(["view", str(out), "-o", str(tmp_path / "page.html"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["records", "collect", "--model", "openai:m@http://127.0.0.1:9", "--out", str(tmp_path / "x")]) == 2
+    assert "carry no token ids" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="swapped"):
+        save_records(records, tmp_path / "y.jsonl")
+    with pytest.raises(TypeError, match="must be InvocationRecords"):
+        save_records(tmp_path / "y.jsonl", [{"episode_id": "e"}])
+    assert not (tmp_path / "y.jsonl").exists() and isinstance(records[0], InvocationRecord)

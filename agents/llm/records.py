@@ -175,7 +175,16 @@ def memory_mask(response_ids: Sequence[int], tokenizer, open_tag: str = "<memory
 
 
 def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -> None:
-    """JSON lines, one record a line (written atomically)."""
+    """JSON lines, one record a line (written atomically). ``save_records(path, records)``: the path first; the
+    arguments the other way round (or anything but records) are refused before anything is written."""
+    if not isinstance(path, (str, os.PathLike)):
+        hint = " (the arguments are (path, records): swapped?)" if isinstance(records, (str, os.PathLike)) else ""
+        raise TypeError(f"save_records: path must be a file path, got {type(path).__name__}{hint}")
+    records = list(records)
+    bad = next((r for r in records if not isinstance(r, InvocationRecord)), None)
+    if bad is not None:
+        raise TypeError(f"save_records: records must be InvocationRecords, got a {type(bad).__name__}")
+
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             for r in records:
@@ -184,11 +193,11 @@ def save_records(path: str | os.PathLike, records: Iterable[InvocationRecord]) -
     write_atomic(Path(path), write)
 
 
-#: Fields without a default, and what each must hold (checked when records are loaded from a file).
 #: Per-token fields a record may hold (None) or hold one value per response token.
 PER_TOKEN_OPTIONAL = ("token_advantages", "token_returns", "values")
 #: Token ids are stored as 64-bit integers by every exporter (TRL, Tinker: int64 tensors and arrays).
 MAX_TOKEN_ID = 2**63 - 1
+#: Fields without a default, and what each must hold (checked when records are loaded from a file).
 _REQUIRED = {"episode_id": "a string", "turn": "an integer", "prompt_ids": "a list of token ids",
              "response_ids": "a list of token ids", "response_logprobs": "a list of numbers",
              "action_mask": "a list of 0/1", "memory_mask": "a list of 0/1"}

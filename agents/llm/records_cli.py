@@ -74,6 +74,52 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collect(args: argparse.Namespace) -> int:
+    """``memenv records collect``: a model's episodes on an env as invocation records (the input of ``records
+    export`` and ``memenv view``)."""
+    import time
+
+    from agents.llm.cli import check_checkpoint
+    from memenv.cli_common import parse_kwargs
+
+    out = check_out_file(args.out, "--out")
+    if args.model.startswith("openai:"):
+        raise CommandError(f"--model {args.model}: a served model's replies carry no token ids and log-probs of this "
+                           "tokenizer, so they make no invocation records; give a checkpoint folder or a registered "
+                           "model (memenv models prepare NAME)")
+    path = check_checkpoint(args.model, "--model")
+    if args.episodes < 1 or args.temperature < 0:
+        raise CommandError(f"-n must be >= 1 and --temperature >= 0, got {args.episodes} and {args.temperature}")
+    import gymnasium as gym
+    import torch
+
+    import memenv  # noqa: F401 - registers the environments
+    from agents.llm.models import load_pretrained
+    from agents.llm.policy import LLMPolicy
+    from agents.llm.records import save_records
+    from agents.llm.rollouts import records_of, rollout
+
+    kwargs = parse_kwargs(args.kw)
+    try:
+        envs = [gym.make(args.env, **kwargs) for _ in range(min(args.num_envs, args.episodes))]
+    except Exception as exc:  # an unknown env or a refused kwarg: one line
+        raise CommandError(f"--env {args.env} --kw {' '.join(args.kw or [])}: {' '.join(str(exc).split())}") from None
+    torch.set_num_threads(args.threads)
+    start = time.process_time()
+    model, tokenizer = load_pretrained(path)
+    policy = LLMPolicy(model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                       seed=args.seed)
+    seeds = [args.seed + i for i in range(args.episodes)]
+    episodes = rollout(policy, envs, seeds, progress=not args.quiet, desc="collect")
+    records = records_of(episodes)
+    save_records(out, records)
+    if not args.quiet:
+        f1 = sum(ep.f1 for ep in episodes) / len(episodes)
+        print(f"{len(records)} records of {len(episodes)} episodes (mean F1 {f1:.3f}, temperature {args.temperature:g}) "
+              f"-> {out}; {time.process_time() - start:.1f} CPU-s")
+    return 0
+
+
 def register_cli(subparsers) -> None:
     """Adds ``memenv records`` (entry point group ``memenv.commands``)."""
     p = subparsers.add_parser("records", help="invocation records: export them to another RL stack's rows",
@@ -94,3 +140,18 @@ def register_cli(subparsers) -> None:
                    help="with --teacher: also its top-k ids and log-probs per position (where the target takes them)")
     e.add_argument("--quiet", action="store_true", help="print nothing on success")
     e.set_defaults(func=_export)
+    c = sub.add_parser("collect", help="roll a model out on an env and write its invocation records (JSON lines)",
+                       description=_collect.__doc__, formatter_class=HelpFormatter)
+    c.add_argument("--model", required=True,
+                   help="a checkpoint folder (memenv train --out RUN: RUN/checkpoint-N) or a registered model")
+    c.add_argument("--env", default="MemQA-v0", help="the env id")
+    c.add_argument("--kw", nargs="*", metavar="KEY=VALUE", help="env kwargs (e.g. objectives=1 hops=1)")
+    c.add_argument("-n", "--episodes", type=int, default=8, help="episodes (task seeds --seed .. --seed + n - 1)")
+    c.add_argument("--seed", type=int, default=0, help="the first task seed (also the sampler's)")
+    c.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0: greedy)")
+    c.add_argument("--max-new-tokens", dest="max_new_tokens", type=positive_int, default=96)
+    c.add_argument("--num-envs", dest="num_envs", type=positive_int, default=8, help="episodes run side by side")
+    c.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    c.add_argument("--out", required=True, help="the JSON-lines file to write (written atomically)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar, print nothing on success")
+    c.set_defaults(func=_collect)
