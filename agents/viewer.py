@@ -87,7 +87,11 @@ def records_view(records: Sequence[Any], teacher: Mapping | None = None, tokeniz
     previous: dict[str, str] = {}
     for r in ordered(records):
         key = episode_key(r)
-        ep = episodes.setdefault(key, {"title": key, "summary": {"return": r.episode_return}, "invocations": []})
+        title = " · ".join(x for x in (f"seed {r.seed}" if r.seed is not None else "",
+                                        f"group {r.group}" if r.group is not None else "",
+                                        f"episode {r.episode_id}", f"rollout {r.rollout_id}" if r.rollout_id else "")
+                           if x)
+        ep = episodes.setdefault(key, {"title": title, "summary": {"return": r.episode_return}, "invocations": []})
         snap = dict(r.snapshot or {})
         snap.setdefault("turn", r.turn)
         snap.setdefault("reward", r.reward)
@@ -230,8 +234,21 @@ def _heat(cells: Sequence[tuple[str, float]]) -> str:
     return '<div class="heat">' + "".join(spans) + "</div>"
 
 
+def _num(value: Any) -> str:
+    """A figure as the page shows it: floats to at most 4 significant digits, never "-0"."""
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+        return "0" if text in ("-0", "0") else text
+    return _clean(value)
+
+
+#: What the heat strip's colours mean (shown above it).
+HEAT_LEGEND = ("blue: the teacher gives the sampled token a higher log-prob than the student did; red: lower; the "
+               "stronger the colour, the larger the difference (full at 4 nats); hover a token for its figure")
+
+
 def _invocation_html(i: int, j: int, inv: Mapping[str, Any]) -> str:
-    counts = [f"turn {_e(inv.get('turn'))}", f"reward {_e(inv.get('reward'))}"]
+    counts = [f"turn {_e(inv.get('turn'))}", f"reward {_e(_num(inv.get('reward')))}"]
     for key, name in (("context_tokens", "context tokens"), ("prompt_tokens", "prompt tokens"),
                       ("response_tokens", "response tokens"), ("memory_tokens", "memory tokens")):
         if inv.get(key) is not None:
@@ -243,7 +260,8 @@ def _invocation_html(i: int, j: int, inv: Mapping[str, Any]) -> str:
     diff = memory_diff(inv["previous_memory"], inv["memory_after"]) if changed else "<i>unchanged</i>"
     heat = ""
     if inv.get("heat"):
-        heat = "<div><b>teacher vs student</b> (log-prob difference per response token)</div>" + _heat(inv["heat"])
+        heat = (f'<div><b>teacher vs student</b> (log-prob difference per response token)</div>'
+                f'<div class="meta legend">{_e(HEAT_LEGEND)}</div>' + _heat(inv["heat"]))
     return (f'<section class="invocation" id="ep{i}-inv{j}" data-turn="{_e(inv.get("turn"))}">'
             f'<div class="meta">{" · ".join(counts)}</div>{error}'
             f"<details><summary>prompt (the memory state the policy saw)</summary><pre>{_e(inv['prompt'])}</pre></details>"
@@ -255,7 +273,7 @@ def render_html(episodes: Sequence[Mapping[str, Any]], title: str = "memenv trac
     """The whole page (one string, no external resource)."""
     nav, body = [], []
     for i, ep in enumerate(episodes):
-        summary = " · ".join(f"{_e(k)} {_e(v)}" for k, v in (ep.get("summary") or {}).items())
+        summary = " · ".join(f"{_e(k)} {_e(_num(v))}" for k, v in (ep.get("summary") or {}).items())
         nav.append(f'<a href="#ep{i}">{_e(ep["title"] or f"episode {i + 1}")} ({len(ep["invocations"])})</a>')
         body.append(f'<section class="episode" id="ep{i}"><h2>{_e(ep["title"] or f"episode {i + 1}")}</h2>'
                     f'<div class="meta">{len(ep["invocations"])} invocations · {summary}</div>'

@@ -198,3 +198,20 @@ def test_a_trace_whose_snapshot_or_summary_is_not_an_object_is_one_line(tmp_path
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "line 1:" in err[0] and "not a JSON object" in err[0], err
         assert not (tmp_path / f"{name}.html").exists()
+
+
+def test_the_page_reads_at_a_glance_headings_figures_and_a_legend():
+    """Issue 65: a records page heads each episode with its seed, group and episode id; figures show no "-0"; the
+    heat strip has a legend saying what its colours mean."""
+    from agents.llm.exchange import TeacherScores
+    from agents.llm.records import InvocationRecord
+    from agents.viewer import HEAT_LEGEND, records_view
+
+    r = InvocationRecord("ep7", 1, [1, 2], [3, 4], [-1.0, -2.0], [1, 1], [0, 0], reward=-0.0, episode_return=-0.0,
+                         seed=42, group=3, rollout_id="r1")
+    page = render_html(records_view([r], {r.uid: TeacherScores([-0.5, -2.5])}), "t")
+    assert "seed 42 · group 3 · episode ep7 · rollout r1" in page
+    main = page.split("<main>")[1]
+    assert ("reward 0<" in main or "reward 0 " in main) and "return 0<" in main
+    assert "-0<" not in main and "-0 " not in main
+    assert HEAT_LEGEND in page
