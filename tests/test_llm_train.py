@@ -233,3 +233,25 @@ def test_save_checkpoint_keeps_the_optimizer_state_of_the_latest_and_reads_the_o
     legacy = tmp_path / "one" / "checkpoint-0000001"  # written before optimizer.pt: the state inside trainer_state.pt
     torch.save(state(1), legacy / "trainer_state.pt")
     assert float(load_trainer_state(legacy, optimizer=True)["optimizer"]["state"][0]["exp_avg"][0]) == 1
+
+
+def test_train_help_reads_the_configs_defaults_without_importing_torch():
+    """Issue 65: `memenv train --help` took 18 s on a busy machine importing torch for the configs' defaults; it now
+    reads them from the configs' source, the same values the dataclasses hold, and imports no torch."""
+    import subprocess
+    import sys
+    from dataclasses import MISSING, fields
+
+    from agents.llm.cli import config_defaults
+    from agents.llm.ppo import PPOConfig
+    from agents.llm.sft import SFTConfig
+
+    for cls in (SFTConfig, PPOConfig):
+        read = config_defaults(cls.__name__)
+        real = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        assert read and all(real[k] == v for k, v in read.items()), cls.__name__
+        assert {"lr", "steps" if cls is SFTConfig else "updates", "seed"} <= set(read)
+    code = ("import sys\nfrom memenv.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "False" and "(default: sft" in done.stdout

@@ -335,24 +335,46 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Where the trainer configs are defined: (module file under agents/llm, class, base class or None).
+_CONFIG_SOURCES = {"RunConfig": ("training.py", None), "SFTConfig": ("sft.py", "RunConfig"),
+                   "PPOConfig": ("ppo.py", "RunConfig")}
+
+
+def config_defaults(name: str) -> dict[str, Any]:
+    """The literal defaults of the trainer config ``name`` (``SFTConfig``, ``PPOConfig``) and of its base, read from
+    their source files without importing them: the configs' modules import torch, which takes seconds, and
+    ``memenv train --help`` needs only the defaults. Fields whose default is not a literal are left out."""
+    import ast
+
+    file, base = _CONFIG_SOURCES[name]
+    out = config_defaults(base) if base else {}
+    tree = ast.parse((Path(__file__).parent / file).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            try:
+                out[node.target.id] = ast.literal_eval(node.value)
+            except ValueError:  # field(default_factory=...), an expression: not shown
+                out.pop(node.target.id, None)
+    return out
+
+
 class TrainHelpFormatter(HelpFormatter):
     """Shows the trainer configs' defaults for the options whose argparse default is None (None: "use the
-    config's value", which differs between SFT and PPO/GRPO). The configs import torch, so they are read only
-    when the help is printed."""
+    config's value", which differs between SFT and PPO/GRPO), read from the configs' source
+    (:func:`config_defaults`), so the help imports no torch."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = super()._get_help_string(action)
         if action.default is not None or action.required or "(default" in text:
             return text
-        from agents.llm.ppo import PPOConfig
         from agents.llm.recipes import TINY_SFT_RECIPE
-        from agents.llm.sft import SFTConfig
 
         found = {}
-        for algo, cls in (("sft", SFTConfig), ("ppo/grpo", PPOConfig)):
-            field = next((f for f in fields(cls) if f.name == action.dest), None)
-            if field is not None and field.default is not MISSING:
-                found[algo] = field.default
+        for algo, name in (("sft", "SFTConfig"), ("ppo/grpo", "PPOConfig")):
+            defaults = config_defaults(name)
+            if action.dest in defaults:
+                found[algo] = defaults[action.dest]
         if action.dest in TINY_SFT_RECIPE and "sft" in found:  # the tiny model's SFT differs from a --model's
             tiny = TINY_SFT_RECIPE[action.dest]
             found = {"sft (tiny model)": tiny, "sft --model": found.pop("sft"), **found}
