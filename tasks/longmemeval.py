@@ -319,6 +319,12 @@ def iter_item_sessions(path: str | os.PathLike, item: LongMemEvalItem, start: in
                 return
 
 
+def _file_stamp(path: str | os.PathLike) -> tuple:
+    """A file's identity: size, modification and change times, inode (an edit, or a copy renamed over it)."""
+    info = os.stat(path)
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+
+
 @dataclass
 class LongMemEvalSource:
     """One LongMemEval item as the BEAM env's task source: its question, and its sessions streamed as batches."""
@@ -329,6 +335,9 @@ class LongMemEvalSource:
 
     def __post_init__(self) -> None:
         item = self.item
+        # the file as the episode starts (made at reset, after the env's check of the file): every session the
+        # episode reads must come from this version of it (_check_unchanged)
+        self._stamp = _file_stamp(self.path)
         self.id = item.question_id
         self.n_batches = item.n_sessions
         self.n_messages = item.n_messages
@@ -339,8 +348,16 @@ class LongMemEvalSource:
         self.questions = [Question(id=item.question_id, question=item.question, answers=(item.answer,),
                                    supporting_ids=item.evidence, kind=item.question_type, meta=meta)]
 
+    def _check_unchanged(self) -> None:
+        if _file_stamp(self.path) != self._stamp:
+            raise DataFormatError(f"{self.path}: changed while an episode was reading item {self.item.position} "
+                                  f"({self.item.question_id}); an episode reads one version of its item: reset to "
+                                  "read the new file")
+
     def iter_batches(self, start: int = 0) -> Iterator[BeamBatch]:
+        self._check_unchanged()
         for s, turns in iter_item_sessions(self.path, self.item, start):
+            self._check_unchanged()  # a session decoded from a file rewritten since: refused, not mixed in
             messages = []
             for t, turn in enumerate(turns):
                 content = turn["content"]

@@ -323,3 +323,23 @@ def test_a_locomo_file_rewritten_under_a_live_env_is_read_again_at_reset(tmp_pat
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(ValueError, match="no question left in"):
         env.reset(seed=0)
+
+
+def test_a_data_file_rewritten_mid_episode_fails_naming_it_rather_than_mixing_versions(tmp_path: Path) -> None:
+    """Issue 64: a file rewritten during an episode made the episode read sessions of the new file under the old
+    question. Now the next session read names the file and says it changed; a reset reads the new file."""
+    from tasks.types import DataFormatError
+
+    path = _write(tmp_path / "lme.json", [_item(sessions=4)])
+    env = gym.make("MemDialog-LongMemEval-v0", data_path=path, memory_mode="tools")
+    env.reset(seed=0)
+    env.step("<next/>")
+    _write(tmp_path / "lme.json", [_item(answer="Pepper", sessions=4)])
+    with pytest.raises(DataFormatError, match=r"lme.json: changed while an episode was reading item 0"):
+        while env.unwrapped.reading:
+            env.step("<next/>")
+    env.reset(seed=0)  # a new episode: the new file, whole
+    while env.unwrapped.reading:
+        env.step("<next/>")
+    *_, info = env.step("<answer>Pepper</answer>")
+    assert info["summary"]["score"] == 1.0
