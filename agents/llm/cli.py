@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import struct
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,11 @@ import memenv  # noqa: F401 - registers the envs
 from memenv.cli_common import (CommandError, CommandInterrupted, HelpFormatter, check_out_dir, non_negative_float,
                                non_negative_int, parse_kwargs, positive_float, positive_int, prepare_out_dir,
                                user_input)
+from agents.llm.folder_checks import WEIGHT_FILES, _json_file, check_model_folder  # noqa: F401 - also this module's API
 from tasks.types import DataFormatError
 
 #: Files a training run writes into its ``--out`` folder besides its ``checkpoint-N`` folders.
 RUN_FILES = ("config.json", "metrics.csv", "learning_curve.png", "latest")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 #: ``--dtype`` / ``--attn-implementation`` choices (agents.llm.precision's, here so the CLI loads no torch).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "native", "fp32", "bf16", "fp16")
 ATTN_CHOICES = ("sdpa", "eager", "flex_attention", "flash_attention_2")
@@ -110,40 +108,6 @@ def apply_set(values: dict[str, Any], items: list[str] | None, cls) -> dict[str,
     return values
 
 
-def _json_file(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise CommandError(f"{what}: {path.name} is not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"{what}: {path.name} is not valid JSON (line {exc.lineno} column {exc.colno}: "
-                           f"{exc.msg}; a cut or damaged file?)") from None
-    except OSError as exc:
-        raise CommandError(f"{what}: cannot read {path.name} ({exc.strerror or exc})") from None
-
-
-def _check_safetensors(path: Path, what: str) -> None:
-    """The header of a ``.safetensors`` file parses and the file is as long as its tensors say (a cut copy
-    would otherwise fail deep inside the model loader)."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            header = json.loads(fh.read(length)) if 0 < length <= size - 8 else None
-    except (OSError, ValueError, UnicodeDecodeError):
-        header = None
-    if not isinstance(header, dict):
-        raise CommandError(f"{what}: {path.name} is not a safetensors file (unreadable header; a cut or damaged "
-                           "file?)")
-    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"
-            and isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list)
-            and len(entry["data_offsets"]) == 2 and isinstance(entry["data_offsets"][1], int)]
-    needed = 8 + length + max(ends, default=0)
-    if size < needed:
-        raise CommandError(f"{what}: {path.name} is cut ({size} bytes; its tensors need {needed})")
-
-
 def check_checkpoint(path: str | os.PathLike, option: str) -> str:
     """Check, without loading it, that ``path`` is a model checkpoint folder: ``config.json`` (valid JSON with a
     ``model_type``), weights (whole ``.safetensors`` files) and a tokenizer whose JSON files parse. A
@@ -156,23 +120,7 @@ def check_checkpoint(path: str | os.PathLike, option: str) -> str:
             path = resolve(path)
         except ModelNotInstalledError as exc:
             raise CommandError(f"{what}: {exc}") from None
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CommandError(f"{what}: no model checkpoint there (no such folder)")
-    if not (folder / "config.json").is_file():
-        raise CommandError(f"{what}: no model checkpoint there (config.json missing)")
-    config = _json_file(folder / "config.json", what)
-    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise CommandError(f"{what}: config.json is not a model config (no model_type)")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise CommandError(f"{what}: no weights there (none of {', '.join(WEIGHT_FILES)})")
-    for weights in sorted(folder.glob("*.safetensors")):
-        _check_safetensors(weights, what)
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        raise CommandError(f"{what}: no tokenizer there (tokenizer.json or tokenizer_config.json)")
-    for name in ("tokenizer_config.json", "tokenizer.json", "generation_config.json"):
-        if (folder / name).is_file():
-            _json_file(folder / name, what)
+    check_model_folder(Path(path), what)
     return os.fspath(path)
 
 

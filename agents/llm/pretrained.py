@@ -457,10 +457,10 @@ def _shrink_cli(args: argparse.Namespace) -> int:
     if not (source_folder / "config.json").is_file():
         raise CommandError(f"memenv models shrink {args.source}: no model folder there (config.json missing)")
     check_out_dir(args.out, inputs=[source_folder])
-    from agents.llm.cli import check_checkpoint
+    from agents.llm.folder_checks import check_model_folder
 
     # missing or cut weights, a damaged config or tokenizer: one line naming the file, before anything is loaded
-    check_checkpoint(source_folder, "memenv models shrink")
+    check_model_folder(source_folder, f"memenv models shrink {args.source}")
     try:
         folder = shrink_folder(source_folder, args.layers, args.out)
     except (FileExistsError, ValueError) as exc:
