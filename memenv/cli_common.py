@@ -130,6 +130,33 @@ def _same_place(a: Path, b: Path) -> bool:
         return False
 
 
+def _output_path(path: str | os.PathLike, option: str, inputs: Sequence[str | os.PathLike], kind: str) -> Path:
+    """``path`` as a Path, refused where it is empty or one of the command's ``inputs`` (``kind``: "file" or
+    "folder", for the message)."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise CommandError(f"{option}: expected a {'file name' if kind == 'file' else kind}, got an empty path")
+    for source in inputs:
+        if _same_place(Path(text), Path(source)):
+            raise CommandError(f"{option} {text}: is the input {os.fspath(source)}; writing "
+                               + ("it would replace the input: choose another file" if kind == "file" else
+                                  "there would change what the command reads: choose another folder"))
+    return Path(text)
+
+
+def _writable_above(start: Path, option: str, text: str, what: str) -> None:
+    """The nearest existing folder at or above ``start`` is a writable folder (``what``: what cannot be made under
+    a file), else a :class:`CommandError`."""
+    above = start
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        made = "written" if what == "file" else "made"
+        raise CommandError(f"{option} {text}: {above} is a file, so no {what} can be {made} under it")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise CommandError(f"{option} {text}: {above} is not writable")
+
+
 def check_out_file(path: str | os.PathLike, option: str = "--out",
                    inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """Check, before any work and creating nothing, that ``path`` can be the output file of a command that writes it
@@ -137,14 +164,8 @@ def check_out_file(path: str | os.PathLike, option: str = "--out",
     replace the link, not what it points to: a device, stdout, another file), not a device, pipe or socket, not one
     of the command's ``inputs`` (its only copy would be replaced by the output), and in a folder that exists or can
     be made, writable. A :class:`CommandError` naming ``option`` otherwise."""
+    out = _output_path(path, option, inputs, "file")
     text = os.fspath(path)
-    if not str(text).strip():
-        raise CommandError(f"{option}: expected a file name, got an empty path")
-    out = Path(text)
-    for source in inputs:
-        if _same_place(out, Path(source)):
-            raise CommandError(f"{option} {text}: is the input {os.fspath(source)}; writing it would replace the "
-                               "input: choose another file")
     if out.is_symlink():
         raise CommandError(f"{option} {text}: is a symbolic link (to {os.readlink(out)}); the output would replace "
                            "the link: name a regular file")
@@ -152,13 +173,7 @@ def check_out_file(path: str | os.PathLike, option: str = "--out",
         raise CommandError(f"{option} {text}: is a folder (expected a file name)")
     if out.exists() and not out.is_file():
         raise CommandError(f"{option} {text}: is not a regular file (a device, pipe or socket): name a regular file")
-    above = out.absolute().parent
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir():
-        raise CommandError(f"{option} {text}: {above} is a file, so no file can be written under it")
-    if not os.access(above, os.W_OK | os.X_OK):
-        raise CommandError(f"{option} {text}: {above} is not writable")
+    _writable_above(out.absolute().parent, option, text, "file")
     return out
 
 
@@ -168,26 +183,14 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out",
     exist yet, is none of the command's ``inputs`` (a folder it reads), and the nearest folder that exists above
     it is writable. A :class:`CommandError` naming ``option`` otherwise. Call it before any work;
     :func:`prepare_out_dir` then makes the folder."""
+    out = _output_path(path, option, inputs, "folder")
     text = os.fspath(path)
-    if not str(text).strip():
-        raise CommandError(f"{option}: expected a folder, got an empty path")
-    out = Path(text)
-    for source in inputs:
-        if _same_place(out, Path(source)):
-            raise CommandError(f"{option} {text}: is the input {os.fspath(source)}; writing there would change "
-                               "what the command reads: choose another folder")
     if out.is_symlink() and not out.exists():  # mkdir would fail on the link itself (FileExistsError)
         raise CommandError(f"{option} {text}: is a symbolic link to {os.readlink(out)}, which does not exist: make "
                            "that folder first, or remove the link")
     if out.exists() and not out.is_dir():
         raise CommandError(f"{option} {text}: is a file, not a folder (choose a folder, new or of an earlier run)")
-    above = out.absolute()
-    while not above.exists():
-        above = above.parent
-    if not above.is_dir():
-        raise CommandError(f"{option} {text}: {above} is a file, so no folder can be made under it")
-    if not os.access(above, os.W_OK | os.X_OK):
-        raise CommandError(f"{option} {text}: {above} is not writable")
+    _writable_above(out.absolute(), option, text, "folder")
     return out
 
 
