@@ -188,8 +188,12 @@ def test_miniature_powered_run_forgetful_teacher_swept_arms_and_the_teacher_free
     cfg = _tiny(out, env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 4},
                 teacher=ModelSpec(hidden=32, layers=1, heads=2, sft_steps=3, sft_minutes=None, sft_episodes=4,
                                   sft_views=("memory", "persistent"), sft_forget_rate=1.0),
-                arms=arms, swept_arms=arms, rl_lr_sweep=(1e-3, 3e-3), updates=1, warmup_updates=0)
+                arms=arms, swept_arms=arms, rl_lr_sweep=(1e-3, 3e-3), updates=1, warmup_updates=0, probe_curve=True)
     run_experiment(cfg)
+    from distill.experiment.length import flat_length, probe_curves
+
+    curves = probe_curves(out, arms, 1)  # each arm's train-pool probe F1 at its curve points (here: the end)
+    assert all(list(c["update"]) == [1] for c in curves.values()) and flat_length(curves, 40)["updates"] == 1
     assert json.loads((out / "teacher" / "config.json").read_text())["demo_forget_rate"] == 1.0
     chosen = {"rl": json.loads((out / "sweep" / "result.json").read_text())["chosen_lr"]}
     for arm in arms[1:]:

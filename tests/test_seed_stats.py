@@ -198,3 +198,27 @@ def test_summaries_carry_the_exact_p_the_bootstrap_and_the_zero_variance_flag():
     c = compare_arms(lifted, [start] * 4)
     assert c["zero_variance"] and math.isnan(c["t"]) and c["p_exact"] == pytest.approx(2 / 16)
     assert c["boot_low"] == pytest.approx(0.1) and c["boot_draws"] == 4000
+
+
+def test_the_training_length_is_the_first_point_after_which_no_arm_gains_beyond_its_se():
+    """Issue 61's pre-registered length rule (distill.experiment.length.flat_length) on probe curves: one arm
+    flattens at update 80, the other at 120; with a 40-update window the length is 120, the same for both; curves
+    that still rise give the last point, flagged not flat."""
+    import numpy as np
+    import pandas as pd
+
+    from distill.experiment.length import flat_length
+
+    rng = np.random.default_rng(0)
+    updates = list(range(0, 201, 20))
+
+    def curve(knee):
+        return pd.DataFrame([{"update": u, "seed": s, "probe_f1": 0.5 * min(u, knee) / knee + rng.normal(0, 0.004)}
+                             for s in range(4) for u in updates])
+
+    choice = flat_length({"memopd": curve(80), "control": curve(120)}, window=40)
+    assert choice["updates"] == 120 and choice["flat"]
+    rising = flat_length({"memopd": curve(400)}, window=40)
+    assert rising["updates"] == 200 and not rising["flat"]
+    with pytest.raises(ValueError, match="curve points"):
+        flat_length({"a": curve(80), "b": curve(80).query("update < 200")}, window=40)

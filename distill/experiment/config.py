@@ -53,7 +53,7 @@ RERUN_MAY_CHANGE = ("out", "progress", "workers", "threads", "sft_threads", "arm
 ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "temperature", "distill_coef",
                 "attention_backend", "teacher_packing", "teacher_dtype", "train_autocast", "curve_every",
                 "curve_episodes", "timing_rounds", "diagnose_episodes", "warmup_updates", "rl_lr", "rl_lr_sweep",
-                "sweep_seeds", "swept_arms", "lr_by_arm", "sweep_extend", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
+                "sweep_seeds", "swept_arms", "lr_by_arm", "sweep_extend", "probe_curve", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
 
 
 #: Settings of the weak start's length a rerun may also change while that stage has no result and no arm has run: a
@@ -216,6 +216,10 @@ class ExperimentConfig:
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
     curve_episodes: int = 200  # episodes of the curve's points (the first of the held-out episodes)
+    # Each arm run also scores the train-pool probe episodes at every curve point (OUT/arms/ARM/seedS/
+    # probe_curve.csv): what a pilot's training length is chosen from (distill.experiment.length), never the
+    # evaluation episodes (issue 61).
+    probe_curve: bool = False
     max_new_tokens: int = 64
     num_envs: int = 16
     threads: int = 1  # torch threads per process of the arms (see workers)

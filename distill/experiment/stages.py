@@ -415,6 +415,8 @@ def _arm_settings(cfg: ExperimentConfig, run_cfg) -> dict[str, Any]:
     settings = {k: v for k, v in asdict(run_cfg).items() if k not in _NOT_SETTINGS}
     settings["evaluation"] = {k: getattr(cfg, k) for k in ("eval_episodes", "seen_eval_episodes", "curve_every",
                                                            "curve_episodes", "heldout_fraction")}
+    if cfg.probe_curve:  # only when on: runs made before it existed keep their settings
+        settings["evaluation"].update(probe_curve=True, probe_episodes=cfg.probe_episodes)
     return json.loads(json.dumps(settings, default=list))
 
 
@@ -483,6 +485,15 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
                                            cache=out / f"curve_update{update}_eval.csv").assign(update=update))
     curve_frame = pd.concat(curve).sort_values(["update", "seed"], kind="stable")[["update", "seed", "f1", "em"]]
     write_atomic(out / "curve.csv", lambda tmp: curve_frame.to_csv(tmp, index=False))
+    if cfg.probe_curve:  # train-pool probe F1 at every curve point: a pilot's training length is read from it
+        probe_seeds = range(PROBE_SEED_BASE, PROBE_SEED_BASE + cfg.probe_episodes)
+        points = []
+        for update, path in sorted(saved.items()):
+            point_lm, point_tok = load_pretrained(path)
+            rows = evaluate_per_seed(point_lm, point_tok, cfg, probe_seeds, pool="train",
+                                     cache=out / f"probe_update{update}_eval.csv")
+            points.append({"update": update, "probe_f1": float(rows.f1.mean())})
+        write_atomic(out / "probe_curve.csv", lambda tmp: pd.DataFrame(points).to_csv(tmp, index=False))
     metrics = pd.read_csv(out / "metrics.csv")
     train_cpu = float(metrics["cpu_seconds"].iloc[-1])  # the trainer's clock, continued across resumes
     res = {"arm": arm, "seed": seed, "train_cpu_seconds": train_cpu, "f1": float(held.f1.mean()),
