@@ -110,11 +110,12 @@ def token_disagreement(teacher: Teacher, records: Sequence[InvocationRecord], to
 
 def distill_gradients(student, teacher: Teacher, records: Sequence[InvocationRecord], tokenizer,
                       teacher_hidden: dict[str, torch.Tensor], loss: DistillLossConfig,
-                      layout: ScoringLayout) -> dict[str, torch.Tensor]:
+                      layout: ScoringLayout, token_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The student's gradient (every trainable parameter, flattened into one fp32 vector) of the mean per-action-
     token distillation loss against the teacher under each view, from one student forward on ``layout`` (the
-    actor's: the student's side is the same in both arms, only the teacher's view differs). The student is scored
-    in eval mode (no dropout) and left as it was."""
+    actor's: the student's side is the same in both arms, only the teacher's view differs). ``token_mask`` (a bool
+    per action token): the mean over those tokens only (e.g. the invocations with an information gap). The student
+    is scored in eval mode (no dropout) and left as it was."""
     params = [p for p in student.parameters() if p.requires_grad]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     was_training = student.training
@@ -128,8 +129,8 @@ def distill_gradients(student, teacher: Teacher, records: Sequence[InvocationRec
             for k, view in enumerate(VIEWS):
                 per_token = chunked_distill_loss(lambda h: head(h)[..., :vocab], hidden, teacher.head,
                                                  teacher_hidden[view].to(hidden.device), loss)
-                grads = torch.autograd.grad(per_token.mean(), params, retain_graph=k + 1 < len(VIEWS),
-                                            allow_unused=True)
+                term = per_token.mean() if token_mask is None else per_token[token_mask.to(per_token.device)].mean()
+                grads = torch.autograd.grad(term, params, retain_graph=k + 1 < len(VIEWS), allow_unused=True)
                 out[view] = torch.cat([(g if g is not None else torch.zeros_like(p)).detach().float().flatten()
                                        for g, p in zip(grads, params)])
     finally:
@@ -171,7 +172,8 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     ``summary``: ``between_view_cosine`` (the cosine of the aligned and the persistent distillation gradients on the
     same batch, mean over the two batches), ``same_view_cosine`` (one view's gradients on the two batches, mean over
     the two views: the noise reference), ``grad_norm_ratio`` (``|g_aligned - g_persistent| / |g_aligned|``, mean
-    over the batches), the per-token ``kl_mean`` / ``kl_median`` / ``argmax_differs``, ``info_gap_share`` (share of
+    over the batches), ``between_view_cosine_gap`` (the same cosine on the information-gap invocations' tokens
+    only: where the paper's mechanism lives), the per-token ``kl_mean`` / ``kl_median`` / ``argmax_differs``, ``info_gap_share`` (share of
     invocations with an information gap), ``kl_info_gap`` / ``kl_no_gap`` and ``argmax_info_gap`` /
     ``argmax_no_gap`` (per action token, on invocations with and without one; nan where there are none),
     ``turns_per_episode``, ``invocations``, ``action_tokens`` and ``episodes``. Identical views give cosine 1, KL 0
@@ -183,11 +185,15 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
         raise ValueError("view_divergence needs two non-empty batches of records (records and reference)")
     loss = loss or DistillLossConfig()
     layouts = {view: ScoringLayout(view, packing, token_budget, backend) for view in VIEWS}
-    grads, tokens, invocations = [], [], []
+    grads, gap_grads, tokens, invocations = [], [], [], []
     for batch, recs in enumerate((records, reference)):
         frame, hidden = token_disagreement(teacher, recs, tokenizer, layouts)
         grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"]))
         gaps = information_gaps(recs, tokenizer)
+        on_gap = torch.tensor(frame.record.map(gaps.set_index("record").info_gap).astype(bool).to_numpy())
+        if bool(on_gap.any()):  # the same, on the invocations where the transcript holds what the memory lost
+            gap_grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"],
+                                               token_mask=on_gap))
         per_record = frame.groupby("record").agg(kl=("kl", "mean"), argmax_differs=("argmax_differs", "mean"),
                                                  action_tokens=("kl", "size"))
         gaps = gaps.join(per_record, on="record")
@@ -206,6 +212,9 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
         "between_view_cosine": float(np.mean(between)), "between_view_cosine_batches": between,
         "same_view_cosine": float(np.mean(same)), "same_view_cosine_views": dict(zip(VIEWS, same)),
         "grad_norm_ratio": float(np.mean(norm_ratio)),
+        # on the information-gap invocations' tokens only (nan where a batch has none)
+        "between_view_cosine_gap": float(np.mean([cosine(g["aligned"], g["persistent"]) for g in gap_grads]))
+        if gap_grads else math.nan,
         "kl_mean": _share(tokens.kl), "kl_median": float(tokens.kl.median()) if len(tokens) else math.nan,
         "argmax_differs": _share(tokens.argmax_differs.astype(float)),
         "info_gap_share": _share(invocations.info_gap.astype(float)),

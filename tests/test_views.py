@@ -183,3 +183,28 @@ def test_the_rule_claims_no_more_than_its_nominal_rate_under_simulated_nulls(n_s
     assert old > rate and old > 0.04  # seen 5.6% at both
     if n_seeds == 5:
         assert rate == 0.0  # no p of 5 seeds goes below 0.0625
+
+
+def test_the_gap_only_cosine_is_one_where_views_agree_and_a_mask_selects_tokens():
+    """between_view_cosine_gap is the cosine on the information-gap invocations' tokens only (nan without any);
+    distill_gradients with a token mask is the gradient of the masked tokens' mean alone."""
+    from distill.losses import DistillLossConfig
+    from distill.teacher import ScoringLayout
+    from distill.views import VIEWS, distill_gradients, token_disagreement, view_divergence
+
+    teacher, student, tok = _teacher_and_student()
+    a, b = _records(max_turns=1), _records(max_turns=1, seeds=(2, 3, 2, 3), sample_seed=5)
+    assert math.isnan(view_divergence(teacher, student, tok, a, b).summary["between_view_cosine_gap"])
+    records = _records()
+    layouts = {v: ScoringLayout(v) for v in VIEWS}
+    _, hidden = token_disagreement(teacher, records, tok, layouts)
+    n = sum(sum(r.action_mask) for r in records)
+    everything = distill_gradients(student, teacher, records, tok, hidden, DistillLossConfig(), layouts["aligned"],
+                                   token_mask=torch.ones(n, dtype=torch.bool))
+    plain = distill_gradients(student, teacher, records, tok, hidden, DistillLossConfig(), layouts["aligned"])
+    assert torch.allclose(everything["aligned"], plain["aligned"])
+    first = torch.zeros(n, dtype=torch.bool)
+    first[: sum(records[0].action_mask)] = True
+    part = distill_gradients(student, teacher, records, tok, hidden, DistillLossConfig(), layouts["aligned"],
+                             token_mask=first)
+    assert not torch.allclose(part["aligned"], plain["aligned"])
