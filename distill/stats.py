@@ -232,6 +232,11 @@ POWER = 0.8
 VERDICTS = ("met", "reversed", "inconclusive", "not met")
 
 
+def is_finite_number(v) -> bool:
+    """A real number (not a bool) that is finite: a figure a verdict can be read from (nan or a missing cell is not)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def verdict(diff: float, boot_low: float, boot_high: float, p_exact: float, expected: float = math.nan,
             alpha: float = ALPHA) -> str:
     """The verdict on a paired difference ``a - b`` claimed positive (:data:`VERDICTS`):
@@ -245,9 +250,7 @@ def verdict(diff: float, boot_low: float, boot_high: float, p_exact: float, expe
       expected effect is given.
 
     A missing figure (nan) is never met or reversed."""
-    def finite(v) -> bool:
-        return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-
+    finite = is_finite_number
     if not (finite(diff) and finite(boot_low) and finite(boot_high)):
         return "not met"
     significant = finite(p_exact) and p_exact <= alpha
@@ -371,5 +374,5 @@ def compare_arms(a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame], metric: s
 
 __all__ = ["INFERENCE", "SIGN_FLIP_EXACT_MAX", "SIGN_FLIP_DRAWS", "standard_error", "sign_flip_test", "seed_level",
            "per_seed_gains", "paired_gain", "paired_difference", "two_level_bootstrap", "episode_level_se",
-           "paired_stats", "arm_summary", "compare_arms", "ALPHA", "POWER", "VERDICTS", "verdict",
+           "paired_stats", "arm_summary", "compare_arms", "is_finite_number", "ALPHA", "POWER", "VERDICTS", "verdict",
            "detection_power", "minimum_detectable_effect", "seeds_for_power"]

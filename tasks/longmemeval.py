@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.beam import MAX_MESSAGE_CHARS, BeamBatch, BeamMessage
-from tasks.types import DataFormatError, Question, gold_answer_text
+from tasks.types import DataFormatError, Question, file_stamps, gold_answer_text
 
 __all__ = ["QUESTION_TYPES", "LongMemEvalItem", "LongMemEvalSource", "index_longmemeval", "iter_item_sessions",
            "write_synthetic_longmemeval"]
@@ -319,12 +319,6 @@ def iter_item_sessions(path: str | os.PathLike, item: LongMemEvalItem, start: in
                 return
 
 
-def _file_stamp(path: str | os.PathLike) -> tuple:
-    """A file's identity: size, modification and change times, inode (an edit, or a copy renamed over it)."""
-    info = os.stat(path)
-    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
-
-
 @dataclass
 class LongMemEvalSource:
     """One LongMemEval item as the BEAM env's task source: its question, and its sessions streamed as batches."""
@@ -337,7 +331,7 @@ class LongMemEvalSource:
         item = self.item
         # the file as the episode starts (made at reset, after the env's check of the file): every session the
         # episode reads must come from this version of it (_check_unchanged)
-        self._stamp = _file_stamp(self.path)
+        self._stamp = file_stamps(self.path)
         self.id = item.question_id
         self.n_batches = item.n_sessions
         self.n_messages = item.n_messages
@@ -349,7 +343,7 @@ class LongMemEvalSource:
                                    supporting_ids=item.evidence, kind=item.question_type, meta=meta)]
 
     def _check_unchanged(self) -> None:
-        if _file_stamp(self.path) != self._stamp:
+        if file_stamps(self.path) != self._stamp:
             raise DataFormatError(f"{self.path}: changed while an episode was reading item {self.item.position} "
                                   f"({self.item.question_id}); an episode reads one version of its item: reset to "
                                   "read the new file")

@@ -8,6 +8,7 @@ more questions into an episode ("objectives", MEM1 style).
 from __future__ import annotations
 
 import math
+import os
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,3 +141,22 @@ class QADataset:
             raise ValueError(f"{self.name}: asked for {n} objectives but only {len(self.questions)} questions")
         idx = rng.choice(len(self.questions), size=n, replace=False)
         return [self.questions[int(i)] for i in idx]
+
+
+def file_stamps(*paths: str | os.PathLike) -> tuple:
+    """The identity of every file a cached loader reads, to key its cache on: ``(path, size, mtime_ns, ctime_ns,
+    inode)`` per file, ``(path, None)`` for one that is missing (the loader, called then, names it).
+
+    Size and mtime notice an edit; ctime and inode a file copied or renamed over it with its mtime kept. A
+    cache keyed on fewer files than its loader reads (BEAM's ``chat.json`` but not ``probing_questions.json``)
+    serves stale data after an edit of the others, so every cache of the envs keys on this, with all of them."""
+    stamps = []
+    for path in paths:
+        path = os.fspath(path)
+        try:
+            info = os.stat(path)
+        except OSError:
+            stamps.append((path, None))
+            continue
+        stamps.append((path, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
+    return tuple(stamps)

@@ -16,8 +16,8 @@ import pandas as pd
 
 from agents.files import write_atomic
 from distill.experiment.config import ARMS, ENV_ID, SFT_ARMS, ExperimentConfig
-from distill.stats import (ALPHA, INFERENCE, POWER, arm_summary, compare_arms, minimum_detectable_effect,
-                           sign_flip_test, standard_error, verdict)
+from distill.stats import (ALPHA, INFERENCE, POWER, arm_summary, compare_arms, is_finite_number,
+                           minimum_detectable_effect, sign_flip_test, standard_error, verdict)
 
 
 _GAIN = ["gain_f1", "gain_f1_se", "gain_f1_t", "gain_f1_df", "gain_f1_p", "gain_f1_ci_low", "gain_f1_ci_high",
@@ -134,8 +134,7 @@ def _get(row, key: str, default: Any = math.nan) -> Any:
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+_finite = is_finite_number
 
 
 def _flag(v: Any) -> bool:

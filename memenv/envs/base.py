@@ -18,6 +18,7 @@ from gymnasium.utils import RecordConstructorArgs
 from gymnasium.utils.passive_env_checker import env_reset_passive_checker
 from gymnasium.vector.utils import create_shared_memory
 from gymnasium.wrappers import PassiveEnvChecker
+from tasks.types import file_stamps  # noqa: F401 - the envs' loaders key their caches on it (lives with the tasks)
 
 from memenv.context import CHARSET, ContextMode, TokenCounter, count_words, fit_context, sanitize, truncate_right
 from memenv.validation import ArgumentTypeError, check_callable, check_choice, check_int, check_number, check_path
@@ -80,25 +81,6 @@ class EnvChecker(PassiveEnvChecker, RecordConstructorArgs):
         if not self.checked_reset:  # no reset has returned yet: the env refuses the step (OrderEnforcing below)
             return self.env.step(action)
         return super().step(action)
-
-
-def file_stamps(*paths: str | os.PathLike) -> tuple:
-    """The identity of every file a cached loader reads, to key its cache on: ``(path, size, mtime_ns, ctime_ns,
-    inode)`` per file, ``(path, None)`` for one that is missing (the loader, called then, names it).
-
-    Size and mtime notice an edit; ctime and inode a file copied or renamed over it with its mtime kept. A
-    cache keyed on fewer files than its loader reads (BEAM's ``chat.json`` but not ``probing_questions.json``)
-    serves stale data after an edit of the others, so every cache of the envs keys on this, with all of them."""
-    stamps = []
-    for path in paths:
-        path = os.fspath(path)
-        try:
-            info = os.stat(path)
-        except OSError:
-            stamps.append((path, None))
-            continue
-        stamps.append((path, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
-    return tuple(stamps)
 
 
 class MemText(spaces.Text):
