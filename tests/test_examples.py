@@ -271,17 +271,24 @@ def test_your_own_strategy_is_benchmarked_beside_the_built_in_ones(tmp_path, cap
     mine.write_text("class Raises:\n    def act(self, obs):\n        raise KeyError('boom')\n"
                     "class NotText:\n    def act(self, obs):\n        return 42\n"
                     "class NoAct:\n    pass\n"
+                    "import threading\n"
+                    "class Hangs:\n    act_timeout = 0.2\n    calls = 0\n"
+                    "    def act(self, obs):\n        Hangs.calls += 1\n        threading.Event().wait()\n"
+                    "class BadTimeout:\n    act_timeout = 0\n    def act(self, obs):\n        return ''\n"
                     "VALUE = 3\n")
-    for name, message in (("Raises", "act raised KeyError"), ("NotText", "act returned a int, not the action text")):
+    for name, messages in (("Raises", ["act raised KeyError"] * 3),
+                           ("NotText", ["act returned a int, not the action text"] * 3),
+                           ("Hangs", ["act did not return within 0.2 s"] + ["not called again"] * 2)):
         out = tmp_path / name
         main(["bench", "--strategies", f"{mine}:{name}", "relevance", "--envs", "MemQA-v0:objectives=1,hops=1", "-n",
-              "2", "--out", str(out), "--quiet", "--max-failures", "5"])
+              "3", "--out", str(out), "--quiet", "--max-failures", "5"])
         episodes = pd.read_csv(out / "episodes.csv")
-        failed = episodes[episodes.strategy == f"{mine}:{name}"]
-        assert len(failed) == 2 and all(message in e and name in e for e in failed.error)
+        failed = episodes[episodes.strategy == f"{mine}:{name}"].sort_values("seed")
+        assert len(failed) == 3 and all(m in e and name in e for m, e in zip(messages, failed.error)), list(failed.error)
         assert (pd.read_csv(out / "results.csv").set_index("strategy").loc["relevance", "f1"]) == 1.0
     capsys.readouterr()
     for spec, message in ((f"{mine}:NoAct", "has no act(observation) method"), (f"{mine}:VALUE", "not a class"),
+                          (f"{mine}:BadTimeout", "act_timeout must be a positive number"),
                           (f"{mine}:Missing", "cannot import it"), ("no_such_module_xyz:Thing", "cannot import it"),
                           (f"{tmp_path / 'absent.py'}:X", "no such file")):
         try:  # refused as argparse refuses an unknown strategy name: its usage, then one error line

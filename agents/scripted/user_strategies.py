@@ -9,11 +9,15 @@ A strategy is an object with
 - optionally ``reset(env)``: called before each episode with the unwrapped env (its seed is the episode's;
   ``env.np_random`` for randomness);
 - optionally ``context`` (the env's context mode it is meant for, default ``"memory"``), ``env_kwargs`` (a dict of
-  env arguments the bench makes its env with, before the spec's own) and ``name``.
+  env arguments the bench makes its env with, before the spec's own), ``name``, and ``act_timeout`` (seconds one
+  ``act`` or ``reset`` may take, default :data:`DEFAULT_ACT_TIMEOUT`).
 
 The class (or factory) is called with no arguments, once per bench cell. A strategy whose ``act`` raises or returns
 something other than a string fails that episode with one line naming the strategy (:class:`StrategyError`; the
-bench records it and keeps the other cells); one that cannot be imported or made is refused before the bench starts.
+bench records it and keeps the other cells). One that does not return within its ``act_timeout`` fails that episode
+the same way, and every later episode of its cell at once: its call cannot be stopped from outside (it runs on a
+daemon thread, left behind), so the strategy is not called again. One that cannot be imported or made is refused
+before the bench starts.
 docs/bench.md ("Benchmark your own strategy") has a 20-line example.
 """
 
@@ -23,11 +27,14 @@ import importlib
 import importlib.util
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 #: The entry-point group installed packages register strategies in (``name = "package.module:Class"``).
 ENTRY_POINT_GROUP = "memenv.strategies"
+#: Seconds one ``act`` or ``reset`` of a user's strategy may take before its cell is failed (its ``act_timeout``).
+DEFAULT_ACT_TIMEOUT = 60.0
 _IMPORT_PATH = re.compile(r"(?P<module>[\w.\\/-]+?(?:\.py)?):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
@@ -95,31 +102,57 @@ def make_user_strategy(name: str) -> "UserStrategy":
 
 
 class UserStrategy:
-    """A user's strategy as the bench runs it: ``act`` checked (a string, or :class:`StrategyError` naming it)."""
+    """A user's strategy as the bench runs it: ``act`` checked (a string, or :class:`StrategyError` naming it), each
+    call bounded by the strategy's ``act_timeout``."""
 
     def __init__(self, policy: Any, name: str) -> None:
         self.policy, self.name = policy, name
         self.context = getattr(policy, "context", "memory")
         self.env_kwargs = dict(getattr(policy, "env_kwargs", {}) or {})
+        timeout = getattr(policy, "act_timeout", DEFAULT_ACT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"strategy {name}: act_timeout must be a positive number of seconds, got {timeout!r}")
+        self.act_timeout = float(timeout)
+        self.hung: str | None = None  # the call that did not return: the strategy is not called again
+
+    def _call(self, method: str, argument: Any) -> Any:
+        """``policy.<method>(argument)`` on a daemon thread, waited for ``act_timeout`` seconds."""
+        if self.hung is not None:
+            raise StrategyError(f"strategy {self.name}: not called again, its {self.hung} did not return within "
+                                f"{self.act_timeout:g} s")
+        result: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                result["value"] = getattr(self.policy, method)(argument)
+            except BaseException as exc:  # reported on the caller's thread below
+                result["error"] = exc
+
+        worker = threading.Thread(target=target, name=f"strategy {self.name}", daemon=True)
+        worker.start()
+        worker.join(self.act_timeout)
+        if worker.is_alive():
+            self.hung = method
+            raise StrategyError(f"strategy {self.name}: {method} did not return within {self.act_timeout:g} s "
+                                "(act_timeout); its later episodes fail at once")
+        if "error" in result:
+            exc = result["error"]
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the strategy's failure to name
+                raise exc
+            raise StrategyError(f"strategy {self.name}: {method} raised {type(exc).__name__}: {exc}") from None
+        return result.get("value")
 
     def reset(self, env: Any = None) -> None:
-        reset = getattr(self.policy, "reset", None)
-        if callable(reset):
-            try:
-                reset(env)
-            except Exception as exc:
-                raise StrategyError(f"strategy {self.name}: reset raised {type(exc).__name__}: {exc}") from None
+        if callable(getattr(self.policy, "reset", None)):
+            self._call("reset", env)
 
     def act(self, observation: str) -> str:
-        try:
-            action = self.policy.act(observation)
-        except Exception as exc:
-            raise StrategyError(f"strategy {self.name}: act raised {type(exc).__name__}: {exc}") from None
+        action = self._call("act", observation)
         if not isinstance(action, str):
             raise StrategyError(f"strategy {self.name}: act returned a {type(action).__name__}, not the action text "
                                 "(a string)")
         return action
 
 
-__all__ = ["ENTRY_POINT_GROUP", "StrategyError", "is_import_path", "entry_point_names", "load_factory",
+__all__ = ["DEFAULT_ACT_TIMEOUT", "ENTRY_POINT_GROUP", "StrategyError", "is_import_path", "entry_point_names", "load_factory",
            "make_user_strategy", "UserStrategy"]
