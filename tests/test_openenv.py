@@ -662,5 +662,20 @@ def test_health_says_whether_the_env_can_reset(tmp_path, monkeypatch):
         assert status == 503 and reply["status"] == "unhealthy" and str(data) in _one_line(reply)
         status, reply = _http(server.url, "/reset", b"{}")
         assert status == 503 and _one_line(reply).startswith("the env cannot reset: DataFormatError:")
+        # A new WebSocket session: before, a bare 1011 "could not make the env (see its log)"; now the cause, in an
+        # OpenEnv error frame and (cut to 123 bytes) in the close frame, and in ServedEnv's one-line refusal.
+        with _raw_session(server.url) as ws:
+            refusal = json.loads(ws.recv(timeout=20))
+            assert refusal["type"] == "error" and refusal["data"]["code"] == "EXECUTION_ERROR"
+            assert refusal["data"]["message"].startswith("the server cannot make the env: DataFormatError:")
+            assert str(data) in refusal["data"]["message"]
+            frame = _closed_by_server(ws)
+            assert frame.code == 1011 and frame.reason.startswith("the server cannot make the env: DataFormatError")
+            assert len(frame.reason.encode()) <= 123
+        with pytest.raises(RuntimeError, match="refused the session: the server cannot make the env: DataFormatError"):
+            connect(server.url)
         data.write_text(json.dumps([item]), encoding="utf-8")  # repaired: healthy again
+        env = connect(server.url)  # and a session opens again
+        assert env.reset(seed=0)[0]
+        env.close()
         assert _http(server.url, "/health", method="GET") == (200, {"status": "healthy"})

@@ -23,7 +23,7 @@ from memenv.openenv.messages import (RequestError, error_reply, json_kind, parse
 #: Close codes a session ends with; the close frame's reason says why in one line (:class:`SessionEndedError`).
 CLOSE_BY_CLIENT = 1000  # the client sent {"type": "close"}
 CLOSE_POLICY = 1008  # a socket that cannot attach to the session it names
-CLOSE_SERVER_ERROR = 1011  # the session's env could not be made (a bug: the server logs it)
+CLOSE_SERVER_ERROR = 1011  # the session's env could not be made (its data damaged or gone, or a bug: logged)
 CLOSE_SERVER_FULL = 1013  # "try again later": --max-sessions sessions are open
 CLOSE_IDLE = 4000  # no message for --session-timeout seconds
 
@@ -87,21 +87,31 @@ class SessionHub:
             return None
         return f"server full: {len(self.sessions)} of {self.max_sessions} sessions open, try again later"
 
-    async def _open(self, websocket: Any) -> _Session | None:
-        """A new session with its env, counted from now; None if its env could not be made (ended, logged)."""
+    async def _open(self, websocket: Any) -> tuple[_Session | None, str]:
+        """A new session with its env, counted from now, and ``""``; or None and why its env could not be made in
+        one line (the session ended, the client told, the log keeping the traceback)."""
         import asyncio
+
+        from tasks.types import DataFormatError
 
         session = _Session(websocket)
         self.sessions[session.id] = session  # no await since the caller's capacity check: no overshoot
         self._start_reaper()
         try:
             session.env = await asyncio.get_running_loop().run_in_executor(session.executor, self.factory)
-        except Exception:  # the env was made once at start-up, so this is a bug: keep its traceback
-            SESSION_LOG.exception("memenv serve: session %s: the env could not be made", session.id[:8])
-            await self.end(session, CLOSE_SERVER_ERROR, "the server could not make the env (see its log)")
-            return None
+        except Exception as exc:  # noqa: BLE001 - the env was made once at start-up: its data changed, or a bug
+            cause = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            if isinstance(exc, (DataFormatError, OSError)):  # a data file damaged or gone since the start
+                SESSION_LOG.error("memenv serve: session %s: the env cannot be made: %s", session.id[:8], cause)
+            else:
+                SESSION_LOG.exception("memenv serve: session %s: the env could not be made", session.id[:8])
+            why = f"the server cannot make the env: {cause}"
+            if websocket is not None:  # what OpenEnv clients read, in full, before the close frame
+                await self._send(websocket, error_reply(why, "EXECUTION_ERROR"))
+            await self.end(session, CLOSE_SERVER_ERROR, _close_reason(why))
+            return None, why
         session.last_active = time.monotonic()  # idle from now: a slow build is no reason to reap it at once
-        return session
+        return session, ""
 
     async def serve(self, websocket: WebSocket) -> None:
         try:
@@ -117,7 +127,7 @@ class SessionHub:
             await self._send(websocket, error_reply(reason, "CAPACITY_REACHED"))  # what OpenEnv clients read
             await _close(websocket, CLOSE_SERVER_FULL, reason)
             return
-        session = await self._open(websocket)
+        session, _ = await self._open(websocket)
         if session is None:
             return
         try:
@@ -226,9 +236,9 @@ class SessionHub:
             reason = self._full_reason()
             if reason is not None:
                 return rpc_error(rid, -32000, reason)
-            opened = await self._open(None)
+            opened, why = await self._open(None)
             if opened is None:
-                return rpc_error(rid, -32000, "the server could not make the env (see its log)")
+                return rpc_error(rid, -32000, why)
             return rpc_result(rid, {"session_id": opened.id})
         if method == "openenv/session/close":
             target = self.sessions.get(params.get("session_id"))  # type: ignore[arg-type]
@@ -338,6 +348,14 @@ class SessionHub:
                 if not session.busy and session.env is not None and now - session.last_active > timeout:
                     await self.end(session, CLOSE_IDLE, reason)
             session = None  # the loop variable would keep the last one reaped (its socket) until the next sweep
+
+def _close_reason(text: str, limit: int = 123) -> str:
+    """``text`` cut to what a WebSocket close frame carries (123 bytes of UTF-8), ``...`` marking a cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit - 3].decode("utf-8", errors="ignore") + "..."
+
 
 async def _close(websocket: Any, code: int, reason: str) -> None:
     """Close the socket with a close frame (code and reason) unless the client already closed it."""
