@@ -479,7 +479,9 @@ def _battery() -> list:
                    "Hotpot": HOTPOT_CASES, "BEAM": SYNTHETIC_BEAM_CASES, "BEAM-rewrite": SYNTHETIC_BEAM_CASES,
                    "BEAM-data": BEAM_DATA_CASES, "LongMemEval": LONGMEMEVAL_CASES}.get(env, [])
         for kwargs, error, fragments in family:
-            cases.append(pytest.param(env, kwargs, error, fragments, id=f"{env}-{kwargs!r}"[:90]))
+            # the id without memory addresses: the same in every process (pytest-xdist's workers compare them)
+            label = re.sub(r" at 0x[0-9a-fA-F]+", "", f"{env}-{kwargs!r}")[:90]
+            cases.append(pytest.param(env, kwargs, error, fragments, id=label))
     return cases
 
 

@@ -316,7 +316,8 @@ def test_a_session_is_idle_from_when_its_env_is_made_not_from_when_it_was_asked_
     hub = SessionHub(slow_factory, max_sessions=1, idle_timeout_s=None)
 
     async def open_one():
-        session = await hub._open(None)
+        session, why = await hub._open(None)
+        assert why == ""
         try:
             return session.last_active
         finally:
