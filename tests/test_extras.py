@@ -27,8 +27,10 @@ NEEDS = {
     "openenv": {"openenv"},                                # memenv serve, memenv.openenv
     "bench": {"bm25s"},                                    # benchmarks/search_speed.py
     "exchange": {"tinker"},                                # agents.llm.exchange: real tinker.Datum rows
-    "test": {"pytest", "hypothesis", "torch", "transformers", "gguf", "accelerate", "stable_baselines3",
-             "openenv", "tinker"},
+    "gem": {"gem", "requests"},                            # memenv.hubs.gem (GEM's wrapper factory needs requests)
+    "skyrl": {"skyrl_gym"},                                # memenv.hubs.skyrl
+    "test": {"pytest", "xdist", "hypothesis", "torch", "transformers", "gguf", "accelerate", "stable_baselines3",
+             "openenv", "tinker", "skyrl_gym"},
 }
 
 
