@@ -49,6 +49,9 @@ from agents.llm.training import (
 )
 
 
+DEMO_EXPERTS = ("oracle", "compact")  # SFTConfig.demo_expert's choices
+
+
 @dataclass
 class SFTConfig(RunConfig):
     episodes: int = 2000  # oracle demonstrations (task seeds 0..episodes-1)
@@ -66,6 +69,10 @@ class SFTConfig(RunConfig):
     demo_forget_rate: float = 0.0  # > 0 (MemQA): this share of the demonstrations loses one fact from memory
     # (agents.scripted.qa_strategies.ForgetfulOracle): the memory view's expert then searches again, the persistent
     # view's copies it back from the transcript and answers; each view renders its own expert's episode
+    demo_expert: str = "oracle"  # MemQA's demonstrator: "oracle" (agents.scripted.qa_strategies.OraclePolicy: whole
+    # document lines in memory) or "compact" (agents.scripted.compact_oracle.CompactOracle: one short note per question
+    # within the env's memory_budget, for a budget that binds); with "compact" each view renders its own expert's
+    # episode: the memory view's acts on its notes and the result in front, the persistent view's on the transcript
     demo_seed_base: int = 0  # demonstrations play task seeds demo_seed_base .. + episodes - 1
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
@@ -108,6 +115,13 @@ class SFTConfig(RunConfig):
             check_view(view)
         if not 0.0 <= self.demo_forget_rate <= 1.0:
             raise ValueError(f"SFTConfig.demo_forget_rate must be in [0, 1], got {self.demo_forget_rate!r}")
+        if self.demo_expert not in DEMO_EXPERTS:
+            raise ValueError(f"SFTConfig.demo_expert must be one of {', '.join(map(repr, DEMO_EXPERTS))}, "
+                             f"got {self.demo_expert!r}")
+        if self.demo_expert == "compact" and self.demo_forget_rate:
+            raise ValueError("SFTConfig.demo_forget_rate applies to demo_expert='oracle' only (the compact expert's "
+                             f"memory loses notes to the env's memory_budget instead), got demo_forget_rate="
+                             f"{self.demo_forget_rate!r} with demo_expert='compact'")
         if not isinstance(self.demo_env_overrides, dict):
             raise ValueError(f"SFTConfig.demo_env_overrides must be a dict of env kwargs, got {self.demo_env_overrides!r}")
 
@@ -161,7 +175,14 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
     views = tuple(getattr(cfg, "views", ("memory",)))
     fmt = TranscriptFormat(policy.tokenizer) if "persistent" in views else None
     forget = getattr(cfg, "demo_forget_rate", 0.0)
-    if forget:  # each view's own expert (the same fact lost at the same turn): the episodes differ after it
+    if getattr(cfg, "demo_expert", "oracle") == "compact":  # each view's own expert: the episodes may differ
+        from agents.scripted.compact_oracle import CompactOracle
+        from agents.scripted.qa_strategies import OraclePolicy
+
+        if not isinstance(make_strategy("oracle", cfg.env_id), OraclePolicy):
+            raise ValueError(f"SFTConfig.demo_expert='compact' needs a MemQA env (its oracle), got {cfg.env_id!r}")
+        experts = {view: CompactOracle(reads_transcript=view == "persistent") for view in views}
+    elif forget:  # each view's own expert (the same fact lost at the same turn): the episodes differ after it
         from agents.scripted.qa_strategies import ForgetfulOracle, OraclePolicy
 
         if not isinstance(make_strategy("oracle", cfg.env_id), OraclePolicy):
@@ -186,7 +207,7 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
             played = {}
             for view in views:
                 expert = experts[view]
-                if not forget and played:  # the same episode: play it once
+                if len({id(e) for e in experts.values()}) == 1 and played:  # one expert: play its episode once
                     played[view] = next(iter(played.values()))
                     continue
                 obs, _ = env.reset(seed=int(seeds[i]))
