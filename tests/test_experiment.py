@@ -936,7 +936,8 @@ def test_the_teacher_free_arm_is_matched_to_memopds_distillation_loss_of_the_sam
     from distill.experiment.stages import arm_config
 
     cfg = powered_config(str(tmp_path))
-    assert "constant" in cfg.arms and cfg.seeds >= 16 and cfg.teacher.sft_forget_rate > 0
+    assert "constant" in cfg.arms and cfg.seeds >= 16 and cfg.teacher.sft_demo_expert == "compact"
+    assert cfg.env_kwargs["memory_budget"] == 4 and cfg.env_kwargs["objectives"] == 3
     with pytest.raises(ValueError, match="MemOPD's run of that seed, which has not finished"):
         arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})
     (tmp_path / "arms" / "memopd" / "seed3").mkdir(parents=True)
@@ -947,6 +948,25 @@ def test_the_teacher_free_arm_is_matched_to_memopds_distillation_loss_of_the_sam
     (tmp_path / "arms" / "memopd" / "seed3" / "result.json").write_text('{"distill_loss": null}')
     with pytest.raises(ValueError, match="no mean distillation loss"):
         arm_config(cfg, "constant", 3, {"path": "student"}, {"path": "teacher"})
+
+
+def test_the_powered_teacher_learns_from_compact_notes_under_the_budget(tmp_path):
+    """Issue 61's regime binds the memory (4 words, 3 objectives, 10 turns) and its teacher's demonstrations are the
+    compact-notes expert's, each view its own: the choice reaches the teacher's SFTConfig; a wrong choice, or the
+    forgetful demonstrations with it, is refused naming the field."""
+    pytest.importorskip("torch")
+    from distill.experiment.config import ModelSpec, powered_config
+    from distill.experiment.stages import _sft_config
+
+    cfg = powered_config(str(tmp_path))
+    sft = _sft_config(cfg, cfg.teacher, tmp_path / "teacher")
+    assert sft.demo_expert == "compact" and sft.demo_forget_rate == 0.0 and sft.views == ("memory", "persistent")
+    assert sft.env_kwargs["memory_budget"] == 4 and sft.env_kwargs["max_turns"] == 10
+    assert _sft_config(cfg, cfg.student, tmp_path / "student").demo_expert == "oracle"
+    with pytest.raises(ValueError, match="teacher sft_demo_expert must be 'oracle' or 'compact'"):
+        powered_config(str(tmp_path), teacher=ModelSpec(sft_demo_expert="scripted"))
+    with pytest.raises(ValueError, match="sft_forget_rate applies to sft_demo_expert 'oracle' only"):
+        powered_config(str(tmp_path), teacher=ModelSpec(sft_demo_expert="compact", sft_forget_rate=0.5))
 
 
 def test_every_swept_arm_gets_its_own_rate_and_an_edge_choice_extends_the_grid(tmp_path, monkeypatch):

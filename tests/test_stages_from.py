@@ -155,7 +155,7 @@ def test_the_plateau_rule_stops_the_start_when_a_probe_no_longer_improves():
     assert plateau_verdict([{"probe_f1": 0.5}, {"probe_f1": 0.3}], 0.01) == "plateau"  # a drop is no improvement
     cfg = plateau_config("unused")
     assert cfg.arms == PLATEAU_ARMS and cfg.student_plateau == 0.01 and cfg.swept_arms == ("memopd",)
-    assert cfg.equal_cpu_arm == "memopd" and cfg.teacher.sft_forget_rate > 0
+    assert cfg.equal_cpu_arm == "memopd" and cfg.teacher.sft_demo_expert == "compact"
     with pytest.raises(ValueError, match="student_plateau"):
         plateau_config("unused", student_plateau=0.0)
 

@@ -164,8 +164,8 @@ def register_cli(subparsers) -> None:
                         "whole base as teacher, 15 of its layers (first 5, last 10) as student, 4 arms x 5 seeds x "
                         "12 updates, its expected CPU time printed first (distill.experiment.config.real_fair_config)")
     m.add_argument("--powered", action="store_true",
-                   help="issue 61's preset: a regime where the teacher's two views differ (a teacher trained on "
-                        "demonstrations whose memory loses a fact, a turn limit of 10), a stronger start, the "
+                   help="issue 61's preset: a regime where the teacher's two views differ (a 4-word memory budget, "
+                        "3 objectives, 10 turns; a teacher trained on compact-notes demonstrations), a stronger start, the "
                         "teacher-free control beside the matched one, 16 seeds (distill.experiment.config."
                         "powered_config)")
     m.add_argument("--plateau", action="store_true",

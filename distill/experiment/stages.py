@@ -126,6 +126,7 @@ def _sft_settings(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str 
                      tiny_layers=spec.layers, tiny_heads=spec.heads, max_new_tokens=cfg.max_new_tokens,
                      num_envs=cfg.num_envs, resume=True, progress=cfg.progress, views=spec.sft_views,
                      demo_env_overrides=dict(spec.sft_env), demo_forget_rate=spec.sft_forget_rate,
+                     demo_expert=spec.sft_demo_expert,
                      # a pretrained base's activations at 16 long invocations outgrow a 24 GiB machine (SmolLM2's 30
                      # layers: OOM at ~24 GB), so they are recomputed in the backward
                      gradient_checkpointing=bool(cfg.model))
