@@ -286,9 +286,10 @@ def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_l
         row.update(cpu.columns())
         run.log.append(row)
         last = row
-        run.log.plot("update", ["reward", "eval_f1", "kl_ref" if run.ref is not None else "approx_kl", "entropy",
-                                *getattr(extra_loss, "plot_keys", ())],
-                     title or f"{cfg.algo.upper()} {cfg.env_id} {cfg.env_kwargs}")
+        with timer.excluded():  # drawing the curve (matplotlib's first import: ~1-2 CPU-s) is no training
+            run.log.plot("update", ["reward", "eval_f1", "kl_ref" if run.ref is not None else "approx_kl", "entropy",
+                                    *getattr(extra_loss, "plot_keys", ())],
+                         title or f"{cfg.algo.upper()} {cfg.env_id} {cfg.env_kwargs}")
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", **({"f1": f"{row['eval_f1']:.3f}"} if "eval_f1" in row else {}))
         if (update + 1) % cfg.save_every == 0 or done:  # 5. checkpoint

@@ -307,7 +307,8 @@ def train_sft(cfg: SFTConfig, data: Sequence[Demonstration] | None = None) -> di
         if row is not None:
             run.log.append(row)
             last = row
-            run.log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
+            with timer.excluded():  # drawing the curve (matplotlib's first import: ~1-2 CPU-s) is no training
+                run.log.plot("step", ["loss", "token_acc", "eval_f1"], f"SFT {cfg.env_id} {cfg.env_kwargs}")
         if (cfg.save_every > 0 and (step + 1) % cfg.save_every == 0) or done:  # 0: only at the end
             with off_the_bar(bar):
                 _save(cfg, dist, run.out, step + 1, run.lm, run.tok, run.optimizer, timer)

@@ -586,8 +586,8 @@ def evaluate_off_budget(policy, envs, n: int, dist: Dist, timer: "Timer", counts
 
 class Timer:
     """Wall seconds (``timer()``) and this process's CPU seconds (``timer.cpu()``, all threads) since start,
-    less the time spent inside :meth:`excluded` blocks (held-out evaluations: measuring a run should not eat
-    its training budget, and evaluating more often should not make a run look slower). The excluded time is
+    less the time spent inside :meth:`excluded` blocks (held-out evaluations and drawing the learning curve:
+    measuring a run should not eat its training budget, and evaluating more often should not make a run look slower). The excluded time is
     kept in ``excluded_wall`` / ``excluded_cpu``. ``wall_clock`` and ``cpu_clock`` are the clocks read (tests
     give their own, so that what they check does not depend on the machine's load)."""
 
