@@ -38,8 +38,8 @@ NO_TIME = {
     "--out runs/ppo --resume": "continues a stopped run: the rest of its updates",
     "memenv distill diagnose": "reads the records a run saved (save_records); its cost is theirs",
     # results.md's regenerated section: each run's cost (teacher, student, arms in CPU-min) is in its text
-    "docs/results.md: memenv experiment memopd --world fresh --out runs/memopd_fresh": "its cost is in the text",
-    "docs/results.md: memenv experiment memopd --out runs/memopd": "its cost is in the text beside it",
+    "docs/results_history.md: memenv experiment memopd --world fresh --out runs/memopd_fresh": "its cost is in the text",
+    "docs/results_history.md: memenv experiment memopd --out runs/memopd": "its cost is in the text beside it",
 }
 
 
