@@ -657,7 +657,11 @@ def test_health_says_whether_the_env_can_reset(tmp_path, monkeypatch):
     with BackgroundServer("MemDialog-LongMemEval-v0", {"data_path": str(data)}) as server:
         assert _http(server.url, "/health", method="GET") == (200, {"status": "healthy"})
         assert _http(server.url, "/reset", b"{}")[0] == 200
+        before = connect(server.url)  # a session opened before the damage
         data.write_text('[{"question_id": "q1", "answ', encoding="utf-8")  # cut short after the start
+        with pytest.raises(Exception, match="DataFormatError") as reset_error:  # its reset names the cause in one line
+            before.reset(seed=0)
+        assert str(data) in str(reset_error.value) and "\n" not in str(reset_error.value)
         status, reply = _http(server.url, "/health", method="GET")
         assert status == 503 and reply["status"] == "unhealthy" and str(data) in _one_line(reply)
         status, reply = _http(server.url, "/reset", b"{}")
@@ -677,5 +681,7 @@ def test_health_says_whether_the_env_can_reset(tmp_path, monkeypatch):
         data.write_text(json.dumps([item]), encoding="utf-8")  # repaired: healthy again
         env = connect(server.url)  # and a session opens again
         assert env.reset(seed=0)[0]
+        assert before.reset(seed=0)[0]  # the session that met the damage plays on
         env.close()
+        before.close()
         assert _http(server.url, "/health", method="GET") == (200, {"status": "healthy"})
