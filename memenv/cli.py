@@ -132,7 +132,9 @@ def _commands() -> dict[str, Callable[[Any], None]]:
     return commands
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``only`` (a command of the upper layers, the one being run), that command's
+    alone besides the built-in ones, so that ``memenv train --help`` does not import what ``bench`` needs."""
     parser = argparse.ArgumentParser(prog="memenv", description="Environments for agents that rewrite their own memory.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         _check_agents_package()
     except PackageClashError as exc:
         parser.exit(2, f"memenv: error: {exc}\n")
-    for name, loader in _commands().items():
+    commands = _commands()
+    if only in commands:
+        commands = {only: commands[only]}
+    for name, loader in commands.items():
         try:
             loader()(sub)
         except ImportError as exc:  # an optional layer (torch, transformers) that is not installed
@@ -172,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     command kept, when it says) and returns 130; bugs raise."""
     command = "memenv"
     try:
-        parser = build_parser()
+        words = sys.argv[1:] if argv is None else argv
+        named = words[0] if words and not words[0].startswith("-") else None
+        parser = build_parser(only=named)
+        if named is not None and named not in parser._subparsers._group_actions[0].choices:
+            parser = build_parser()  # a mistyped command: argparse lists every command in its error
         args = parser.parse_args(argv)
         command = f"memenv {args.command}"
         if not hasattr(args, "func"):

@@ -251,3 +251,20 @@ def test_experiment_help_shows_the_memopd_options_before_the_long_description(ca
     text = _help_text(["experiment", "memopd"], capsys)
     assert text.index("--quick") < 2500  # the options come after a short summary, not a 50-line docstring
     assert text.index("options:") < text.index("What the experiment does")  # the whole text after them
+
+
+def test_a_command_loads_only_its_own_layer_and_a_typo_still_lists_every_command(capsys):
+    """``memenv train --help`` builds the train command's parser alone (before: every command's module was imported,
+    bench's pandas and scipy included, ~1 CPU-s more); a mistyped command still gets argparse's list of them all."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom memenv.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', 'agents.scripted.bench' in sys.modules, 'distill.cli' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).stdout
+    assert "--algo" in out and out.strip().splitlines()[-1] == "LOADED False False"
+    assert set(build_parser(only="view")._subparsers._group_actions[0].choices) == {"play", "index", "serve", "view"}
+    with pytest.raises(SystemExit):
+        main(["trian", "--help"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'trian'" in err and all(f"'{name}'" in err for name in ("bench", "train", "experiment"))

@@ -18,6 +18,7 @@ checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -292,6 +293,12 @@ def config_defaults(name: str) -> dict[str, Any]:
     """The literal defaults of the trainer config ``name`` (``SFTConfig``, ``PPOConfig``) and of its base, read from
     their source files without importing them: the configs' modules import torch, which takes seconds, and
     ``memenv train --help`` needs only the defaults. Fields whose default is not a literal are left out."""
+    return dict(_parsed_defaults(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_defaults(name: str) -> dict[str, Any]:
+    """:func:`config_defaults`, parsed once per process (the help asks for every option: ~30 parses otherwise)."""
     import ast
 
     file, base = _CONFIG_SOURCES[name]
