@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import gymnasium as gym
 import torch
 
 torch.set_num_threads(1)
@@ -84,3 +85,17 @@ def run_two_ranks_and_reference(ddp_script, ref_script, port: int, timeout: floa
                 p.communicate()
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-4000:]
+
+
+class ToyYes(gym.Env):
+    """One turn: reward 1 when the action contains "yes" (a reward a fresh model hits sometimes)."""
+
+    observation_space = gym.spaces.Text(100)
+    action_space = gym.spaces.Text(100)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "say yes", {}
+
+    def step(self, action):
+        return "say yes", float("yes" in action), True, False, {}

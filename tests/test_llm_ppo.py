@@ -6,9 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-import gymnasium as gym  # noqa: E402
 
-from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
+from llm_common import ToyYes, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
 from agents.llm.policy import LLMPolicy  # noqa: E402
 from agents.llm.ppo import (PartClock, PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
@@ -241,20 +240,6 @@ def test_batches_put_loss_on_action_tokens_only_and_reproduce_behaviour_logprobs
     behaviour = torch.tensor([x for g in gens for x in g.response_logprobs])
     assert (logp - behaviour).abs().max().item() <= 1e-4  # PPO ratio is exactly 1 before the first step
     assert values.shape == logp.shape == ent.shape
-
-
-class ToyYes(gym.Env):
-    """One turn: reward 1 when the action contains "yes"."""
-
-    observation_space = gym.spaces.Text(100)
-    action_space = gym.spaces.Text(100)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return "say yes", {}
-
-    def step(self, action):
-        return "say yes", float("yes" in action), True, False, {}
 
 
 class ToyNever(ToyYes):

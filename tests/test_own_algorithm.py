@@ -13,8 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-import gymnasium as gym  # noqa: E402
-from llm_common import tiny_model, toy_tokenizer  # noqa: E402
+from llm_common import ToyYes, tiny_model, toy_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "my_algorithm.py"
@@ -35,20 +34,6 @@ def start(tmp_path_factory, example):
     make_tiny(folder, env_kwargs=example["Args"]().env_kwargs, episodes=4, include_corpus=False, vocab_size=300,
               hidden_size=32, layers=2, heads=2)
     return folder
-
-
-class ToyYes(gym.Env):
-    """One turn: reward 1 when the action contains "yes" (a reward a fresh model hits sometimes)."""
-
-    observation_space = gym.spaces.Text(100)
-    action_space = gym.spaces.Text(100)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return "say yes", {}
-
-    def step(self, action):
-        return "say yes", float("yes" in action), True, False, {}
 
 
 def toy_records(seed: int = 0, n: int = 8, temperature: float = 1.0):
