@@ -10,8 +10,9 @@ from __future__ import annotations
 
 #: command -> its cost as documented (README and ``--help``).
 COSTS: dict[str, str] = {
-    # `memenv bench` at its defaults: 15 CPU-s (39 s wall at load average 8) and 18 CPU-s in two measurements.
-    "bench": "15-18 CPU-s",
+    # `memenv bench` at its defaults: 15 CPU-s (39 s wall at load average 8) and 18 CPU-s in two measurements on an
+    # AVX512 host; 20.9 and 21.5 CPU-s in fresh clones on an AVX2-only host (2026-12-07).
+    "bench": "15-22 CPU-s (21 on an AVX2-only host)",
     # `memenv models prepare smollm2-135m-instruct`, the first time (the conversion); then 0.1 s (a cache check).
     "prepare": "32 s measured here, 115 s on a busy 2-core machine; later 0.1 s",
     # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine.
