@@ -45,12 +45,17 @@ def standin_server(reply: Callable[[str], str]) -> Iterator[StandIn]:
                 state.requests.append(body)
             prompt = body.get("prompt") if "prompt" in body else body["messages"][-1]["content"]
             text = state.reply(prompt)
-            usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
+            tokens = (len(prompt.split()), len(text.split()))
+            usage = {"prompt_tokens": tokens[0], "completion_tokens": tokens[1], "total_tokens": sum(tokens)}
+            # the fields of OpenAI's schema that strict clients (verifiers) validate, whatever they hold
+            head = {"id": "cmpl-standin", "created": 0, "model": body.get("model", "stand-in")}
             if self.path.endswith("/chat/completions"):
-                self._send({"choices": [{"message": {"role": "assistant", "content": text},
-                                         "finish_reason": "stop"}], "usage": usage})
+                self._send({**head, "object": "chat.completion", "usage": usage,
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                         "finish_reason": "stop"}]})
             else:
-                self._send({"choices": [{"text": text, "finish_reason": "stop"}], "usage": usage})
+                self._send({**head, "object": "text_completion", "usage": usage,
+                            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})
 
         def log_message(self, *args) -> None:
             pass

@@ -28,9 +28,7 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -156,45 +154,10 @@ def package_path(verifiers_python, tmp_path_factory) -> str:
 # ---------------------------------------------------------------------- the model server
 @contextmanager
 def served_policy(act: Callable[[str], str]) -> Iterator[tuple[str, list[dict]]]:
-    """``act(observation) -> action`` behind tests/standin_openai.py's server, fronted by a relay that completes
-    its chat replies to the OpenAI schema verifiers validates (``id``, ``object``, ``created``, ``model``,
-    ``index``, ``total_tokens``). Yields the relay's ``/v1`` URL and the stand-in's request log."""
+    """``act(observation) -> action`` behind tests/standin_openai.py's stand-in server (its replies carry the
+    OpenAI schema's fields verifiers validates). Yields its ``/v1`` URL and its request log."""
     with standin_server(act) as standin:
-        class Relay(BaseHTTPRequestHandler):
-            def _forward(self, body: bytes | None) -> None:
-                request = urllib.request.Request(standin.url.removesuffix("/v1") + self.path, data=body,
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=60) as reply:
-                    payload = json.loads(reply.read())
-                if "choices" in payload:
-                    payload.update(id="chatcmpl-standin", object="chat.completion", created=0, model="stand-in")
-                    for i, choice in enumerate(payload["choices"]):
-                        choice["index"] = i
-                    usage = payload["usage"]
-                    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._forward(None)
-
-            def do_POST(self) -> None:  # noqa: N802
-                self._forward(self.rfile.read(int(self.headers["Content-Length"])))
-
-            def log_message(self, *args) -> None:
-                pass
-
-        relay = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
-        threading.Thread(target=relay.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{relay.server_address[1]}/v1", standin.requests
-        finally:
-            relay.shutdown()
-            relay.server_close()
+        yield standin.url, standin.requests
 
 
 def _policy(env_id: str, kwargs: dict, name: str):
