@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from agents.files import write_text_atomic
-from memenv.cli_common import CommandError, HelpFormatter, check_out_file
+from memenv.cli_common import CommandError, HelpFormatter, check_out_file, require_file
 
 __all__ = ["episode_trace", "load_view_input", "records_view", "register_cli", "render_html", "save_traces",
            "traces_view", "write_view"]
@@ -295,8 +295,7 @@ def write_view(path: str | os.PathLike, episodes: Sequence[Mapping[str, Any]], t
 # ------------------------------------------------------------------------------------------------- CLI
 def _run(args: argparse.Namespace) -> int:
     out = check_out_file(args.out, "-o", inputs=[args.input])
-    if not Path(args.input).is_file():
-        raise CommandError(f"{args.input}: no such file (JSON lines of invocation records or episode traces)")
+    require_file(args.input, "JSON lines of invocation records or episode traces")
     try:
         kind, items = load_view_input(args.input)
     except ValueError as exc:

@@ -62,6 +62,21 @@ def user_input(what: str = "") -> Iterator[None]:
         raise CommandError(f"{what}: {message}" if what else str(message)) from exc
 
 
+def require_file(path: str | os.PathLike, what: str, prefix: str = "") -> Path:
+    """``path`` as a :class:`Path` when it is a file, else a :class:`CommandError` saying what is there instead: nothing
+    (``no such file``) or a folder (``is a folder, not a file``, naming up to three ``.jsonl`` files inside it so the
+    user sees which one was meant). ``what`` says what the file holds; ``prefix`` (an option's name) starts the line."""
+    path = Path(path)
+    lead = f"{prefix} {path}" if prefix else str(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        inside = sorted(str(p) for p in path.rglob("*.jsonl"))
+        hint = f"; JSON lines files in it: {', '.join(inside[:3])}{' ...' if len(inside) > 3 else ''}" if inside else ""
+        raise CommandError(f"{lead}: is a folder, not a file ({what}){hint}")
+    raise CommandError(f"{lead}: no such file ({what})")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
     return _checked_number(text, int, 1, ">= 1")

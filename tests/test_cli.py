@@ -77,6 +77,23 @@ def test_a_user_mistake_is_one_line_and_exit_2(argv, word, capsys, tmp_path, mon
     assert not list(tmp_path.iterdir())  # failed before any work
 
 
+@pytest.mark.parametrize("argv", [["view", "{d}"], ["records", "export", "{d}", "--to", "trl", "--out", "{o}"],
+                                  ["index", "build", "{d}", "{o}"]], ids=["view", "records export", "index build"])
+def test_a_folder_given_for_a_file_is_named_a_folder(argv, capsys, tmp_path):
+    # A run's folder where its records file was meant: the line says "folder" (not "no such file", which is false)
+    # and names the JSON lines files inside, so the user sees which one to give.
+    folder = tmp_path / "runs"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "records.jsonl").write_text("{}\n")
+    argv = [part.format(d=folder, o=tmp_path / "out") for part in argv]
+    assert run(argv) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"memenv {argv[0]}") and "is a folder, not a file" in message, message
+    if argv[0] != "index":
+        assert str(folder / "a" / "records.jsonl") in message, message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """Only the set-up from arguments is a user's mistake: an error while running is raised as is."""
     import agents.scripted.bench.cli as bench_cli

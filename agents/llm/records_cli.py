@@ -11,9 +11,8 @@ unknown target) prints one line and exits 2 with nothing written.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from memenv.cli_common import CommandError, HelpFormatter, check_out_file, positive_int
+from memenv.cli_common import CommandError, HelpFormatter, check_out_file, positive_int, require_file
 
 TARGETS = ("trl", "slime", "skyrl", "tinker", "verl", "prime")  # agents.llm.exchange.TARGETS (no import here)
 WEIGHTS = ("token", "row", "episode")
@@ -23,8 +22,7 @@ def read_records(path: str, option: str = "RECORDS"):
     """The records of ``path``, or a :class:`CommandError` naming the file and what is wrong with it."""
     from agents.llm.records import load_records
 
-    if not Path(path).is_file():
-        raise CommandError(f"{option} {path}: no such file (JSON lines of invocation records)")
+    require_file(path, "JSON lines of invocation records", prefix=option)
     try:
         records = load_records(path)
     except ValueError as exc:

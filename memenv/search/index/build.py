@@ -188,6 +188,8 @@ def build_index(
         raise ValueError(f"chunk_docs, merge_postings and range_docs must be >= 1, got {chunk_docs}, "
                          f"{merge_postings}, {range_docs}")
     check_bm25_params(params.k1, params.b, params.epsilon)
+    if corpus_path.is_dir():
+        raise IsADirectoryError(f"corpus {corpus_path} is a folder, not a file (JSON lines of documents)")
     if not corpus_path.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus_path}")
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
