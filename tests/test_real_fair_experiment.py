@@ -3,7 +3,7 @@ reaches it, its CPU-time estimate and the weak start's window stop rule. Config-
 the evaluation faked: no model is loaded."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
@@ -236,6 +236,37 @@ def test_weak_start_stops_at_the_first_probe_in_the_window(tmp_path, monkeypatch
     trained = _fake_student(monkeypatch, tmp_path, [0.1, 0.9])
     res = build_student(_student_cfg(tmp_path / "c", student_start_ratio=None, student_start_f1=0.15), teacher)
     assert trained == [10, 20] and "start_window" not in res
+
+
+def test_weak_start_window_as_shares_of_the_teacher(tmp_path, monkeypatch):
+    """Issue 61 item 4: the powered preset's start is 0.3-0.5 of the teacher's held-out F1: the floor is raised to
+    student_start_floor_ratio x that F1, so a probe above the absolute floor but below 0.3x goes on training; the
+    window may be set on a folder whose teacher is done and whose start is not, and a floor share above the ceiling's
+    (or one without a ceiling) is refused by name."""
+    from distill.experiment.config import ExperimentConfig, check_settings, powered_config
+    from distill.experiment.stages import build_student
+
+    teacher = {"path": "t", "f1": 0.8}  # window (0.24, 0.4]
+    trained = _fake_student(monkeypatch, tmp_path, [0.1, 0.2, 0.3, 0.5])
+    res = build_student(_student_cfg(tmp_path / "a", student_start_ratio=0.5, student_start_floor_ratio=0.3), teacher)
+    assert trained == [10, 20, 30] and res["start_window"] == {"floor": pytest.approx(0.24),
+                                                                "ceiling": pytest.approx(0.4), "verdict": "stop"}
+    cfg = powered_config(str(tmp_path / "p"))
+    assert (cfg.student_start_floor_ratio, cfg.student_start_ratio) == (0.3, 0.5)
+    for bad in (dict(student_start_ratio=0.3, student_start_floor_ratio=0.4), dict(student_start_floor_ratio=0.3),
+                dict(student_start_ratio=0.5, student_start_floor_ratio=0.0)):
+        with pytest.raises(ValueError, match="student_start_floor_ratio"):
+            ExperimentConfig(**bad)
+    # a run whose teacher exists but whose start does not may move the window; once the start exists it may not
+    old = powered_config(str(tmp_path / "r"), student_start_f1=0.5, student_start_ratio=None,
+                         student_start_floor_ratio=None)
+    (tmp_path / "r" / "teacher").mkdir(parents=True)
+    (tmp_path / "r" / "experiment.json").write_text(json.dumps(asdict(old), default=list))
+    check_settings(powered_config(str(tmp_path / "r")))
+    (tmp_path / "r" / "student").mkdir()
+    (tmp_path / "r" / "student" / "result.json").write_text("{}")
+    with pytest.raises(ValueError, match="student_start"):
+        check_settings(powered_config(str(tmp_path / "r")))
 
 
 def test_weak_start_below_the_floor_at_the_cap_writes_no_start(tmp_path, monkeypatch):

@@ -56,14 +56,14 @@ ARM_SETTINGS = ("updates", "tasks_per_update", "group_size", "lr", "kl_coef", "t
                 "sweep_seeds", "swept_arms", "lr_by_arm", "sweep_extend", "probe_curve", "equal_cpu_arm", "seqkd_sample_share", "lora_rank", "lora_alpha")
 
 
-#: Settings of the weak start's length a rerun may also change while that stage has no result and no arm has run: a
-#: start whose probes stayed at or below the floor up to the cap (the window rule of ``student_start_ratio``) is
-#: extended by a rerun with more steps, its SFT resuming from its last checkpoint.
-STUDENT_LENGTH_SETTINGS = ("student_max_steps", "student_probes")
+#: Settings of where the weak start stops a rerun may change while that stage has no result and no arm has run: a
+#: start below the window's floor at the cap is extended by a rerun with more steps (its SFT resumes), and the
+#: window may be set once the teacher is measured.
+STUDENT_LENGTH_SETTINGS = ("student_max_steps", "student_probes", "student_start_f1", "student_start_ratio",
+                           "student_start_floor_ratio")
 #: Settings only the student's stage reads (and the arms after it): a run that links only another run's teacher
 #: (``--teacher-from``) may change them.
-STUDENT_SETTINGS = ("student", "student_start_f1", "student_max_steps", "student_probes", "student_start_ratio",
-                    "student_plateau", "probe_episodes")
+STUDENT_SETTINGS = ("student", "student_plateau", "probe_episodes") + STUDENT_LENGTH_SETTINGS
 
 
 class SettingsMismatchError(ValueError):
@@ -158,6 +158,9 @@ class ExperimentConfig:
     # between two probes: probe more finely); the cap reached below the floor is an error, with no start written.
     # None: stop at the first probe >= student_start_f1, as every run before issue 47.
     student_start_ratio: float | None = None
+    # With it too, the floor is at least this x the teacher's held-out F1 (issue 61 item 4: a start at 0.3-0.5 of
+    # the teacher's, strong enough that what both views agree on does not drown where they differ).
+    student_start_floor_ratio: float | None = None
     # Issue 61's user question ("after SFT, is MemOPD worth its CPU?"): with this set, the start is SFT'd to its
     # plateau instead: the rounds go on until a probe's F1 exceeds the best earlier probe's by less than this
     # (continued SFT no longer improves it), or student_max_steps; the floor and ratio rules do not apply.
@@ -186,9 +189,8 @@ class ExperimentConfig:
     teacher_dtype: str | None = None
     # Every arm's training passes (PPOConfig.train_autocast; None: the trainer's default, fp32): the real-model
     # preset runs the actor's and the reference's forwards under bf16 autocast where the host computes bf16 fast
-    # ("auto": CUDA, AMX; fp32 on AVX512-BF16 alone, 1.44x cheaper there for the actor):
-    # body and head matmuls bf16, softmaxes, log-probs and losses fp32, old log-probs recomputed by that forward;
-    # sampling stays fp32.
+    # ("auto": CUDA, AMX; fp32 on AVX512-BF16 alone, 1.44x cheaper there for the actor): body and head matmuls
+    # bf16, softmaxes, log-probs and losses fp32, old log-probs recomputed by that forward; sampling stays fp32.
     train_autocast: str | None = None
     # Learning-rate warm-up of every GRPO-trained arm: the lr rises linearly over the first warmup_updates updates
     # (0: none, as every run before the fair-evidence preset; Adam's first steps then move every weight by ~lr).
@@ -199,8 +201,7 @@ class ExperimentConfig:
     lora_rank: int = 0
     lora_alpha: float | None = None
     # GRPO alone's learning rate: rl_lr when set; else the best of rl_lr_sweep (greedy F1 on train-pool probe
-    # episodes after the full run, sweep_seeds seeds each, never the evaluation episodes) when it is non-empty;
-    # else lr, as every other arm.
+    # episodes after the full run, sweep_seeds seeds each, never the evaluation episodes) if non-empty; else lr.
     rl_lr: float | None = None
     rl_lr_sweep: tuple[float, ...] = ()
     sweep_seeds: int = 1
@@ -219,9 +220,8 @@ class ExperimentConfig:
     seen_eval_episodes: int = 200  # train-pool questions on evaluation seeds
     curve_every: int = 40  # held-out F1 every this many updates (the learning curve)
     curve_episodes: int = 200  # episodes of the curve's points (the first of the held-out episodes)
-    # Each arm run also scores the train-pool probe episodes at every curve point (OUT/arms/ARM/seedS/
-    # probe_curve.csv): what a pilot's training length is chosen from (distill.experiment.length), never the
-    # evaluation episodes (issue 61).
+    # Each arm run also scores the train-pool probe episodes at every curve point (OUT/arms/ARM/seedS/probe_curve.csv):
+    # what a pilot's training length is chosen from (distill.experiment.length), never the evaluation episodes.
     probe_curve: bool = False
     max_new_tokens: int = 64
     num_envs: int = 16
@@ -258,6 +258,9 @@ class ExperimentConfig:
             raise ValueError(f"sweep_extend must be an integer >= 0, got {self.sweep_extend!r}")
         if self.student_start_ratio is not None:
             _finite("student_start_ratio", self.student_start_ratio, 0, 1, strict_low=True)
+        if self.student_start_floor_ratio is not None:
+            _finite("student_start_floor_ratio (needs student_start_ratio, and at most it)",
+                    self.student_start_floor_ratio, 0, self.student_start_ratio or 0, strict_low=True)
         if self.student_plateau is not None:
             _finite("student_plateau", self.student_plateau, 0, 1, strict_low=True)
         _finite("seqkd_sample_share", self.seqkd_sample_share, 0.05, 0.95)
@@ -410,7 +413,7 @@ def fair_config(out: str, **overrides: Any) -> ExperimentConfig:
 #: trained on both views of compact-notes demonstrations (agents.scripted.compact_oracle: notes that fit the budget;
 #: the memory view's expert acts on its memory and the result in front of it, the transcript's reads the
 #: transcript, so their targets differ where the budget cut what the transcript keeps), a stronger start (its
-#: train-pool probe F1 > 0.5, so that what both views agree on does not drown the part where they differ), the
+#: probe F1 in 0.3-0.5 of the teacher's held-out F1, so what both views agree on does not drown where they differ), the
 #: teacher-free control beside the matched one, and the seeds of a power analysis (16 at least; docs/results.md
 #: holds the pre-registration). Before 2026-12-07's budget table it was the turn limit alone with forgetful
 #: oracle demonstrations (sft_forget_rate 0.5; results/memopd_powered_teacher): superseded, its views at 0.988.
@@ -425,7 +428,8 @@ def powered_config(out: str, **overrides: Any) -> ExperimentConfig:
     :data:`POWERED_ARMS`) on :func:`fair_config`'s design; 16 training seeds."""
     cfg = fair_config(out)
     cfg = replace(cfg, env_kwargs={**cfg.env_kwargs, **POWERED_ENV}, teacher=replace(cfg.teacher, **POWERED_TEACHER),
-                  arms=POWERED_ARMS, seeds=16, student_start_f1=0.5, student_max_steps=6000,
+                  arms=POWERED_ARMS, seeds=16, student_start_f1=0.05, student_start_floor_ratio=0.3,
+                  student_start_ratio=0.5, student_max_steps=6000,
                   student_probes=POWERED_STUDENT_PROBES, swept_arms=POWERED_ARMS, sweep_extend=2)
     return replace(cfg, **overrides)
 

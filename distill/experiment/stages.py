@@ -278,11 +278,15 @@ def plateau_verdict(probes: list[dict[str, Any]], tolerance: float) -> str:
     return "plateau" if probes[-1]["probe_f1"] - best < tolerance else "continue"
 
 
-def _start_window(cfg: ExperimentConfig, teacher: dict[str, Any]) -> float | None:
-    """The window's ceiling: ``student_start_ratio`` x the teacher's held-out F1 (the figure the issue's "<= 0.4
-    of the teacher's" names; the probes themselves are train-pool episodes, so the choice never sees evaluation
+def _start_window(cfg: ExperimentConfig, teacher: dict[str, Any]) -> tuple[float, float | None]:
+    """The window's floor and ceiling: ``student_start_f1`` (raised to ``student_start_floor_ratio`` x the
+    teacher's held-out F1 where set) and ``student_start_ratio`` x that F1 (the figure the issue's "<= 0.4 of the
+    teacher's" names; the probes themselves are train-pool episodes, so the choice never sees evaluation
     episodes), or None (the rule before issue 47)."""
-    return None if cfg.student_start_ratio is None else cfg.student_start_ratio * float(teacher["f1"])
+    floor = cfg.student_start_f1
+    if cfg.student_start_floor_ratio is not None:
+        floor = max(floor, cfg.student_start_floor_ratio * float(teacher["f1"]))
+    return floor, None if cfg.student_start_ratio is None else cfg.student_start_ratio * float(teacher["f1"])
 
 
 def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +313,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     done = latest_checkpoint(out / "sft")
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
     schedule = _probe_schedule(cfg)
-    ceiling = _start_window(cfg, teacher)
+    floor, ceiling = _start_window(cfg, teacher)
     # A resumed run continues at the first probe point at or after its last checkpoint.
     steps = next((n for n in schedule if n >= done_steps), schedule[-1])
     while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
@@ -327,16 +331,16 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
             verdict = plateau_verdict(probes, cfg.student_plateau)
             target = f"plateau rule (< {cfg.student_plateau:g} over the best earlier probe): {verdict}"
         else:
-            verdict = weak_start_verdict(probes[-1]["probe_f1"], cfg.student_start_f1, ceiling)
-            target = (f"window ({cfg.student_start_f1:g}, {ceiling:.3f}]: {verdict}" if ceiling is not None
-                      else f"weak-start target {cfg.student_start_f1}")
+            verdict = weak_start_verdict(probes[-1]["probe_f1"], floor, ceiling)
+            target = (f"window ({floor:.3g}, {ceiling:.3f}]: {verdict}" if ceiling is not None
+                      else f"weak-start target {floor}")
         _log(cfg, f"student after {steps} SFT steps: probe F1 {probes[-1]['probe_f1']:.3f} ({target})")
         if verdict != "continue" or steps >= cfg.student_max_steps:
             break
         steps = next(n for n in schedule if n > steps)
     if cfg.student_plateau is None and ceiling is not None and verdict == "continue":
         raise WeakStartNotReached(
-            f"the student's probe F1 stayed <= {cfg.student_start_f1:g} up to student_max_steps "
+            f"the student's probe F1 stayed <= {floor:.3g} up to student_max_steps "
             f"{cfg.student_max_steps} (last {probes[-1]['probe_f1']:.3f}): rerun with a larger --student-max-steps "
             f"(its SFT resumes from {out / 'sft'}), or a deeper student")
     if verdict == "overshot":
@@ -348,7 +352,7 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
            "train_cpu_seconds": row.get("cpu_seconds"), "f1": float(held.f1.mean()), "em": float(held.em.mean()),
            "f1_se": standard_error(held.f1), "seen_f1": float(seen.f1.mean()), "seen_f1_se": standard_error(seen.f1),
            "parameters": sum(p.numel() for p in lm.parameters()), "probes": probes,
-           **({"start_window": {"floor": cfg.student_start_f1, "ceiling": ceiling, "verdict": verdict}}
+           **({"start_window": {"floor": floor, "ceiling": ceiling, "verdict": verdict}}
               if ceiling is not None and cfg.student_plateau is None else {}),
            **({"plateau": {"tolerance": cfg.student_plateau, "verdict": verdict}}
               if cfg.student_plateau is not None else {}),
