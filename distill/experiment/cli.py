@@ -40,13 +40,20 @@ def _run(args: argparse.Namespace) -> int:
         if args.powered and (args.fair or args.quick or args.model or args.world):
             raise CommandError("--powered is issue 61's preset (fresh world, tiny models): it takes none of --fair, "
                                "--quick, --model and --world")
-        if args.plateau and not args.powered:
-            raise CommandError("--plateau is a variant of --powered (its regime and teacher): add --powered")
+        if (args.plateau or args.pilot) and not args.powered:
+            raise CommandError(f"{'--plateau' if args.plateau else '--pilot'} is a variant of --powered (its regime and "
+                               "teacher): add --powered")
+        if args.plateau and args.pilot:
+            raise CommandError("--pilot sizes the powered run, --plateau is its second question: give one of them")
         if args.stages_from and args.teacher_from:
             raise CommandError("--stages-from links the teacher and the student, --teacher-from the teacher only: "
                                "give one of them")
         if args.powered and args.plateau:
             cfg = plateau_config(args.out, **overrides)
+        elif args.powered and args.pilot:
+            from distill.experiment.pilot import pilot_config
+
+            cfg = pilot_config(args.out, **overrides)
         elif args.powered:
             cfg = powered_config(args.out, **overrides)
         elif args.fair and args.model:
@@ -99,6 +106,10 @@ def _run(args: argparse.Namespace) -> int:
               f"from it; {(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
         return 0
     print((Path(cfg.out) / "results.md").read_text())
+    if args.pilot:  # what the pilot is for: the headline run's length and seeds (OUT/pilot_plan.json)
+        from distill.experiment.pilot import format_plan, pilot_plan
+
+        print(format_plan(pilot_plan(cfg.out)))
     print(f"wrote {Path(cfg.out) / 'results.csv'}, comparisons.csv, results.md, learning_curves.png "
           f"({(time.perf_counter() - t0) / 60:.1f} wall-min this call)")
     return 0 if len(table) else 1
@@ -172,6 +183,10 @@ def register_cli(subparsers) -> None:
                    help="with --powered: issue 61's second question: from a start SFT'd to its plateau, MemOPD against "
                         "continued SFT at equal CPU (distill.experiment.config.plateau_config); link the powered run's "
                         "teacher with --teacher-from")
+    m.add_argument("--pilot", action="store_true",
+                   help="with --powered: the pilot that fixes the powered run's length and seeds (4 seeds, 240 "
+                        "updates, probe curves, provisional rates; link the powered run's stages with --stages-from); "
+                        "writes OUT/pilot_plan.json (distill.experiment.pilot)")
     m.add_argument("--world", choices=list(WORLDS), default=None,
                    help="fixed: one world whose facts can be learnt by heart (default); fresh: every episode draws "
                         "its facts afresh over one inventory of names and values, so only reading answers")
