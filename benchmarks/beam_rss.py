@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--snapshots", choices=("none", "default"), default="none",
                         help="keep_snapshots=False, or the env's default (the last 256 kept for the summary)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.strategy, args.seed, args.source, args.snapshots)))
@@ -97,6 +100,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in rows[1:]:
         print(f"peak RSS at {r['chat_tokens']:,} tokens - at {base['chat_tokens']:,}: "
               f"{r['peak_rss_mb'] - base['peak_rss_mb']:+.1f} MB")
+    if args.record:
+        from records import write_record
+
+        write_record(args.record, __file__, argv, {"strategy": args.strategy, "source": args.source, "seed": args.seed,
+                                                   "snapshots": args.snapshots, "rows": rows})
     return rows
 
 

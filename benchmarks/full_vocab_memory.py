@@ -72,6 +72,9 @@ def main(argv=None) -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[128, 512, 0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(one(args.positions, args.child, args.threads)))
@@ -97,6 +100,11 @@ def main(argv=None) -> int:
     spread = table["loss"].max() - table["loss"].min()
     print(f"loss identical across chunk sizes within {spread:.2e}; one chunk's logits alone would be "
           f"{args.positions * int(table['vocab'][0]) * 4 / 2**20:.0f} MB per fp32 tensor")
+    if args.record:
+        from records import write_record
+
+        write_record(args.record, __file__, argv, {"dtype": "float32", "threads": args.threads, "rows": rows,
+                                                   "loss_spread": float(spread)})
     return 0
 
 

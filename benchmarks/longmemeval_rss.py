@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--memory-mode", dest="memory_mode", default="tools", choices=("tools", "rewrite"))
     parser.add_argument("--m-sessions", dest="m_sessions", type=int, default=500)
     parser.add_argument("--child", choices=("oracle", "M"), help=argparse.SUPPRESS)
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.strategy, args.memory_mode, args.m_sessions)))
@@ -89,6 +92,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{r['rss_growth_mb']:>14.1f}")
     delta = rows[1]["peak_rss_mb"] - rows[0]["peak_rss_mb"]
     print(f"peak RSS at the M-size item - at the oracle item: {delta:+.1f} MB (target: at most +50 MB)")
+    if args.record:
+        from records import write_record
+
+        write_record(args.record, __file__, argv, {"strategy": args.strategy, "memory_mode": args.memory_mode,
+                                                   "m_sessions": args.m_sessions, "rows": rows,
+                                                   "peak_rss_delta_mb": delta})
     return rows
 
 

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--huge-paragraph", type=int, metavar="WORDS",
                         help="time steps on a document that is one paragraph of WORDS words instead")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="with --huge-paragraph (default: 512)")
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.huge_paragraph is not None:
         return [huge_paragraph(args.huge_paragraph, args.chunk_tokens)]
@@ -158,6 +161,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in rows[1:]:
         print(f"peak RSS at {r['doc_tokens']:,} tokens - at {base['doc_tokens']:,}: "
               f"{r['peak_rss_mb'] - base['peak_rss_mb']:+.1f} MB")
+    if args.record:
+        from records import write_record
+
+        write_record(args.record, __file__, argv,
+                     {"strategy": args.strategy, "seed": args.seed, "keep_snapshots": False, "rows": rows})
     return rows
 
 

@@ -254,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="keep the corpus files and indexes already in --workdir (see the module docstring)")
     parser.add_argument("--no-bm25s", action="store_true", help="skip bm25s")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(globals()[f"child_{args.child[0]}"](*json.loads(args.child[1]))))
@@ -354,6 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  MISMATCH query {i} {queries[i]!r}: bm25 {fast_res[i]} vs rank_bm25 {ref_res[i]} "
               f"vs index {idx_res[i]}")
     failures += len(mismatches)
+    if args.record:
+        from records import write_record
+
+        write_record(args.record, __file__, argv, {
+            "host_line": host_line(), "docs": args.docs, "ref_docs": n_sample, "queries": len(queries),
+            "ref_queries": n_ref, "k": args.k, "seed": args.seed, "index_build": built, "index_query": q,
+            "queries_per_s": {"bm25": fast_qps, "index": idx_qps, "rank_bm25": ref_qps}, "ratio_bm25_reference": ratio,
+            "ranking_mismatches": len(mismatches), "max_score_diff": max_diff})
     if args.workdir is None:
         import shutil
 

@@ -115,6 +115,9 @@ def main(argv=None) -> int:
                    help="padding-free and shared-prefix row lengths, in multiples of the longest invocation")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5, help="timed rounds after the warm-up (the median is reported)")
+    from records import add_record_option  # benchmarks/records.py: the committed record
+
+    add_record_option(p)
     args = p.parse_args(argv)
 
     import gymnasium as gym
@@ -248,6 +251,20 @@ def main(argv=None) -> int:
           f"actor forward+backward {best_t['actor'] / tree['actor']:.2f}x (token limit "
           f"{sorted_slots / tree_tokens:.2f}x)")
     print("RCE " + ("passes (<= 1e-4) for every packing" if ok else "FAILS for some packing"))
+    if args.record:
+        from records import write_record
+
+        rows = {name: {"batches": len(batches), "slots": sum(b.n_slots for b in batches),
+                       "teacher_cpu_s": med[name]["teacher"], "actor_cpu_s": med[name]["actor"],
+                       "teacher_x_naive": naive_t["teacher"] / med[name]["teacher"],
+                       "teacher_x_best": best_t["teacher"] / med[name]["teacher"],
+                       "actor_x_naive": naive_t["actor"] / med[name]["actor"],
+                       "actor_x_best": best_t["actor"] / med[name]["actor"], "rce_actor": rce[name][0],
+                       "rce_teacher": rce[name][1]} for name, (batches, _) in layouts.items()}
+        write_record(args.record, __file__, argv, {
+            "source": source, "records": len(records), "tokens": n_tokens, "action_tokens": n_actions,
+            "dtype": "float32", "threads": torch.get_num_threads(), "rounds": args.rounds, "best_padded": best,
+            "token_limit_x": sorted_slots / tree_tokens, "rce_ok": bool(ok), "layouts": rows})
     return 0 if ok else 1
 
 
