@@ -193,12 +193,12 @@ def test_registered_entry_points_live_in_the_envs_room():
 
 def test_rollout_is_the_function_even_after_its_module_is_imported():
     # A fresh interpreter: the module import must not replace the package attribute with the module.
-    code = ("import agents.llm.rollouts, inspect\nfrom agents.llm import rollout, records_of\n"
+    code = ("import agents.llm.records.rollouts, inspect\nfrom agents.llm import rollout, records_of\n"
             "assert inspect.isfunction(rollout) and inspect.isfunction(records_of), (rollout, records_of)\n"
             "print(rollout.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "agents.llm.rollouts"
+    assert out.stdout.strip() == "agents.llm.records.rollouts"
 
 
 def test_old_flat_module_paths_are_gone():
@@ -213,8 +213,8 @@ def test_old_flat_module_paths_are_gone():
 # failure; what is over them today is named below and may only shrink.
 MAX_MODULE_LINES = 650
 MAX_TRAINER_FUNCTION_LINES = 90
-TRAINER_MODULES = ("agents/llm/ppo.py", "agents/llm/ppo_update.py", "agents/llm/actor.py", "agents/llm/advantages.py",
-                   "agents/llm/sft.py", "agents/llm/training.py", "agents/llm/trl.py", "agents/llm/verl.py",
+TRAINER_MODULES = ("agents/llm/training/ppo.py", "agents/llm/training/ppo_update.py", "agents/llm/training/actor.py", "agents/llm/training/advantages.py",
+                   "agents/llm/training/sft.py", "agents/llm/training/common.py", "agents/llm/adapters/trl.py", "agents/llm/adapters/verl.py",
                    "distill/trainer.py", "distill/trl.py")
 # Over the limits today, to be split (then removed here); may only shrink. Issue 49's item 2 emptied it (train_rl
 # as a loop of named steps, train_sft likewise).

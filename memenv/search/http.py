@@ -1,5 +1,5 @@
 """JSON over HTTP with deadlines and retries: the one client loop behind the retrieval server
-(:mod:`memenv.search.remote`), the LLM judge (:mod:`memenv.scoring.judges`) and served models (:mod:`agents.served`).
+(:mod:`memenv.search.remote`), the LLM judge (:mod:`memenv.scoring.judges`) and served models (:mod:`agents.llm.adapters.served`).
 Standard library only.
 
 Time limits. ``timeout`` is the wall-clock budget of one attempt: connecting, sending the request, and reading
