@@ -41,9 +41,9 @@ with its training passes under bf16 autocast and the teacher's weights in bf16 (
 chose on any CPU with AVX512-BF16 before they were limited to CPUs with AMX; agents/llm/models/precision.py).
 
 ``--lora-rank R``: the right side trains rank-R low-rank adapters on the actor's linear layers instead of its weights
-(``PPOConfig.lora_rank``, :mod:`agents.llm.training.lora`; the reference is the base with the adapters off); the left side is
-the update now with the full weights (``--baseline`` does not apply). ``benchmarks/lora_actor_cost.py`` times the
-actor's step alone.
+(``PPOConfig.lora_rank``, :mod:`agents.llm.training.lora`; the reference is the base with the adapters off); the left
+side is the update now with the full weights (``--baseline`` does not apply). ``benchmarks/lora_actor_cost.py`` times
+the actor's step alone.
 
     python benchmarks/arm_update_cost.py --base ... --student-layers 6 --lora-rank 8 --updates 2
 

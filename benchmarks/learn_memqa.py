@@ -1,7 +1,7 @@
 """Learning evidence on MemQA-v0 (1 objective, 2 hops), CPU only, tiny model trained from scratch.
 
-SFT recipe (``agents.llm.training.recipes.TINY_SFT_RECIPE``, the defaults of ``memenv train --algo sft`` without ``--model``
-too; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
+SFT recipe (``agents.llm.training.recipes.TINY_SFT_RECIPE``, the defaults of ``memenv train --algo sft`` without
+``--model`` too; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
 their trailing space (``tiny_split_spaces="suffix"``: names copy as the same ids, prompts ~250 tokens), batches
 of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32) where the CPU
 has native bf16 and fp32 elsewhere (``autocast="auto"``; the host line printed first says which), lr 3e-3

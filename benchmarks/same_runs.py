@@ -8,8 +8,8 @@ checkpoints), ``records collect`` (4 episodes) and ``records export --to trl``. 
 
 ``python benchmarks/same_runs.py --compare A B`` compares two such folders: every tensor of every checkpoint
 (``.safetensors`` and ``.pt``) with ``torch.equal``, every metrics row, config and record exactly, except the
-columns that time the run (seconds, rates, elapsed time), a rollout's random id and the run folder's own path. It prints each
-difference and exits 1 if there is one, else prints how much it compared and exits 0.
+columns that time the run (seconds, rates, elapsed time), a rollout's random id and the run folder's own path. It prints
+each difference and exits 1 if there is one, else prints how much it compared and exits 0.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sampling cost in :class:`agents.llm.generation.policy.LLMPolicy` rollouts: the inverse-CDF sampler it uses
-(:func:`agents.llm.generation.policy.inverse_cdf_sample`) against ``torch.multinomial``, side by side on the same model and
-prompts.
+(:func:`agents.llm.generation.policy.inverse_cdf_sample`) against ``torch.multinomial``, side by side on the same model
+and prompts.
 
 Two measurements, each of the two samplers in rotated rounds (best of ``--rounds``):
 

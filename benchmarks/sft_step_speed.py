@@ -1,9 +1,9 @@
 """SFT step time on CPU: under bf16 autocast, transformers' "sdpa" attention vs fp32 attention
-(``agents.llm.models.local.use_float32_attention``, what ``train_sft`` switches on under the autocast), and no autocast at
-all (fp32, what ``autocast="auto"`` picks on a CPU without AMX), measured side by side in one run.
+(``agents.llm.models.local.use_float32_attention``, what ``train_sft`` switches on under the autocast), and no autocast
+at all (fp32, what ``autocast="auto"`` picks on a CPU without AMX), measured side by side in one run.
 
-The batches are those of the tiny-model recipe (agents.llm.training.recipes, learn_memqa's and `memenv train`'s): 16 oracle
-invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
+The batches are those of the tiny-model recipe (agents.llm.training.recipes, learn_memqa's and `memenv train`'s): 16
+oracle invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
 layers x 8 heads, LM loss on 30% of the prompt.
 
     python benchmarks/sft_step_speed.py [--steps 12] [--rounds 2]

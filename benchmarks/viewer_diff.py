@@ -1,6 +1,6 @@
-"""The viewer's memory diff (agents.llm.records.viewer.memory_diff) against the memory's size: seconds per diff of a memory of
-3, 8, 17 and 100 KB (repeated words, as long-dialogue memories hold), edited locally (one line inserted, one word
-renamed on every line) and rewritten whole (every word moved), and the matcher's worst case at its cap (2,000
+"""The viewer's memory diff (agents.llm.records.viewer.memory_diff) against the memory's size: seconds per diff of a
+memory of 3, 8, 17 and 100 KB (repeated words, as long-dialogue memories hold), edited locally (one line inserted, one
+word renamed on every line) and rewritten whole (every word moved), and the matcher's worst case at its cap (2,000
 identical lines). Issue 64's bound: a 100 KB memory under a second.
 
     python benchmarks/viewer_diff.py

@@ -1,8 +1,8 @@
 """A real vLLM server against the same model in this process: greedy actions of the served policy, and teacher
 log-probs of the served teacher.
 
-Needs a vLLM server for the prepared SmolLM2-135M-Instruct folder (``python -m agents.llm.adapters.vllm_server start --model
-DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stops it at the end).
+Needs a vLLM server for the prepared SmolLM2-135M-Instruct folder (``python -m agents.llm.adapters.vllm_server start
+--model DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stops it at the end).
 
 1. Policy (issue 20, deliverable 3). In-process :class:`agents.llm.generation.policy.LLMPolicy` (fp32, greedy, the chat
    template with :data:`agents.llm.generation.policy.PROTOCOL_SYSTEM_PROMPT`, ``--max-new-tokens``) plays ``--episodes``
@@ -14,8 +14,8 @@ DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stop
    played by the served policy alone (``memenv bench``'s runner) and the mean F1 of both is printed.
 2. Teacher (issue 20, the served teacher). ``--teacher-episodes`` episodes sampled at T=1 give records; their
    action tokens are scored by :class:`distill.served_teacher.ServedTeacher` (``prompt_logprobs=k``) and by the
-   in-process model (one sequence at a time, :func:`agents.llm.generation.policy.sequence_logprobs`, fp32). Reported: max and
-   p99 |delta log-prob| of the sampled tokens, top-k id agreement, and both scorers' tokens per second (the
+   in-process model (one sequence at a time, :func:`agents.llm.generation.policy.sequence_logprobs`, fp32). Reported:
+   max and p99 |delta log-prob| of the sampled tokens, top-k id agreement, and both scorers' tokens per second (the
    in-process one on the prefix-tree packing of :class:`distill.teacher.Teacher`).
 
     python benchmarks/vllm_agreement.py --url http://127.0.0.1:8765 [--episodes 6] [--json out.json]

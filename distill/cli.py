@@ -9,12 +9,12 @@
     memenv distill --teacher openai:smollm2@http://127.0.0.1:8765 --student S --out runs/served  # served teacher
     memenv distill diagnose --records records.jsonl --model S                               # RCE table
 
-Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``: ``agents.llm.training.recipes.TINY_MODEL_FIELDS``),
-with the tokenizer of the env's oracle text: a teacher trained by ``memenv train`` from scratch shares it. Every field of
-:class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can be set with ``--set KEY=VALUE``. Writes
-``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic checkpoints ``OUT/checkpoint-N``
-(``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or the vocabulary check is
-bad.
+Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``:
+``agents.llm.training.recipes.TINY_MODEL_FIELDS``), with the tokenizer of the env's oracle text: a teacher trained by
+``memenv train`` from scratch shares it. Every field of :class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can
+be set with ``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
+checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or
+the vocabulary check is bad.
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ def diagnose(records, model, tokenizer=None, clip: float = 0.2, methods: Sequenc
 
 def action_kind(text: str, stop: Sequence[str] = DEFAULT_STOP) -> str:
     """The kind of action ``text`` is, as the policy would have sent it (cut after its first stop string, like
-    :class:`agents.llm.generation.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where the
-    protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
+    :class:`agents.llm.generation.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where
+    the protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
     from memenv.protocol import parse_action
 
     ends = [text.find(s) + len(s) for s in stop if s in text]

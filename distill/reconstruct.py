@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from agents.llm.records.invocation import InvocationRecord
-from agents.llm.records.transcript import (REPLY_TEMPLATE, TranscriptFormat, chat_turn_frame, environment_reply,  # noqa: F401
-                                    flatten_episode)
+from agents.llm.records.transcript import (REPLY_TEMPLATE, TranscriptFormat, chat_turn_frame,  # noqa: F401
+                                           environment_reply, flatten_episode)
 
 RECONSTRUCTIONS = ("aligned", "persistent")
 

@@ -7,10 +7,10 @@ mode with ``requires_grad=False`` and runs under ``no_grad``.
 
 Vocabulary check (:func:`check_vocabulary`): teacher and student must share one tokenizer (the student's sampled
 ids are fed to the teacher as they are). It compares the tokenizers' fingerprints
-(:func:`agents.llm.records.invocation.tokenizer_fingerprint`: the vocabulary and the added tokens) and that both heads cover
-the tokenizer, and fails with an error naming both, before any weights are loaded by :meth:`Teacher.from_pretrained`.
-Heads of different widths over one tokenizer (e.g. Qwen2.5 checkpoints padded to 151,936 or 152,064 rows) are
-compared on their common first ``vocab_size`` logits, which cover every real token.
+(:func:`agents.llm.records.invocation.tokenizer_fingerprint`: the vocabulary and the added tokens) and that both heads
+cover the tokenizer, and fails with an error naming both, before any weights are loaded by
+:meth:`Teacher.from_pretrained`. Heads of different widths over one tokenizer (e.g. Qwen2.5 checkpoints padded to
+151,936 or 152,064 rows) are compared on their common first ``vocab_size`` logits, which cover every real token.
 """
 
 from __future__ import annotations

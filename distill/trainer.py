@@ -32,7 +32,8 @@ context).
 Under ``torchrun`` (DDP): the packed forward runs as the DDP-wrapped actor's forward (``ActorCritic(call=...)``),
 so DDP all-reduces its gradients; each rank loads the teacher and scores its own records; GRPO groups stay on one
 rank; metrics and checkpoints come from rank 0; ``resume`` continues every rank (see
-:func:`agents.llm.training.ppo.train_rl`). The update equals one process's on the global batch (tested with 2 gloo ranks).
+:func:`agents.llm.training.ppo.train_rl`). The update equals one process's on the global batch (tested with 2 gloo
+ranks).
 
 Memory: with ``grad_accumulation`` (default on here) each minibatch is split into its packed batches
 (:meth:`PackedActorForward.split`) and each one's forward is followed by its backward, so one update holds one
@@ -62,7 +63,8 @@ from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 
 @dataclass
 class MemOPDConfig(PPOConfig):
-    """:class:`agents.llm.training.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory credit."""
+    """:class:`agents.llm.training.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory
+    credit."""
 
     out_dir: str = "runs/distill"
     teacher: str | None = None  # local checkpoint of the teacher (same tokenizer as the student), or openai:NAME@URL

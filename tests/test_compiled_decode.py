@@ -1,5 +1,5 @@
-"""The compiled decode step (``LLMPolicy(compile_decode=True)``, :mod:`agents.llm.generation.compiled_decode`): the same greedy
-tokens as the eager decode, token for token, and log-probs within fp32 rounding of it, over rows of different
+"""The compiled decode step (``LLMPolicy(compile_decode=True)``, :mod:`agents.llm.generation.compiled_decode`): the same
+greedy tokens as the eager decode, token for token, and log-probs within fp32 rounding of it, over rows of different
 lengths that finish at different steps and a lone row, without a recompile per step or per call, and after the
 weights change in place (a training step) without a recompile and without stale weights; a compilation
 that fails warns once and decodes eagerly; models the step does not know keep the forward.

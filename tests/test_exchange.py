@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
 from agents.llm.records.exchange import (TARGETS, TeacherScores, export_records, import_rows, ordered,  # noqa: E402
-                                 read_export, row_to_json, row_weights, teacher_scores, write_export)
+                                         read_export, row_to_json, row_weights, teacher_scores, write_export)
 from agents.llm.generation.policy import LLMPolicy  # noqa: E402
 from agents.llm.records.invocation import save_records  # noqa: E402
 from agents.llm.records.rollouts import records_of, rollout  # noqa: E402

@@ -236,7 +236,8 @@ def test_served_start_up_check_default_bound_and_bench_cli(monkeypatch, capsys, 
     import agents.llm.adapters.served
     from memenv.cli import main
 
-    assert CompletionsClient(ServedSpec.parse("openai:m@localhost:1")).check_timeout == agents.llm.adapters.served.CHECK_TIMEOUT == 15
+    served = agents.llm.adapters.served
+    assert CompletionsClient(ServedSpec.parse("openai:m@localhost:1")).check_timeout == served.CHECK_TIMEOUT == 15
     monkeypatch.setattr(agents.llm.adapters.served, "CHECK_TIMEOUT", 1.0)
     monkeypatch.chdir(tmp_path)
     with StandIn({"/v1/models": silent}) as server:

@@ -2,9 +2,9 @@
 
 ``memenv bench --strategies relevance history runs/memopd/student`` puts learned and hand-written memory in one
 table: a strategy name that is a local folder holding ``config.json`` (a ``save_pretrained`` checkpoint) becomes
-a :class:`CheckpointStrategy`, a greedy :class:`agents.llm.generation.policy.LLMPolicy` (temperature 0: the bench compares
-policies, not samples). Episodes of one cell run batched through :func:`agents.llm.records.rollouts.rollout` (all
-episodes' invocations of a turn in one forward), so a cell of 20 episodes costs about one episode's forwards.
+a :class:`CheckpointStrategy`, a greedy :class:`agents.llm.generation.policy.LLMPolicy` (temperature 0: the bench
+compares policies, not samples). Episodes of one cell run batched through :func:`agents.llm.records.rollouts.rollout`
+(all episodes' invocations of a turn in one forward), so a cell of 20 episodes costs about one episode's forwards.
 """
 
 from __future__ import annotations

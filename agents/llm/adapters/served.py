@@ -301,9 +301,9 @@ class ServedPolicy:
     """The ``openai:MODEL@URL`` strategy: a policy for ``memenv bench`` (and any ``act(observation)`` loop).
 
     ``endpoint``, ``tokenizer``, ``system_prompt`` override the spec's options (``system_prompt``: the text of
-    the chat system message; default :data:`agents.llm.models.prompts.PROTOCOL_SYSTEM_PROMPT`, none with ``system=none``).
-    ``run_episodes`` runs many episodes at once (``concurrency`` worker threads, one env each) and reports, per
-    episode, the server's prompt and completion token counts."""
+    the chat system message; default :data:`agents.llm.models.prompts.PROTOCOL_SYSTEM_PROMPT`, none with
+    ``system=none``). ``run_episodes`` runs many episodes at once (``concurrency`` worker threads, one env each) and
+    reports, per episode, the server's prompt and completion token counts."""
 
     context = "memory"
     prompt_template = "{observation}\n"

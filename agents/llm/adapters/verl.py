@@ -50,8 +50,8 @@ class MemenvEpisodeLoop:
     Args:
         server: has ``async generate(request_id, *, prompt_ids, sampling_params)`` returning an object (or dict)
             with ``token_ids`` and ``log_probs``.
-        tokenizer: the policy's tokenizer (prompts are encoded with :class:`agents.llm.generation.policy.PromptFormat`, as in
-            :class:`agents.llm.generation.policy.LLMPolicy`).
+        tokenizer: the policy's tokenizer (prompts are encoded with
+            :class:`agents.llm.generation.policy.PromptFormat`, as in :class:`agents.llm.generation.policy.LLMPolicy`).
         response_length: max tokens per invocation (``max_tokens`` sent to the server).
         stop: strings that end an action (sent as vLLM/SGLang ``stop``, kept in the output).
         template, system_prompt, max_prompt_tokens: as in :class:`agents.llm.generation.policy.LLMPolicy`.

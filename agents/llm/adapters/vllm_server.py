@@ -1,7 +1,7 @@
 """A real vLLM server on this machine: its own virtual environment (installed once, cached), started on 127.0.0.1
 and stopped by its process group.
 
-    python -m agents.llm.adapters.vllm_server install                     # once per machine (~14 min on a busy 2-core CPU)
+    python -m agents.llm.adapters.vllm_server install       # once per machine (~14 min on a busy 2-core CPU)
     python -m agents.llm.adapters.vllm_server start --model DIR --name smollm2 --port 8765 \\
         --pidfile vllm.pid --log vllm.log --no-wait           # returns at once; answers after ~1 min (-O0)
     python -m agents.llm.adapters.vllm_server wait --url http://127.0.0.1:8765 --name smollm2 --timeout 900

@@ -1,7 +1,8 @@
-"""A compiled decode step for :class:`agents.llm.generation.policy.LLMPolicy`'s tree path (``LLMPolicy(compile_decode=True)``,
-off by default): the lean step's operations (:mod:`agents.llm.generation.lean_decode`) run through ``torch.compile``
-(inductor, CPU), which fuses the element-wise work of a layer (RMSNorm, RoPE, SiLU-and-multiply, residual adds)
-into generated C++ loops and drops the Python of ~20 modules per layer.
+"""A compiled decode step for :class:`agents.llm.generation.policy.LLMPolicy`'s tree path
+(``LLMPolicy(compile_decode=True)``, off by default): the lean step's operations
+(:mod:`agents.llm.generation.lean_decode`) run through ``torch.compile`` (inductor, CPU), which fuses the element-wise
+work of a layer (RMSNorm, RoPE, SiLU-and-multiply, residual adds) into generated C++ loops and drops the Python of ~20
+modules per layer.
 
 Static shapes. The KV cache is the tree path's preallocated buffer (:class:`agents.llm.generation.tree_generation.
 BufferLayer`, ``[rows, kv_heads, width, head]``, fixed for a call until rows leave). Writing the new column and

@@ -1,5 +1,5 @@
-"""A lean decode step for :class:`agents.llm.generation.policy.LLMPolicy`'s tree path: the same operations as the model's
-forward for one new token per row, in the same order, without the forward's per-call machinery.
+"""A lean decode step for :class:`agents.llm.generation.policy.LLMPolicy`'s tree path: the same operations as the
+model's forward for one new token per row, in the same order, without the forward's per-call machinery.
 
 Why: at one thread on a 2-core CPU the decode of a 135M model runs a few rows at a time (the rows of a call
 finish at different steps and leave), where the Python around each step weighs: the causal-mask builder, the
@@ -31,8 +31,8 @@ KNOWN = ("llama", "qwen2")
 
 
 def known(model) -> bool:
-    """Whether ``model`` is one the lean step (and :mod:`agents.llm.generation.compiled_decode`) reproduces exactly: a Llama or
-    Qwen2 decoder in eval mode, SDPA attention, full attention only, default RoPE, SiLU MLP."""
+    """Whether ``model`` is one the lean step (and :mod:`agents.llm.generation.compiled_decode`) reproduces exactly: a
+    Llama or Qwen2 decoder in eval mode, SDPA attention, full attention only, default RoPE, SiLU MLP."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     if config is None or inner is None or getattr(config, "model_type", None) not in KNOWN or model.training:
@@ -56,7 +56,8 @@ def known(model) -> bool:
 def decoder_layer(layer, hidden: torch.Tensor, cos, sin, apply_rope, attend) -> torch.Tensor:
     """One decoder layer for a one-token step, as transformers' Llama/Qwen2 layer computes it (the same ops in the
     same order): ``attend(q, k, v)`` (``[n, heads | kv_heads, 1, head]``) writes the cache and returns the attention
-    output ``[n, heads, 1, head]``; shared by the lean step and the compiled one (:mod:`agents.llm.generation.compiled_decode`)."""
+    output ``[n, heads, 1, head]``; shared by the lean step and the compiled one
+    (:mod:`agents.llm.generation.compiled_decode`)."""
     att = layer.self_attn
     n, shape = hidden.shape[0], (hidden.shape[0], 1, -1, att.head_dim)
     residual = hidden

@@ -11,16 +11,17 @@ The quantity is reproduced by :func:`sequence_logprobs` (one sequence, no paddin
 
 Sampling (``generation="tree"``, the default): the prompts are prefilled along their prefix tree, each shared run
 of tokens once and without padding, and decoded together from one preallocated KV buffer, a row leaving the batch
-when it finishes (:mod:`agents.llm.generation.tree_generation`; :meth:`LLMPolicy.reuse_prefixes` also keeps shared prefixes
-across calls). ``generation="padded"`` (the earlier path, kept for comparison): prompts left-padded into one batch
-with ``position_ids = cumsum(attention_mask) - 1`` (every row starts at position 0, as when run alone), one
+when it finishes (:mod:`agents.llm.generation.tree_generation`; :meth:`LLMPolicy.reuse_prefixes` also keeps shared
+prefixes across calls). ``generation="padded"`` (the earlier path, kept for comparison): prompts left-padded into one
+batch with ``position_ids = cumsum(attention_mask) - 1`` (every row starts at position 0, as when run alone), one
 prefill, then a token-by-token loop over every row with the KV cache. Both draw the same uniforms for the same
 seed (one per row of the batch per step), so they sample the same tokens up to float rounding. A row stops at the closing tag of the action (``</search>`` or ``</answer>`` by default; any string in
 ``stop``), at eos, or after ``max_new_tokens``.
 
 Templates: ``template="auto"`` uses ``tokenizer.apply_chat_template`` when the tokenizer has a chat template
 (instruct models: the observation is the user message, optional ``system_prompt``), else the plain template
-``"{observation}\\n"`` (tiny models of :mod:`agents.llm.models.local`; a bos token is prepended if the tokenizer has one).
+``"{observation}\\n"`` (tiny models of :mod:`agents.llm.models.local`; a bos token is prepended if the tokenizer has
+one).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Padding-free batched generation for :class:`agents.llm.generation.policy.LLMPolicy`: a prefix tree for the prefill, one
-KV buffer for the decode, finished rows out of the batch.
+"""Padding-free batched generation for :class:`agents.llm.generation.policy.LLMPolicy`: a prefix tree for the prefill,
+one KV buffer for the decode, finished rows out of the batch.
 
 Why: the prompts of a rollout step are long and share most of their tokens (the system prompt and the protocol
 for every episode, the question for the episodes of a GRPO group, all of it for a group's first turn), and their

@@ -1,7 +1,8 @@
 """Checks of a model folder's files that read no weights and import no model code: ``config.json`` with a
 ``model_type``, whole ``.safetensors`` files, a tokenizer whose JSON parses (:func:`check_model_folder`). Used by
-every command that takes a checkpoint (``agents.llm.models.pretrained.check_checkpoint``, ``memenv models shrink``) before it
-loads anything, so a cut or damaged file is one line naming it rather than a traceback from deep in a loader."""
+every command that takes a checkpoint (``agents.llm.models.pretrained.check_checkpoint``, ``memenv models shrink``)
+before it loads anything, so a cut or damaged file is one line naming it rather than a traceback from deep in a
+loader."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Prompt texts shared by the in-process policy (:mod:`agents.llm.generation.policy`) and the served one (:mod:`agents.llm.adapters.served`),
-kept free of torch so that ``memenv bench --strategies openai:MODEL@URL`` needs neither torch nor transformers."""
+"""Prompt texts shared by the in-process policy (:mod:`agents.llm.generation.policy`) and the served one
+(:mod:`agents.llm.adapters.served`), kept free of torch so that ``memenv bench --strategies openai:MODEL@URL`` needs
+neither torch nor transformers."""
 
 from __future__ import annotations
 

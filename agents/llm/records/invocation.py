@@ -3,8 +3,8 @@
 An invocation occupies positions ``0 .. len(prompt_ids) + len(response_ids) - 1``, as when it was sampled
 (:attr:`InvocationRecord.input_ids`). ``action_mask`` and ``memory_mask`` are aligned with ``response_ids``
 (one entry per response token; prompt tokens are never actions): ``action_mask[t] = 1`` for a sampled token
-(every response token of :class:`agents.llm.generation.policy.LLMPolicy`), ``memory_mask[t] = 1`` for a sampled token strictly
-inside ``<memory>…</memory>`` (the tag tokens themselves are 0; an unclosed ``<memory>`` runs to the end of
+(every response token of :class:`agents.llm.generation.policy.LLMPolicy`), ``memory_mask[t] = 1`` for a sampled token
+strictly inside ``<memory>…</memory>`` (the tag tokens themselves are 0; an unclosed ``<memory>`` runs to the end of
 the response). :meth:`InvocationRecord.sequence_masks` gives both over the whole sequence.
 
 Masks are computed on ids: when the tags are single tokens (the tiny tokenizers of :mod:`agents.llm.models.local`) by

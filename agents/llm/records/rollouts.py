@@ -109,22 +109,22 @@ def rollout(policy, envs, seeds: Sequence[int | None], *, groups: Sequence[int |
             on_episode: Callable[[Episode], None] | None = None,
             on_invocations: Callable[[int], None] | None = None, view: str = "memory",
             on_tokens: Callable[[int], None] | None = None) -> list[Episode]:
-    """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.generation.policy.LLMPolicy`) and return
-    them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
+    """Run one episode per entry of ``seeds`` with ``policy`` (an :class:`agents.llm.generation.policy.LLMPolicy`) and
+    return them as :class:`Episode` objects (in the order of ``seeds``), each with its invocation records.
 
     ``groups[i]`` tags episode i (GRPO groups); ``gamma`` discounts ``return_to_go`` over invocations.
     Every record gets ``rollout_id`` (default: a fresh uuid4 hex, so records pooled across calls stay unique by
     ``(rollout_id, episode_id, turn)``), the episode's gold answers (from ``info["summary"]["gold"]`` where the
     env reports them) and the policy tokenizer's fingerprint.
 
-    A policy with ``reuse_prefixes`` (:class:`agents.llm.generation.policy.LLMPolicy`) keeps shared prompt prefixes across
-    the rollout's turns inside it (the weights must not change during the rollout, e.g. in ``on_episode``).
+    A policy with ``reuse_prefixes`` (:class:`agents.llm.generation.policy.LLMPolicy`) keeps shared prompt prefixes
+    across the rollout's turns inside it (the weights must not change during the rollout, e.g. in ``on_episode``).
 
     ``view`` (:data:`agents.llm.records.transcript.VIEWS`): what the policy is shown. ``"memory"`` (default): each
     observation, as the env renders it. ``"persistent"``: the episode's flattened transcript, built turn by turn
     exactly as :func:`distill.reconstruct.persistent` builds it for scoring (the first prompt, then each action
-    and the env's reply, :class:`agents.llm.records.transcript.TranscriptFormat`), so a model can be measured *acting* in
-    the view a teacher-persistent control scores in; each record's ``prompt_ids`` is then that transcript, and the
+    and the env's reply, :class:`agents.llm.records.transcript.TranscriptFormat`), so a model can be measured *acting*
+    in the view a teacher-persistent control scores in; each record's ``prompt_ids`` is then that transcript, and the
     env (and its snapshots) run as ever. Needs a policy with ``generate_ids`` and a list of envs.
 
     Progress (``progress``: a bar named ``desc``, in episodes, with the invocations so far and their rate beside

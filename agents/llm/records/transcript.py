@@ -9,9 +9,10 @@ Two *views* of one episode exist in memenv (:data:`VIEWS`):
 
 This module builds the persistent view's ids once, for every user of it: :func:`distill.reconstruct.persistent`
 (the teacher-persistent control scores actions in it), the SFT that trains a teacher on both views
-(:func:`agents.llm.training.sft.expert_data`, ``views``) and a policy acting in it (:func:`agents.llm.records.rollouts.rollout`,
-``view="persistent"``). Because all three append exactly :meth:`TranscriptFormat.continuation` after each turn, a
-teacher trained on the persistent view saw the very ids the control scores (tested: ids equal).
+(:func:`agents.llm.training.sft.expert_data`, ``views``) and a policy acting in it
+(:func:`agents.llm.records.rollouts.rollout`, ``view="persistent"``). Because all three append exactly
+:meth:`TranscriptFormat.continuation` after each turn, a teacher trained on the persistent view saw the very ids the
+control scores (tested: ids equal).
 
 *The environment's reply* after turn k is what turn k+1's observation adds (:func:`environment_reply`): the newest
 ``<information>…</information>`` block (the tool output as the env showed it, with its ``[turns left]`` header and

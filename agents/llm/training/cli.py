@@ -10,8 +10,8 @@ Without ``--model`` a tiny Qwen2 model is built from a tokenizer trained on the 
 starts from the tiny-model recipe (``agents.llm.training.recipes.TINY_SFT_RECIPE``: the "suffix" tokenizer of up to 8192
 tokens, 8 heads, lr 3e-3 with 100 warm-up steps and a cosine, an LM loss on 30% of the observation tokens, 3,000
 demonstrations; the flags below override it); with ``--model`` the config's own defaults apply. Every field of
-the trainer's config dataclass (``agents.llm.training.sft.SFTConfig``, ``agents.llm.training.ppo.PPOConfig``) can be set with
-``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
+the trainer's config dataclass (``agents.llm.training.sft.SFTConfig``, ``agents.llm.training.ppo.PPOConfig``) can be set
+with ``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
 checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest).
 """
 

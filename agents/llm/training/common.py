@@ -28,7 +28,7 @@ from torch import nn
 
 from memenv.files import write_atomic
 from agents.llm.models.local import (NonFiniteWeightsError, check_finite_weights, load_pretrained, make_tiny,
-                               save_pretrained)
+                                     save_pretrained)
 from agents.llm.records.rollouts import rollout
 
 # ---------------------------------------------------------------------- seeds

@@ -1,10 +1,11 @@
 """PPO and GRPO on invocation records, CleanRL style: one config dataclass, one loop of named steps.
 
 :func:`train_rl` reads as the loop: per update, **rollout** (:func:`rollout_step`), **advantages**
-(:func:`advantages_step`; the math in :mod:`agents.llm.training.advantages`), **update** (:func:`agents.llm.training.ppo_update.ppo_update`,
-the loss :func:`agents.llm.training.ppo_update.ppo_loss`), **log** (:func:`log_row`) and **checkpoint** (``_save``). The set-up
-before it is :func:`setup`; the actor forward and the loss hook's interface are in :mod:`agents.llm.training.actor`. Every
-public name of those modules is importable from here as before.
+(:func:`advantages_step`; the math in :mod:`agents.llm.training.advantages`), **update**
+(:func:`agents.llm.training.ppo_update.ppo_update`, the loss :func:`agents.llm.training.ppo_update.ppo_loss`), **log**
+(:func:`log_row`) and **checkpoint** (``_save``). The set-up before it is :func:`setup`; the actor forward and the loss
+hook's interface are in :mod:`agents.llm.training.actor`. Every public name of those modules is importable from here as
+before.
 
 Each update: every rank rolls out its own episodes with the current policy (sampling at ``temperature``),
 computes advantages, then runs ``epochs`` x ``num_minibatches`` clipped-surrogate steps on its records. Under
@@ -60,8 +61,8 @@ would give, and its ratio is exactly 1); while the actor's weights equal the ref
 update) the reference's log-probs are the actor's, with no pass of their own (``ref_logprobs_from_actor``).
 
 With ``lora_rank > 0`` the actor trains low-rank adapters on its linear layers instead of its weights
-(:mod:`agents.llm.training.lora`): the reference is then the base (the same LM with its adapters off, no second copy), equal
-to the actor while every adapter's ``B`` is zero; a checkpoint holds the merged model and the adapters.
+(:mod:`agents.llm.training.lora`): the reference is then the base (the same LM with its adapters off, no second copy),
+equal to the actor while every adapter's ``B`` is zero; a checkpoint holds the merged model and the adapters.
 
 Extension points (what ``distill.trainer`` plugs in instead of copying this loop):
 
@@ -86,64 +87,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.llm.training.actor import (
-    ActorForward,
-    ActorOutput,
-    LossHook,
-    collate_forward,
-    flat_tokens,
-    micro_batches,
-    minibatch_units,
-    score_records,
-)
-from agents.llm.training.advantages import (
-    advantage_moments,
-    assign_advantages,
-    episode_gae,
-    gae,
-    group_advantages,
-    grpo_assign,
-    zero_variance_groups,
-)
-from agents.llm.training.lora import (
-    DEFAULT_TARGETS,
-    BaseReference,
-    adapter_files,
-    adapters_are_zero,
-    add_adapters,
-    check_lora_settings,
-    merged_copy,
-    resume_adapters,
-)
+from agents.llm.training.actor import (ActorForward, ActorOutput, LossHook, collate_forward, flat_tokens, micro_batches,
+                                       minibatch_units, score_records)
+from agents.llm.training.advantages import (advantage_moments, assign_advantages, episode_gae, gae, group_advantages,
+                                            grpo_assign, zero_variance_groups)
+from agents.llm.training.lora import (DEFAULT_TARGETS, BaseReference, adapter_files, adapters_are_zero, add_adapters,
+                                      check_lora_settings, merged_copy, resume_adapters)
 from agents.llm.models.local import use_float32_attention
 from agents.llm.generation.policy import LLMPolicy
-from agents.llm.training.ppo_update import (
-    Learner,
-    UpdateBatch,
-    clip_gradients,
-    ppo_loss,
-    ppo_update,
-)
+from agents.llm.training.ppo_update import Learner, UpdateBatch, clip_gradients, ppo_loss, ppo_update
 from agents.llm.models.precision import host_line, resolve_autocast
 from agents.llm.records.rollouts import records_of, rollout
-from agents.llm.training.common import (
-    ActorCritic,
-    MetricsLog,
-    RunConfig,
-    Timer,
-    enable_activation_checkpointing,
-    evaluate_off_budget,
-    off_the_bar,
-    init_distributed,
-    latest_checkpoint,
-    load_or_build_model,
-    load_trainer_state,
-    make_envs,
-    rng_state,
-    save_checkpoint,
-    seed_everything,
-    set_rng_state,
-)
+from agents.llm.training.common import (ActorCritic, MetricsLog, RunConfig, Timer, enable_activation_checkpointing,
+                                        evaluate_off_budget, off_the_bar, init_distributed, latest_checkpoint,
+                                        load_or_build_model, load_trainer_state, make_envs, rng_state, save_checkpoint,
+                                        seed_everything, set_rng_state)
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""The "update" step of the PPO/GRPO trainer (:func:`agents.llm.training.ppo.train_rl`): ``epochs`` x ``num_minibatches``
-clipped-surrogate steps on one update's records (:func:`ppo_update`), each a backward per micro-batch and one
-optimizer step (:func:`minibatch_step`), with the token-mean loss :func:`ppo_loss`. See :mod:`agents.llm.training.ppo`'s
-module doc for the loss, the masks of GRPO's zero-variance groups and the DDP normalisers.
+"""The "update" step of the PPO/GRPO trainer (:func:`agents.llm.training.ppo.train_rl`): ``epochs`` x
+``num_minibatches`` clipped-surrogate steps on one update's records (:func:`ppo_update`), each a backward per
+micro-batch and one optimizer step (:func:`minibatch_step`), with the token-mean loss :func:`ppo_loss`. See
+:mod:`agents.llm.training.ppo`'s module doc for the loss, the masks of GRPO's zero-variance groups and the DDP
+normalisers.
 """
 
 from __future__ import annotations
@@ -13,13 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.llm.training.actor import (
-    ActorForward,
-    LossHook,
-    flat_tokens,
-    micro_batches,
-    minibatch_units,
-)
+from agents.llm.training.actor import ActorForward, LossHook, flat_tokens, micro_batches, minibatch_units
 from agents.llm.records.invocation import InvocationRecord
 from agents.llm.training.common import check_finite_step
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-#: ``agents.llm.training.sft.SFTConfig`` fields of the tiny-model recipe (the rest: the config's defaults or the run's own,
-#: e.g. steps, budget, evaluation cadence, threads, output folder).
+#: ``agents.llm.training.sft.SFTConfig`` fields of the tiny-model recipe (the rest: the config's defaults or the run's
+# own, : e.g. steps, budget, evaluation cadence, threads, output folder).
 TINY_SFT_RECIPE: Mapping[str, Any] = MappingProxyType({
     # the tokenizer and the model, built from the env's oracle text
     "tiny_split_spaces": "suffix",

@@ -2,8 +2,8 @@
 
 Demonstrations are the oracle's trajectories (:class:`agents.scripted.qa_strategies.OraclePolicy`) on training seeds
 ``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
-LLM policy builds it (:meth:`agents.llm.generation.policy.LLMPolicy.encode_prompt`), so SFT and sampling see the same ids.
-Held-out evaluation: greedy rollouts on seeds ``10**7 + i``. The loss is the mean negative log-likelihood of
+LLM policy builds it (:meth:`agents.llm.generation.policy.LLMPolicy.encode_prompt`), so SFT and sampling see the same
+ids. Held-out evaluation: greedy rollouts on seeds ``10**7 + i``. The loss is the mean negative log-likelihood of
 the action tokens; ``prompt_loss_weight > 0`` adds a language-model loss on the observation tokens (a cheap
 pretraining signal on task text for models trained from scratch; off by default).
 
@@ -27,26 +27,10 @@ from agents.llm.models.precision import AUTOCAST_CHOICES, host_line, resolve_aut
 from agents.llm.records.invocation import memory_mask
 from agents.llm.records.transcript import TranscriptFormat, check_view, flatten_episode
 from agents.scripted.qa_strategies import make_strategy
-from agents.llm.training.common import (
-    ActorCritic,
-    MetricsLog,
-    RunConfig,
-    Timer,
-    check_finite_step,
-    collate,
-    enable_activation_checkpointing,
-    evaluate_off_budget,
-    off_the_bar,
-    init_distributed,
-    latest_checkpoint,
-    load_or_build_model,
-    load_trainer_state,
-    make_envs,
-    rng_state,
-    save_checkpoint,
-    seed_everything,
-    set_rng_state,
-)
+from agents.llm.training.common import (ActorCritic, MetricsLog, RunConfig, Timer, check_finite_step, collate,
+                                        enable_activation_checkpointing, evaluate_off_budget, off_the_bar,
+                                        init_distributed, latest_checkpoint, load_or_build_model, load_trainer_state,
+                                        make_envs, rng_state, save_checkpoint, seed_everything, set_rng_state)
 
 
 DEMO_EXPERTS = ("oracle", "compact")  # SFTConfig.demo_expert's choices
@@ -62,7 +46,8 @@ class SFTConfig(RunConfig):
     demo_env_overrides: dict[str, Any] = field(default_factory=dict)  # env kwargs of the demonstrations only (not
     # of the evaluation episodes), e.g. {"hops": (1, 2)}: two-hop questions whose bridge entity (read in a document,
     # then searched) may be any name of the world, so the model learns to copy names no training question asks about
-    views: tuple[str, ...] = ("memory",)  # how each demonstration episode is rendered (agents.llm.records.transcript.VIEWS):
+    # how each demonstration episode is rendered (agents.llm.records.transcript.VIEWS):
+    views: tuple[str, ...] = ("memory",)
     # "memory", one example per invocation (the prompt the policy samples in); "persistent", one example per episode,
     # the flattened transcript distill.reconstruct.persistent scores (loss on every action). Both: a teacher at home
     # in the memory state and in the teacher-persistent control's transcript

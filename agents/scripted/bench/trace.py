@@ -14,8 +14,8 @@ from agents.scripted.bench.specs import EnvSpec, bench_env_kwargs, env_accepts, 
 
 def trace_cells(strategies: Iterable[str], specs: Iterable[EnvSpec], seed: int, out: str | Path) -> Path:
     """The first episode (seed ``seed``) of every (env, strategy) cell run again with its snapshots kept, as episode
-    traces (``out/trace.jsonl``) and one self-contained page (``out/trace.html``, :mod:`agents.llm.records.viewer`). Scripted
-    strategies and checkpoints (greedy) replay the bench's episode exactly; a served model is asked again."""
+    traces (``out/trace.jsonl``) and one self-contained page (``out/trace.html``, :mod:`agents.llm.records.viewer`).
+    Scripted strategies and checkpoints (greedy) replay the bench's episode exactly; a served model is asked again."""
     from agents.llm.records.viewer import episode_trace, save_traces, traces_view, write_view
 
     out = Path(out)
