@@ -269,8 +269,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Where the trainer configs are defined: (module file under agents/llm, class, base class or None).
-_CONFIG_SOURCES = {"RunConfig": ("training.py", None), "SFTConfig": ("sft.py", "RunConfig"),
+#: Where the trainer configs are defined: (module file beside this one in agents/llm/training, base class or None).
+_CONFIG_SOURCES = {"RunConfig": ("common.py", None), "SFTConfig": ("sft.py", "RunConfig"),
                    "PPOConfig": ("ppo.py", "RunConfig")}
 
 
