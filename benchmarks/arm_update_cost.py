@@ -23,7 +23,7 @@ reproduce the sampled ones), the ratio, and the host line. CPU seconds, not wall
 Models: ``--run`` takes a run's cached teacher and weak start (``memenv experiment memopd --until student``; a
 teacher still training: its latest checkpoint, and the student's latest SFT checkpoint); ``--base`` builds them
 straight from a prepared base model instead (teacher = the whole base, student = its first ``student.layers``
-layers, :func:`agents.llm.pretrained.shrink`, or the whole base when that is 0, as in the preset), no SFT: the
+layers, :func:`agents.llm.models.pretrained.shrink`, or the whole base when that is 0, as in the preset), no SFT: the
 costs depend on shapes and on the actions' lengths, and an untrained model's actions are not an SFT'd model's
 (SmolLM2-Instruct, unprompted by demonstrations, mostly writes to the ``max_new_tokens`` cap: the upper end of
 the action lengths; the printed
@@ -38,12 +38,12 @@ episodes and prints the teacher's sampled-token log-prob difference bf16 vs fp32
 first minibatch's old log-probs from its training forward; no reference pass while the actor equals the reference,
 a fresh run's first update only: hence ``--updates 2``). ``--baseline precision``: the left side is the update now
 with its training passes under bf16 autocast and the teacher's weights in bf16 (what ``"auto"`` / ``"native"``
-chose on any CPU with AVX512-BF16 before they were limited to CPUs with AMX; agents/llm/precision.py).
+chose on any CPU with AVX512-BF16 before they were limited to CPUs with AMX; agents/llm/models/precision.py).
 
 ``--lora-rank R``: the right side trains rank-R low-rank adapters on the actor's linear layers instead of its weights
-(``PPOConfig.lora_rank``, :mod:`agents.llm.lora`; the reference is the base with the adapters off); the left side is
-the update now with the full weights (``--baseline`` does not apply). ``benchmarks/lora_actor_cost.py`` times the
-actor's step alone.
+(``PPOConfig.lora_rank``, :mod:`agents.llm.training.lora`; the reference is the base with the adapters off); the left
+side is the update now with the full weights (``--baseline`` does not apply). ``benchmarks/lora_actor_cost.py`` times
+the actor's step alone.
 
     python benchmarks/arm_update_cost.py --base ... --student-layers 6 --lora-rank 8 --updates 2
 
@@ -100,7 +100,7 @@ def before(run_cfg, baseline: str = "before"):
 def run_side(run_cfg, arm: str, student_fn) -> dict:
     import pandas as pd
 
-    from agents.llm.ppo import train_rl
+    from agents.llm.training.ppo import train_rl
     from benchmarks.limits import PhaseMeter
     from distill.trainer import train_memopd
 
@@ -122,7 +122,7 @@ def metered(meter):
     Everything is put back after (the hooks stay on models that are dropped with the side)."""
     import torch
 
-    import agents.llm.ppo as ppo
+    import agents.llm.training.ppo as ppo
     import distill.trainer as trainer
     from distill.teacher import Teacher
 
@@ -232,7 +232,7 @@ def load_limits(path: str | None, model_configs: list[Path], threads: int) -> di
             print(f"note: the limits were measured on {limits['host']['cpu']} ({limits['host']['capability']}), "
                   f"this is {host['cpu']} ({host['capability']})", flush=True)
         return limits
-    from agents.llm.precision import native_bf16
+    from agents.llm.models.precision import native_bf16
     from benchmarks.machine_limits import measure, model_shapes
 
     models = {str(c): model_shapes(str(c)) for c in dict.fromkeys(model_configs)}
@@ -247,10 +247,10 @@ def teacher_check(teacher_path: str, student_fn, cfg, episodes: int, layout_pack
     in bf16 vs fp32 on them (``prefix_tree`` packing, aligned)."""
     import torch
 
-    from agents.llm.models import load_pretrained
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import records_of, rollout
-    from agents.llm.training import make_envs
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import records_of, rollout
+    from agents.llm.training.common import make_envs
     from distill.experiment.stages import arm_config
     from distill.scoring import score_records
 
@@ -282,7 +282,7 @@ def print_utilisation(side: str, result: dict, limits: dict, threads: int) -> No
 
 
 def write_record(args, results: dict, limits: dict) -> None:
-    from agents.files import write_text_atomic
+    from memenv.files import write_text_atomic
     from benchmarks.limits import host_info
 
     record = {"command": " ".join(["python", "benchmarks/arm_update_cost.py", *sys.argv[1:]]), "host": host_info(),
@@ -336,9 +336,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from agents.llm.models import load_pretrained
-    from agents.llm.precision import fast_bf16, host_line
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.models.precision import fast_bf16, host_line
+    from agents.llm.training.common import latest_checkpoint
     from distill.experiment.config import ExperimentConfig, ModelSpec, pretrained_config
     from distill.experiment.stages import arm_config
 
@@ -364,7 +364,7 @@ def main(argv=None) -> int:
         def student_fn():
             return load_pretrained(student["path"])
     else:
-        from agents.llm.pretrained import shrink
+        from agents.llm.models.pretrained import shrink
 
         base = Path(args.base).expanduser()
         if not (base / "config.json").exists():

@@ -113,7 +113,7 @@ def run(command: str, data_root: Path, timeout: float) -> dict:
 
 def host() -> str:
     try:
-        from agents.llm.precision import host_line
+        from agents.llm.models.precision import host_line
     except ImportError:  # the envs need no torch; the host line does
         return f"host: {os.cpu_count()} cores (torch not installed: no capability line)"
     import torch

@@ -26,7 +26,7 @@ from memread_rss import _rss_mb  # current RSS in MB (benchmarks/ is on sys.path
 def one(positions: int, chunk: int, threads: int) -> dict:
     import torch
 
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
     from distill.losses import DistillLossConfig, chunked_distill_loss
 
     torch.set_num_threads(threads)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     torch.set_num_threads(args.threads)
     rows = []

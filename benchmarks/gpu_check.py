@@ -4,7 +4,7 @@ time of padded vs packed teacher scoring and actor passes at a realistic size. O
 Model: a Qwen2 config of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864,
 ~0.5B parameters with the tokenizer's vocabulary) built from the config with random weights (seed 0): nothing
 is downloaded. Tokenizer: the real SmolLM2 tokenizer at ``/work/models/smollm2-135m-instruct`` when present
-(``--tokenizer`` to change it), else a small one trained on MemQA text (``agents.llm.models.build_tokenizer``).
+(``--tokenizer`` to change it), else a small one trained on MemQA text (``agents.llm.models.local.build_tokenizer``).
 
 Records: GRPO-like groups (``--groups`` task seeds x ``--group-size`` episodes x ``--turns`` invocations) of
 random token ids shaped like MemQA invocations: each prompt is the group's task block, the memory the previous
@@ -55,7 +55,7 @@ OLD_FLASH = "flash_attention_2 (no cu_seqlens)"
 
 
 def load_tokenizer(path: str | None):
-    from agents.llm.models import build_tokenizer, load_tokenizer as load, task_texts
+    from agents.llm.models.local import build_tokenizer, load_tokenizer as load, task_texts
 
     folder = Path(path) if path else SMOLLM2
     if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
@@ -73,7 +73,7 @@ def build_model(tokenizer, size: str, device):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agents.llm.models import tiny_config
+    from agents.llm.models.local import tiny_config
 
     if size == "0.5b":  # Qwen2.5-0.5B's shape
         cfg = tiny_config(tokenizer, hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864,
@@ -89,7 +89,7 @@ def build_model(tokenizer, size: str, device):
 
 def make_records(vocab: int, groups: int, group_size: int, turns: int, sizes: dict, seed: int = 0):
     """Records without log-probs yet (see the module doc); ``sizes``: task, info (lo, hi), response (lo, hi)."""
-    from agents.llm.records import InvocationRecord
+    from agents.llm.records.invocation import InvocationRecord
 
     rng = random.Random(seed)
 
@@ -120,7 +120,7 @@ def with_reference_logprobs(model, records):
 
     import torch
 
-    from agents.llm.policy import sequence_logprobs
+    from agents.llm.generation.policy import sequence_logprobs
 
     out = []
     with torch.no_grad():
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from agents.llm.precision import dtype_name, host_line, resolve_dtype
+    from agents.llm.models.precision import dtype_name, host_line, resolve_dtype
     from distill.packing import PACKINGS
     from distill.reconstruct import aligned
     from distill.scoring import action_logprobs
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     print(f"fp32 RCE <= 1e-4 on every packing x backend that ran: {'yes' if len(bad) == 0 else 'NO'}; "
           f"total {time.perf_counter() - started:.1f} s")
     if args.csv:
-        from agents.files import write_atomic
+        from memenv.files import write_atomic
 
         write_atomic(Path(args.csv), lambda tmp: table.to_csv(tmp, index=False))
         print(f"wrote {args.csv}")

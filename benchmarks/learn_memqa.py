@@ -1,7 +1,7 @@
 """Learning evidence on MemQA-v0 (1 objective, 2 hops), CPU only, tiny model trained from scratch.
 
-SFT recipe (``agents.llm.recipes.TINY_SFT_RECIPE``, the defaults of ``memenv train --algo sft`` without ``--model``
-too; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
+SFT recipe (``agents.llm.training.recipes.TINY_SFT_RECIPE``, the defaults of ``memenv train --algo sft`` without
+``--model`` too; override any SFTConfig field with ``--sft-kw '{...}'``): a tokenizer whose words keep
 their trailing space (``tiny_split_spaces="suffix"``: names copy as the same ids, prompts ~250 tokens), batches
 of 16 invocations cut from length-sorted pools (``bucket=8``), a bf16 autocast forward (weights fp32) where the CPU
 has native bf16 and fp32 elsewhere (``autocast="auto"``; the host line printed first says which), lr 3e-3
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.llm.recipes import TINY_SFT_ENV, TINY_SFT_RECIPE, tiny_sft_fields  # noqa: E402 - after the path
+from agents.llm.training.recipes import TINY_SFT_ENV, TINY_SFT_RECIPE, tiny_sft_fields  # noqa: E402 - after the path
 
 ENV_ID, ENV_KW = TINY_SFT_ENV[0], dict(TINY_SFT_ENV[1])
 
@@ -73,7 +73,7 @@ def pick_weak_checkpoint(sft_dir: Path, low: float, high: float) -> tuple[Path, 
 
 
 def sft_fields(args) -> dict:
-    """The SFTConfig fields of ``--stage sft``: the tiny-model recipe (agents.llm.recipes, which ``memenv train
+    """The SFTConfig fields of ``--stage sft``: the tiny-model recipe (agents.llm.training.recipes, which ``memenv train
     --algo sft`` without ``--model`` uses too), this script's budget, cadence and model-size options, ``--sft-kw``."""
     run = dict(env_id=ENV_ID, env_kwargs=json.loads(args.env_kw), out_dir=str(args.out / "sft"), seed=args.seed,
                episodes=args.sft_episodes, steps=args.sft_steps, eval_every=args.sft_eval_every,
@@ -85,7 +85,7 @@ def sft_fields(args) -> dict:
 
 
 def run_sft(args) -> dict:
-    from agents.llm.sft import SFTConfig, train_sft
+    from agents.llm.training.sft import SFTConfig, train_sft
 
     cfg = SFTConfig(**sft_fields(args))
     train_sft(cfg)
@@ -101,7 +101,7 @@ def run_sft(args) -> dict:
 
 
 def run_rl(args, algo: str) -> dict:
-    from agents.llm.ppo import PPOConfig, train_rl
+    from agents.llm.training.ppo import PPOConfig, train_rl
 
     if args.start:
         start, start_f1 = Path(args.start), float("nan")
@@ -131,10 +131,10 @@ def run_eval(args) -> dict:
     import numpy as np
 
     import memenv  # noqa: F401
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.models import load_pretrained
-    from agents.llm.rollouts import rollout
-    from agents.llm.training import eval_seeds
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.records.rollouts import rollout
+    from agents.llm.training.common import eval_seeds
 
     if not args.start:
         raise SystemExit("--stage eval needs --start CHECKPOINT")
@@ -221,7 +221,7 @@ def main() -> int:
     args = build_parser().parse_args()
     import torch
 
-    from agents.llm.precision import host_line, resolve_autocast
+    from agents.llm.models.precision import host_line, resolve_autocast
 
     torch.set_num_threads(args.threads)
     autocast = json.loads(args.sft_kw).get("autocast", "auto")

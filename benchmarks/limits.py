@@ -234,10 +234,10 @@ def cpu_model() -> str:
 
 def host_info() -> dict:
     """What to print beside a figure: the CPU, its flags, torch's capability and native bf16 (as
-    agents/llm/precision.py decides it), the threads and the load average now."""
+    agents/llm/models/precision.py decides it), the threads and the load average now."""
     import torch
 
-    from agents.llm.precision import amx, native_bf16
+    from agents.llm.models.precision import amx, native_bf16
 
     try:
         cpus = len(os.sched_getaffinity(0))

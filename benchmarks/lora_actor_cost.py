@@ -1,11 +1,12 @@
 """CPU cost of the actor's training step (forward + backward, then the optimizer step) with the full weights vs
-low-rank adapters (``PPOConfig.lora_rank``, :mod:`agents.llm.lora`), side by side in one process, 1 torch thread.
+low-rank adapters (``PPOConfig.lora_rank``, :mod:`agents.llm.training.lora`), side by side in one process, 1 torch
+thread.
 
 The student is the prepared ``--base`` folder's first ``--student-layers`` decoder layers (``shrink``, as
 ``benchmarks/arm_update_cost.py --student-layers``; 0: the whole model). The records are synthetic: ``--records``
 rows of ``--prompt-tokens`` prompt and ``--action-tokens`` action tokens (random ids; the cost depends on the
-shapes only), run through the trainers' default actor forward (:class:`agents.llm.training.ActorCritic`, one row per
-record, the LM head over the whole vocabulary at the action tokens) under the arms' training precision
+shapes only), run through the trainers' default actor forward (:class:`agents.llm.training.common.ActorCritic`, one
+row per record, the LM head over the whole vocabulary at the action tokens) under the arms' training precision
 (``--autocast``, default ``auto``: bf16 autocast where the CPU computes it natively). The loss is the log-probs'
 mean minus a small entropy term: what the backward costs does not depend on the loss's value. Each round runs every
 setting once, in turn (interleaved, so a change of the host's load reaches every setting), each on its own fresh
@@ -42,11 +43,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from agents.llm.lora import add_adapters
-    from agents.llm.models import load_pretrained, use_float32_attention
-    from agents.llm.precision import host_line, resolve_autocast
-    from agents.llm.pretrained import shrink
-    from agents.llm.training import ActorCritic, collate
+    from agents.llm.training.lora import add_adapters
+    from agents.llm.models.local import load_pretrained, use_float32_attention
+    from agents.llm.models.precision import host_line, resolve_autocast
+    from agents.llm.models.pretrained import shrink
+    from agents.llm.training.common import ActorCritic, collate
 
     torch.set_num_threads(1)
     autocast = resolve_autocast(args.autocast, "cpu")

@@ -1,6 +1,6 @@
 """What this CPU can do at the project's own model shapes (issue 62): the matmul rate of every product of the
 models' bodies and heads, at training/prefill rows (512) and at a decode batch (8), in fp32 and in bf16 where the
-CPU computes bf16 natively (as agents/llm/precision.py detects it; emulated bf16 is not a limit), at 1 thread and
+CPU computes bf16 natively (as agents/llm/models/precision.py detects it; emulated bf16 is not a limit), at 1 thread and
 at all threads; and the memory bandwidth of a STREAM-style triad (``a = b + s c`` over arrays far larger than the
 last-level cache; bytes counted as STREAM does, two reads and a write per element).
 
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.triad_mib < 1 or args.rows < 1 or args.decode_batch < 1:
         parser.error("--repeats, --triad-mib, --rows and --decode-batch must be >= 1")
 
-    from agents.llm.precision import native_bf16
+    from agents.llm.models.precision import native_bf16
 
     models = {n: MODELS[n] for n in names}
     for folder in args.model:
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     record["command"] = " ".join(["python", "benchmarks/machine_limits.py", *(argv if argv is not None else sys.argv[1:])])
     print(table(record))
     if args.json:
-        from agents.files import write_text_atomic
+        from memenv.files import write_text_atomic
 
         write_text_atomic(args.json, json.dumps(record, indent=1))
         print(f"wrote {args.json}")

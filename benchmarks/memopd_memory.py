@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tokenizer():
-    from agents.llm.models import build_tokenizer, task_texts
+    from agents.llm.models.local import build_tokenizer, task_texts
 
     return build_tokenizer(task_texts("MemQA-v0", {"objectives": 1, "hops": 2}, episodes=20, seed=10**6),
                            vocab_size=600)
 
 
 def _model(tok, args, seed):
-    from agents.llm.models import build_tiny_model
+    from agents.llm.models.local import build_tiny_model
 
     return build_tiny_model(tok, seed=seed, hidden_size=args.hidden, layers=args.layers, heads=args.heads,
                             max_positions=4096)
@@ -50,8 +50,8 @@ def make_records(args, path: Path) -> dict:
     import torch
 
     import memenv  # noqa: F401 - registers the environments
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import rollout
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import rollout
 
     torch.set_num_threads(args.threads)
     tok = _tokenizer()
@@ -72,7 +72,7 @@ def measure(args) -> dict:
 
     import torch
 
-    import agents.llm.ppo as ppo
+    import agents.llm.training.ppo as ppo
     from distill.trainer import MemOPDConfig, train_memopd
 
     torch.set_num_threads(args.threads)
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     torch.set_num_threads(args.threads)
     print(host_line("none", "cpu") + f" (fp32, {args.threads} thread(s))")

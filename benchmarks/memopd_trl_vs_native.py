@@ -65,19 +65,19 @@ class Run:
 
 
 def tokenizer():
-    from agents.llm.models import build_tokenizer, task_texts
+    from agents.llm.models.local import build_tokenizer, task_texts
 
     return build_tokenizer(task_texts("MemQA-v0", ENV, episodes=20, seed=10**6), vocab_size=600)
 
 
 def student(tok):
-    from agents.llm.models import build_tiny_model
+    from agents.llm.models.local import build_tiny_model
 
     return build_tiny_model(tok, seed=1, hidden_size=32, layers=2, heads=2, max_positions=1024)
 
 
 def teacher_model(tok):
-    from agents.llm.models import build_tiny_model
+    from agents.llm.models.local import build_tiny_model
 
     return build_tiny_model(tok, seed=2, hidden_size=32, layers=2, heads=2, max_positions=1024,
                             initializer_range=0.3)
@@ -109,7 +109,7 @@ def native_run(setup: Setup, tok, out_dir: str) -> tuple[Run, list[list]]:
     """``train_memopd`` for ``setup.updates`` updates on shaped episodes; returns its run and the episodes."""
     import torch
 
-    import agents.llm.ppo as ppo
+    import agents.llm.training.ppo as ppo
     from distill.trainer import MemOPDConfig, train_memopd
 
     cfg = MemOPDConfig(out_dir=out_dir, env_kwargs={**ENV, "max_turns": ROWS}, algo="grpo", updates=setup.updates,
@@ -152,7 +152,7 @@ def trl_run(setup: Setup, tok, episodes: list[list], accumulation: int, out_dir:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    import agents.llm.trl as adapter
+    import agents.llm.adapters.trl as adapter
     from distill.teacher import Teacher
     from distill.trl import MemOPDTrainer
 
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
     import torch
     import trl
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     torch.set_num_threads(1)
     setup = Setup(updates=args.updates, lr=args.lr, distill_coef=args.distill_coef, returns=args.returns)

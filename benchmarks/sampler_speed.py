@@ -1,13 +1,13 @@
-"""Sampling cost in :class:`agents.llm.policy.LLMPolicy` rollouts: the inverse-CDF sampler it uses
-(:func:`agents.llm.policy.inverse_cdf_sample`) against ``torch.multinomial``, side by side on the same model and
-prompts.
+"""Sampling cost in :class:`agents.llm.generation.policy.LLMPolicy` rollouts: the inverse-CDF sampler it uses
+(:func:`agents.llm.generation.policy.inverse_cdf_sample`) against ``torch.multinomial``, side by side on the same model
+and prompts.
 
 Two measurements, each of the two samplers in rotated rounds (best of ``--rounds``):
 
 1. the sampler alone on ``[B, V]`` probabilities of the model's vocabulary (V = 49,152 for SmolLM2);
 2. whole rollouts: ``LLMPolicy.generate_ids`` at temperature 0.7 over ``--prompts`` MemQA first-turn prompts
    (chat template + protocol system prompt) to ``--max-new-tokens``, on the first ``--layers`` decoder layers of
-   the model (``agents.llm.pretrained.shrink``; the cheap students of ``memenv experiment memopd --model``), in
+   the model (``agents.llm.models.pretrained.shrink``; the cheap students of ``memenv experiment memopd --model``), in
    tokens per second. The two policies differ only in ``_sample``'s draw; both generate every row to the cap
    (stop strings off) so they decode the same number of tokens.
 
@@ -40,10 +40,10 @@ def main(argv=None) -> int:
     import gymnasium as gym
 
     import memenv  # noqa: F401
-    from agents.llm.models import load_pretrained
-    from agents.llm.policy import LLMPolicy, inverse_cdf_sample
-    from agents.llm.precision import host_line
-    from agents.llm.pretrained import resolve, shrink
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.generation.policy import LLMPolicy, inverse_cdf_sample
+    from agents.llm.models.precision import host_line
+    from agents.llm.models.pretrained import resolve, shrink
 
     class MultinomialPolicy(LLMPolicy):  # the previous draw, otherwise the same policy
         def _sample(self, logits):

@@ -36,10 +36,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from agents.llm.models import load_pretrained
-    from agents.llm.ppo import PartClock, advantages_step, first_minibatch, rollout_step, setup
-    from agents.llm.precision import host_line, resolve_autocast
-    from agents.llm.pretrained import shrink
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.ppo import PartClock, advantages_step, first_minibatch, rollout_step, setup
+    from agents.llm.models.precision import host_line, resolve_autocast
+    from agents.llm.models.pretrained import shrink
     from distill.experiment.config import pretrained_config
     from distill.experiment.stages import arm_config
     from distill.trainer import PackedActorForward

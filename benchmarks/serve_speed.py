@@ -40,7 +40,7 @@ def host_line() -> str:
     try:
         import torch
 
-        from agents.llm.precision import host_line as llm_host_line
+        from agents.llm.models.precision import host_line as llm_host_line
 
         torch.set_num_threads(1)
         line = llm_host_line()

@@ -60,9 +60,9 @@ def live_tensors() -> int:
 
 def child(steps: int, every: int, sets: list[str]) -> dict:
     """One run in this process; prints a JSON line per sample and returns the summary."""
-    import agents.llm.sft as sft
-    from agents.llm.cli import build_config, register_cli
-    from agents.llm.precision import host_line, resolve_autocast
+    import agents.llm.training.sft as sft
+    from agents.llm.training.cli import build_config, register_cli
+    from agents.llm.models.precision import host_line, resolve_autocast
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
@@ -96,7 +96,7 @@ def child(steps: int, every: int, sets: list[str]) -> dict:
 
     sft.sft_step, sft.evaluate_off_budget = timed_step, measured_eval
     if os.environ.get("SFT_MEMORY_UNPADDED_TARGETS") == "1":  # as before the fix: the target count as it comes
-        from agents.llm.training import Batch
+        from agents.llm.training.common import Batch
 
         inputs = Batch.inputs
         Batch.inputs = lambda self, target_multiple=1: inputs(self)
@@ -132,7 +132,7 @@ def head_child(counts: int, pad: int) -> float:
 def head_variants(counts: int) -> None:
     import torch
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     torch.set_num_threads(1)  # as each child runs
     print(host_line("bf16"), flush=True)

@@ -1,9 +1,9 @@
 """SFT step time on CPU: under bf16 autocast, transformers' "sdpa" attention vs fp32 attention
-(``agents.llm.models.use_float32_attention``, what ``train_sft`` switches on under the autocast), and no autocast at
-all (fp32, what ``autocast="auto"`` picks on a CPU without AMX), measured side by side in one run.
+(``agents.llm.models.local.use_float32_attention``, what ``train_sft`` switches on under the autocast), and no autocast
+at all (fp32, what ``autocast="auto"`` picks on a CPU without AMX), measured side by side in one run.
 
-The batches are those of the tiny-model recipe (agents.llm.recipes, learn_memqa's and `memenv train`'s): 16 oracle
-invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
+The batches are those of the tiny-model recipe (agents.llm.training.recipes, learn_memqa's and `memenv train`'s): 16
+oracle invocations of MemQA-v0 (1 objective, 2 hops) from length buckets, the "suffix" tokenizer, tiny Qwen2 d=128 x 4
 layers x 8 heads, LM loss on 30% of the prompt.
 
     python benchmarks/sft_step_speed.py [--steps 12] [--rounds 2]
@@ -29,11 +29,11 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.models import use_float32_attention
-    from agents.llm.recipes import tiny_sft_config
-    from agents.llm.sft import expert_data, length_buckets
-    from agents.llm.training import ActorCritic, Dist, collate, load_or_build_model
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.models.local import use_float32_attention
+    from agents.llm.training.recipes import tiny_sft_config
+    from agents.llm.training.sft import expert_data, length_buckets
+    from agents.llm.training.common import ActorCritic, Dist, collate, load_or_build_model
 
     torch.set_num_threads(1)
     cfg = tiny_sft_config(episodes=args.episodes)  # the tiny-model recipe's tokenizer and model
@@ -57,7 +57,7 @@ def main() -> int:
         optimizer.step()
         return time.process_time() - start
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     print(host_line("bf16"), "(and fp32 beside it)", flush=True)
     times: dict[str, list[float]] = {"sdpa (bf16 attention)": [], "fp32 attention": [], "fp32, no autocast": []}

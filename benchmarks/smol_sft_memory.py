@@ -71,10 +71,10 @@ class Phases:
 def child(steps: int, save_every: int, eval_episodes: int, sets: list[str]) -> dict:
     import torch
 
-    import agents.llm.sft as sft
-    from agents.llm.cli import build_config, check_setup, register_cli
-    from agents.llm.precision import host_line
-    from agents.llm.pretrained import default_folder, is_registered
+    import agents.llm.training.sft as sft
+    from agents.llm.training.cli import build_config, check_setup, register_cli
+    from agents.llm.models.precision import host_line
+    from agents.llm.models.pretrained import default_folder, is_registered
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())

@@ -6,7 +6,7 @@ Records (``--source``) are invocations on MemQA-v0 with 4 objectives:
   distinct task seeds (one episode each: the oracle is deterministic, so GRPO groups of it would be identical
   invocations and inflate sharing); each invocation's prompt is encoded exactly as ``LLMPolicy.encode_prompt``
   does, its response ids are the oracle action's ids, and its ``response_logprobs`` are the student's log-probs
-  of those ids, one sequence at a time (``agents.llm.policy.sequence_logprobs``): what a policy that sampled
+  of those ids, one sequence at a time (``agents.llm.generation.policy.sequence_logprobs``): what a policy that sampled
   these actions would have recorded, so RCE stays meaningful. Action lengths vary (a short search, a growing
   memory rewrite) and prompts grow with the memory, as with a trained policy; the invocations of an episode
   share their task block and, turn to turn, the memory the previous invocation kept.
@@ -61,8 +61,8 @@ def oracle_records(policy, env, seeds, progress: bool = True) -> list:
     ``policy.encode_action``, ``response_logprobs`` from the policy model, one sequence at a time (T=1)."""
     from tqdm.auto import tqdm
 
-    from agents.llm.policy import sequence_logprobs
-    from agents.llm.records import InvocationRecord, memory_mask, tokenizer_fingerprint
+    from agents.llm.generation.policy import sequence_logprobs
+    from agents.llm.records.invocation import InvocationRecord, memory_mask, tokenizer_fingerprint
     from agents.scripted.qa_strategies import make_strategy
 
     oracle = make_strategy("oracle", env.spec.id if env.spec is not None else "MemQA-v0")
@@ -124,9 +124,9 @@ def main(argv=None) -> int:
     import torch
 
     import memenv  # noqa: F401
-    from agents.llm.models import build_tiny_model, build_tokenizer, task_texts
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.models.local import build_tiny_model, build_tokenizer, task_texts
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import records_of, rollout
     from distill.packing import pack, unpack
     from distill.scoring import action_hidden, chunked_logprobs
     from distill.reconstruct import aligned

@@ -34,7 +34,7 @@ def check_inputs(run: Path, csv: str | None) -> tuple[dict[str, str], dict]:
     under the run folder if the folder was moved), ``experiment.json``, and that ``--csv`` can be written.
     Returns the two checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the
     first problem otherwise."""
-    from agents.llm.cli import check_checkpoint
+    from agents.llm.models.pretrained import check_checkpoint
     from distill.experiment.stages import StageFileError, read_stage_json, relocated
     from memenv.cli_common import CommandError, check_out_dir
 
@@ -88,9 +88,9 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from agents.files import write_atomic
-    from agents.llm.models import load_pretrained
-    from agents.llm.precision import host_line
+    from memenv.files import write_atomic
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.models.precision import host_line
     from distill.diagnose import teacher_next_actions
     from distill.experiment.config import ExperimentConfig, ModelSpec
     from distill.experiment.stages import _sample_records  # the arms' batch shape, seeds and temperature

@@ -3,8 +3,8 @@ held-out F1 and loss curve so far, the training and evaluation CPU time, and the
 
 The command is read from README.md (the line whose comment says "a tiny LLM agent"), so this is the command a
 reader runs: ``memenv train --algo sft --out runs/sft --steps 2000``, a tiny Qwen2 from scratch with the tiny-model
-recipe (``agents.llm.recipes.TINY_SFT_RECIPE``; the LR cosine spans all of ``--steps``, so a prefix of the run is
-the same run, not a shorter one). ``--stop-at`` N: the run is interrupted (Ctrl-C, as a user would) once its
+recipe (``agents.llm.training.recipes.TINY_SFT_RECIPE``; the LR cosine spans all of ``--steps``, so a prefix of the run
+is the same run, not a shorter one). ``--stop-at`` N: the run is interrupted (Ctrl-C, as a user would) once its
 evaluation at step >= N is logged; 0 runs it to the end.
 
     python benchmarks/tiny_agent.py --out bench_out/tiny_agent --stop-at 400
@@ -153,8 +153,8 @@ def main() -> int:
         raise SystemExit(f"--loss-every must be >= 1, got {args.loss_every}")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a Ctrl-C stops the run and prints its figures
 
-    from agents.llm.precision import host_line, resolve_autocast
-    from agents.llm.recipes import TINY_SFT_RECIPE
+    from agents.llm.models.precision import host_line, resolve_autocast
+    from agents.llm.training.recipes import TINY_SFT_RECIPE
 
     readme = readme_command()
     args.out = args.out.resolve()  # the command runs from the repository root

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     if args.updates < 1 or args.rounds < 1:
         parser.error("--updates and --rounds must be >= 1")
 
-    from agents.llm.precision import host_line
+    from agents.llm.models.precision import host_line
 
     print(host_line(), f"| {os.cpu_count()} CPUs; {args.arm}, {args.updates} update(s) per process", flush=True)
     if os.getloadavg()[0] > 0.5:

@@ -86,7 +86,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from agents.files import write_atomic
+    from memenv.files import write_atomic
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.2), constrained_layout=True)
@@ -131,9 +131,9 @@ def main(argv=None) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from agents.files import write_text_atomic
-    from agents.llm.models import load_pretrained
-    from agents.llm.precision import host_line
+    from memenv.files import write_text_atomic
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.models.precision import host_line
     from distill.experiment.config import ExperimentConfig, ModelSpec
     from distill.teacher import VocabularyMismatchError, check_vocabulary
 

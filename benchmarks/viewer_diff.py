@@ -1,6 +1,6 @@
-"""The viewer's memory diff (agents.viewer.memory_diff) against the memory's size: seconds per diff of a memory of
-3, 8, 17 and 100 KB (repeated words, as long-dialogue memories hold), edited locally (one line inserted, one word
-renamed on every line) and rewritten whole (every word moved), and the matcher's worst case at its cap (2,000
+"""The viewer's memory diff (agents.llm.records.viewer.memory_diff) against the memory's size: seconds per diff of a
+memory of 3, 8, 17 and 100 KB (repeated words, as long-dialogue memories hold), edited locally (one line inserted, one
+word renamed on every line) and rewritten whole (every word moved), and the matcher's worst case at its cap (2,000
 identical lines). Issue 64's bound: a 100 KB memory under a second.
 
     python benchmarks/viewer_diff.py
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 
-from agents.viewer import DIFF_MAX_PAIRS, memory_diff
+from agents.llm.records.viewer import DIFF_MAX_PAIRS, memory_diff
 
 
 def memory(kb: int, seed: int = 0) -> str:

@@ -1,11 +1,11 @@
 """A real vLLM server against the same model in this process: greedy actions of the served policy, and teacher
 log-probs of the served teacher.
 
-Needs a vLLM server for the prepared SmolLM2-135M-Instruct folder (``python -m agents.vllm_server start --model
-DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stops it at the end).
+Needs a vLLM server for the prepared SmolLM2-135M-Instruct folder (``python -m agents.llm.adapters.vllm_server start
+--model DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stops it at the end).
 
-1. Policy (issue 20, deliverable 3). In-process :class:`agents.llm.policy.LLMPolicy` (fp32, greedy, the chat
-   template with :data:`agents.llm.policy.PROTOCOL_SYSTEM_PROMPT`, ``--max-new-tokens``) plays ``--episodes``
+1. Policy (issue 20, deliverable 3). In-process :class:`agents.llm.generation.policy.LLMPolicy` (fp32, greedy, the chat
+   template with :data:`agents.llm.generation.policy.PROTOCOL_SYSTEM_PROMPT`, ``--max-new-tokens``) plays ``--episodes``
    MemQA episodes; every invocation's observation is then sent to the server (temperature 0, same stop strings,
    same token cap) on both endpoints: ``completions`` with the invocation's own prompt ids
    (``?endpoint=completions&tokenizer=DIR``; the reply's ``token_ids`` compared with the sampled ids) and
@@ -14,8 +14,8 @@ DIR --name smollm2 --port 8765``; or ``--start`` here, which starts one and stop
    played by the served policy alone (``memenv bench``'s runner) and the mean F1 of both is printed.
 2. Teacher (issue 20, the served teacher). ``--teacher-episodes`` episodes sampled at T=1 give records; their
    action tokens are scored by :class:`distill.served_teacher.ServedTeacher` (``prompt_logprobs=k``) and by the
-   in-process model (one sequence at a time, :func:`agents.llm.policy.sequence_logprobs`, fp32). Reported: max and
-   p99 |delta log-prob| of the sampled tokens, top-k id agreement, and both scorers' tokens per second (the
+   in-process model (one sequence at a time, :func:`agents.llm.generation.policy.sequence_logprobs`, fp32). Reported:
+   max and p99 |delta log-prob| of the sampled tokens, top-k id agreement, and both scorers' tokens per second (the
    in-process one on the prefix-tree packing of :class:`distill.teacher.Teacher`).
 
     python benchmarks/vllm_agreement.py --url http://127.0.0.1:8765 [--episodes 6] [--json out.json]
@@ -46,10 +46,10 @@ def _envs(n: int, max_turns: int):
 def policy_agreement(url: str, model, tokenizer, folder: str, episodes: int, max_new_tokens: int,
                      max_turns: int = 4, seed: int = 0) -> dict:
     """Section 1 of the module doc: greedy agreement of the served policy with the in-process one."""
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import records_of, rollout
     from agents.scripted.bench import run_bench
-    from agents.served import ServedPolicy
+    from agents.llm.adapters.served import ServedPolicy
 
     local = LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens, system_prompt="protocol",
                       batch_size=8)
@@ -100,8 +100,8 @@ def policy_agreement(url: str, model, tokenizer, folder: str, episodes: int, max
 def teacher_agreement(url: str, model, tokenizer, episodes: int, max_new_tokens: int, top_k: int = 5,
                       seed: int = 100) -> dict:
     """Section 2 of the module doc: the served teacher's log-probs against the in-process model's."""
-    from agents.llm.policy import LLMPolicy, sequence_logprobs
-    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.generation.policy import LLMPolicy, sequence_logprobs
+    from agents.llm.records.rollouts import records_of, rollout
     from distill.served_teacher import ServedTeacher
     from distill.teacher import ScoringLayout, Teacher
 
@@ -153,10 +153,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from agents.llm.models import load_pretrained
-    from agents.llm.precision import host_line
-    from agents.llm.pretrained import prepare
-    from agents.vllm_server import VLLMServer
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.models.precision import host_line
+    from agents.llm.models.pretrained import prepare
+    from agents.llm.adapters.vllm_server import VLLMServer
 
     folder = str(args.model or prepare("smollm2-135m-instruct", progress=False))
     model, tokenizer = load_pretrained(folder)
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
           f"tokens/s served {teacher['served_tokens_per_s']:.0f}, in-process one by one "
           f"{teacher['local_one_by_one_tokens_per_s']:.0f}, in-process prefix tree {teacher['local_prefix_tree_tokens_per_s']:.0f}")
     if args.json:
-        from agents.files import write_text_atomic
+        from memenv.files import write_text_atomic
 
         write_text_atomic(Path(args.json), json.dumps({"host": host_line(), "policy": policy, "teacher": teacher},
                                                       indent=1))

@@ -196,7 +196,7 @@ def _sdpa_blocks_attention(module, query, key, value, attention_mask, *, memenv_
         raise RuntimeError("sdpa_blocks attention needs the batch's blocks: call distill.attention.hidden_states")
     if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         # under a CPU bf16 autocast (PPOConfig.train_autocast) attention runs in fp32, as SFT's does
-        # (agents.llm.models.use_float32_attention): the CPU kernels are several times slower in bf16
+        # (agents.llm.models.local.use_float32_attention): the CPU kernels are several times slower in bf16
         with torch.autocast("cpu", enabled=False):
             return _sdpa_blocks_attention(module, query.float(), key.float(), value.float(), attention_mask,
                                           memenv_blocks=memenv_blocks, **kwargs)

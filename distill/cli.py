@@ -9,12 +9,12 @@
     memenv distill --teacher openai:smollm2@http://127.0.0.1:8765 --student S --out runs/served  # served teacher
     memenv distill diagnose --records records.jsonl --model S                               # RCE table
 
-Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``: ``agents.llm.recipes.TINY_MODEL_FIELDS``),
-with the tokenizer of the env's oracle text: a teacher trained by ``memenv train`` from scratch shares it. Every field of
-:class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can be set with ``--set KEY=VALUE``. Writes
-``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic checkpoints ``OUT/checkpoint-N``
-(``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or the vocabulary check is
-bad.
+Without ``--student`` a tiny Qwen2 model is built (as ``memenv train``:
+``agents.llm.training.recipes.TINY_MODEL_FIELDS``), with the tokenizer of the env's oracle text: a teacher trained by
+``memenv train`` from scratch shares it. Every field of :class:`distill.trainer.MemOPDConfig` (and of ``PPOConfig``) can
+be set with ``--set KEY=VALUE``. Writes ``OUT/metrics.csv``, ``OUT/learning_curve.png``, ``OUT/config.json`` and atomic
+checkpoints ``OUT/checkpoint-N`` (``OUT/latest`` names the newest); nothing is written when an argument, a checkpoint or
+the vocabulary check is bad.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.llm.cli import (DTYPE_CHOICES, add_model_options, apply_set, check_checkpoint, check_model_options,
-                            check_run_out, interrupted_note)
-from agents.served import ServedSpec, is_served
+from agents.llm.models.pretrained import check_checkpoint
+from agents.llm.training.cli import (DTYPE_CHOICES, add_model_options, apply_set, check_model_options, check_run_out,
+                                     interrupted_note)
+from agents.llm.adapters.served import ServedSpec, is_served
 from distill import DIAGNOSE_METHODS
 from memenv.cli_common import (CommandError, CommandInterrupted, finite_float, non_negative_float, non_negative_int,
                                open_unit_float, parse_kwargs, positive_float, positive_int, prepare_out_dir)
@@ -71,7 +72,7 @@ def build_config(args: argparse.Namespace):
         if not is_served(values["teacher"]):
             check_same_system_prompt(values["teacher"], values["model"])
     else:  # a tiny student: the tokenizer and model of `memenv train --algo sft`'s tiny model (--set overrides)
-        from agents.llm.recipes import tiny_model_fields
+        from agents.llm.training.recipes import tiny_model_fields
 
         values = {**tiny_model_fields(), **values}
     if args.kw is not None:
@@ -96,7 +97,7 @@ def check_same_system_prompt(teacher: str, student: str) -> None:
     """Refuse, in one line naming both folders, a teacher and a student whose saved system prompts
     (``memenv_prompt.json``) differ: the teacher would score the student's actions under another prompt than the
     one the student acts in. A folder without the file counts as no system prompt."""
-    from agents.llm.prompt_settings import PROMPT_FILE, read_prompt_settings
+    from agents.llm.models.prompt_settings import PROMPT_FILE, read_prompt_settings
 
     try:
         prompts = [read_prompt_settings(folder).get("system_prompt") for folder in (teacher, student)]
@@ -127,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         check_run_out(args.out, args.resume)
     cfg = build_config(args)
     check_model_options(cfg, (("dtype", "attn_implementation"), ("teacher_dtype", "teacher_attn_implementation")))
-    from agents.llm.models import NonFiniteWeightsError
+    from agents.llm.models.local import NonFiniteWeightsError
     from distill.teacher import VocabularyMismatchError
     from distill.trainer import train_memopd
 
@@ -155,8 +156,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     _checkpoint(args.model, "--model")
     if args.csv:
         _check_csv(args.csv)
-    from agents.llm.models import load_pretrained
-    from agents.llm.records import load_records
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.records.invocation import load_records
     from distill.diagnose import diagnose
     from distill.scoring import check_records
 
@@ -177,7 +178,7 @@ def _diagnose(args: argparse.Namespace) -> int:
           f"clip {args.clip}")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.csv:
-        from agents.files import write_atomic
+        from memenv.files import write_atomic
 
         write_atomic(Path(args.csv), lambda tmp: table.to_csv(tmp, index=False))
         print(f"wrote {args.csv}")
@@ -257,7 +258,7 @@ def register_cli(subparsers) -> None:
                        description="For aligned, each packing and the persistent control: max and p99 |d log-prob| "
                                    "of the sampled tokens against the records, top-1 flips at action positions, and "
                                    "the share of action tokens whose PPO ratio would leave the clip range.")
-    d.add_argument("--records", required=True, help="JSON lines of invocation records (agents.llm.records)")
+    d.add_argument("--records", required=True, help="JSON lines of invocation records (agents.llm.records.invocation)")
     d.add_argument("--model", required=True, help="checkpoint folder (the policy that sampled the records)")
     d.add_argument("--methods", nargs="+", choices=DIAGNOSE_METHODS, default=list(DIAGNOSE_METHODS))
     d.add_argument("--clip", type=open_unit_float, default=0.2, help="PPO clip range (default 0.2)")

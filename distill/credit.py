@@ -29,7 +29,7 @@ are also skipped as ``m_{t-1}`` of later writes. Records without gold answers (`
 memory tokens get none.
 
 Credit also acts where the task reward is flat: in a GRPO group whose episodes all scored alike the trajectory
-advantage is 0 and :func:`agents.llm.ppo.train_rl` drops that part of the policy gradient, but the memory
+advantage is 0 and :func:`agents.llm.training.ppo.train_rl` drops that part of the policy gradient, but the memory
 advantages added here still train the group's memory tokens (logged as ``flat_credited_tokens``): the memory
 probe still tells a useful write from a useless one when every answer scored 0.
 """
@@ -42,9 +42,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agents.llm.ppo import group_advantages
-from agents.llm.records import InvocationRecord
-from agents.llm.training import ActorCritic, collate
+from agents.llm.training.ppo import group_advantages
+from agents.llm.records.invocation import InvocationRecord
+from agents.llm.training.common import ActorCritic, collate
 
 CREDIT_KINDS = ("none", "mempo", "himpo")
 
@@ -130,7 +130,7 @@ def make_probe(before: str, memory: Sequence[int], after: str, gold: Sequence[An
 @torch.no_grad()
 def probe_logprobs(model, probes: Sequence[Probe], pad_id: int, batch_size: int = 16) -> list[float]:
     """``sum_t log p(gold_t | prompt, gold_<t)`` of each probe (no grad; ``model``: a causal LM or an
-    :class:`agents.llm.training.ActorCritic`)."""
+    :class:`agents.llm.training.common.ActorCritic`)."""
     actor = model if isinstance(model, ActorCritic) else ActorCritic(model)
     device = next(actor.parameters()).device
     was_training = actor.training

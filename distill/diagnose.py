@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from agents.llm.policy import DEFAULT_STOP
+from agents.llm.generation.policy import DEFAULT_STOP
 from distill import DIAGNOSE_METHODS
 from distill.scoring import score_records
 from distill.views import information_gaps, teacher_views  # noqa: F401 - teacher_views: also this module's API
@@ -87,8 +87,8 @@ def diagnose(records, model, tokenizer=None, clip: float = 0.2, methods: Sequenc
 
 def action_kind(text: str, stop: Sequence[str] = DEFAULT_STOP) -> str:
     """The kind of action ``text`` is, as the policy would have sent it (cut after its first stop string, like
-    :class:`agents.llm.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where the
-    protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
+    :class:`agents.llm.generation.policy.LLMPolicy`): its tool (``"search"`` or ``"answer"``), or ``"invalid"`` where
+    the protocol parser refuses it (no memory rewrite first, no tool call, stray text)."""
     from memenv.protocol import parse_action
 
     ends = [text.find(s) + len(s) for s in stop if s in text]

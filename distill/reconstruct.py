@@ -9,7 +9,7 @@ the environment's reply, positions running on, every action scored after all ear
 kept exactly as sampled; only environment text is tokenised.
 
 The environment's reply, its wrapping (plain template or chat turns) and the flattening itself live in
-:mod:`agents.llm.transcript`, shared with the SFT that trains a teacher on this view and with a policy acting in
+:mod:`agents.llm.records.transcript`, shared with the SFT that trains a teacher on this view and with a policy acting in
 it, so the three see the same ids. ``environment_reply``, ``chat_turn_frame`` and ``REPLY_TEMPLATE`` are
 re-exported here.
 
@@ -22,9 +22,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from agents.llm.records import InvocationRecord
-from agents.llm.transcript import (REPLY_TEMPLATE, TranscriptFormat, chat_turn_frame, environment_reply,  # noqa: F401
-                                    flatten_episode)
+from agents.llm.records.invocation import InvocationRecord
+from agents.llm.records.transcript import (REPLY_TEMPLATE, TranscriptFormat, chat_turn_frame,  # noqa: F401
+                                           environment_reply, flatten_episode)
 
 RECONSTRUCTIONS = ("aligned", "persistent")
 

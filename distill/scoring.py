@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from agents.llm.models import model_limits
-from agents.llm.records import tokenizer_fingerprint
+from agents.llm.models.local import model_limits
+from agents.llm.records.invocation import tokenizer_fingerprint
 from distill.attention import hidden_states
 from distill.packing import PackedBatch, pack, unpack
 from distill.reconstruct import reconstruct

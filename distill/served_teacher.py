@@ -8,7 +8,7 @@ away), ``prompt_logprobs=k`` and ``return_token_ids``: the server returns, for e
 log-prob of the actual token and of its ``k`` most likely ones (``k = 0``: the actual token only). This is how
 verl and slime get teacher (or reference) log-probs from a vLLM/SGLang engine at scale. The answers at the
 response positions with ``action_mask == 1`` are kept, in record order then token order (the order of
-:class:`agents.llm.ppo.ActorOutput`). Requests run on a thread pool (``concurrency``); vLLM batches them.
+:class:`agents.llm.training.ppo.ActorOutput`). Requests run on a thread pool (``concurrency``); vLLM batches them.
 
 Checks, each a one-line error naming the server: before any work a probe text (chat markers, the memory and
 search tags, digits) and the text of every vocabulary id, one per line (:func:`vocabulary_probe`: 96 requests of
@@ -19,7 +19,7 @@ actual token in it (:class:`ServedTeacherError` otherwise: "returned N positions
 Log-probs are the server's at temperature 1 (vLLM's prompt log-probs are of the raw logits), so
 ``distill_temperature`` must be 1.
 
-Losses (:class:`ServedTeacherHook`, the :class:`agents.llm.ppo.LossHook` of ``train_memopd`` for a served
+Losses (:class:`ServedTeacherHook`, the :class:`agents.llm.training.ppo.LossHook` of ``train_memopd`` for a served
 teacher), per action token ``t`` with the student's ``log pi(a_t)`` and the teacher's ``log q(a_t)``:
 
 - ``top_k=None`` (**default**: the sampled-token reverse KL of on-policy distillation, needs ``k = 0``): the
@@ -44,9 +44,9 @@ from typing import Any, Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from agents.llm.records import InvocationRecord
-from agents.llm.training import unwrap_ddp
-from agents.served import CompletionsClient, ServedSpec, ServerError, is_served
+from agents.llm.records.invocation import InvocationRecord
+from agents.llm.training.common import unwrap_ddp
+from agents.llm.adapters.served import CompletionsClient, ServedSpec, ServerError, is_served
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, _tail_logmass, divergence, head_logprobs
 from distill.teacher import VocabularyMismatchError
@@ -99,7 +99,7 @@ class ServedTeacher:
     """Teacher log-probs from an OpenAI-compatible server (see the module doc).
 
     Args:
-        spec: ``openai:NAME@URL`` (or a :class:`agents.served.ServedSpec`).
+        spec: ``openai:NAME@URL`` (or a :class:`agents.llm.adapters.served.ServedSpec`).
         tokenizer: the student's tokenizer (the probe compares the server's ids with it).
         top_k: top-k log-probs per position (None or 0: the actual token only).
         concurrency: requests in flight.
@@ -327,7 +327,7 @@ def check_served_options(loss: DistillLossConfig, teacher_reconstruction: str | 
 
 class ServedTeacherHook:
     """The distillation term against a :class:`ServedTeacher` (and memory credit), as a
-    :class:`agents.llm.ppo.LossHook` (see the module doc for the two losses)."""
+    :class:`agents.llm.training.ppo.LossHook` (see the module doc for the two losses)."""
 
     plot_keys = ("distill_loss",)
 

@@ -7,10 +7,10 @@ mode with ``requires_grad=False`` and runs under ``no_grad``.
 
 Vocabulary check (:func:`check_vocabulary`): teacher and student must share one tokenizer (the student's sampled
 ids are fed to the teacher as they are). It compares the tokenizers' fingerprints
-(:func:`agents.llm.records.tokenizer_fingerprint`: the vocabulary and the added tokens) and that both heads cover
-the tokenizer, and fails with an error naming both, before any weights are loaded by :meth:`Teacher.from_pretrained`.
-Heads of different widths over one tokenizer (e.g. Qwen2.5 checkpoints padded to 151,936 or 152,064 rows) are
-compared on their common first ``vocab_size`` logits, which cover every real token.
+(:func:`agents.llm.records.invocation.tokenizer_fingerprint`: the vocabulary and the added tokens) and that both heads
+cover the tokenizer, and fails with an error naming both, before any weights are loaded by
+:meth:`Teacher.from_pretrained`. Heads of different widths over one tokenizer (e.g. Qwen2.5 checkpoints padded to
+151,936 or 152,064 rows) are compared on their common first ``vocab_size`` logits, which cover every real token.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from agents.llm.records import InvocationRecord, tokenizer_fingerprint
+from agents.llm.records.invocation import InvocationRecord, tokenizer_fingerprint
 from distill.losses import head_logprobs
 from distill.packing import PACKINGS, pack
 from distill.scoring import action_hidden
@@ -89,7 +89,7 @@ class ScoringLayout:
 
 def action_order(records: Sequence[InvocationRecord], batches) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keep, index)`` mapping the concatenated scored tokens of ``batches`` onto the action tokens of
-    ``records`` in record order, then token order (the order of ``agents.llm.ppo``'s flattened per-token
+    ``records`` in record order, then token order (the order of ``agents.llm.training.ppo``'s flattened per-token
     fields): ``values[keep][index]`` is that order. ``keep`` drops response tokens whose ``action_mask`` is 0."""
     offsets, ranks, total = [], [], 0
     for r in records:
@@ -155,10 +155,10 @@ class Teacher:
     def from_pretrained(cls, path: str | os.PathLike, *, student_tokenizer=None, student_model=None, device=None,
                         dtype=None, attn_implementation: str = "sdpa", **kwargs) -> "Teacher":
         """Load a local checkpoint; the tokenizers are compared before the weights are read. ``dtype``: as
-        :func:`agents.llm.models.load_pretrained` (None: float32; ``"auto"``: bf16 on a CUDA device that has
+        :func:`agents.llm.models.local.load_pretrained` (None: float32; ``"auto"``: bf16 on a CUDA device that has
         it; a frozen teacher has no optimizer state to keep in float32), ``attn_implementation`` likewise."""
-        from agents.llm.models import load_pretrained, load_tokenizer
-        from agents.llm.precision import check_attn_implementation, resolve_dtype
+        from agents.llm.models.local import load_pretrained, load_tokenizer
+        from agents.llm.models.precision import check_attn_implementation, resolve_dtype
 
         check_attn_implementation(attn_implementation, resolve_dtype(dtype, device, "teacher dtype"), device)
         if student_tokenizer is not None:

@@ -1,7 +1,7 @@
 """The MemOPD trainer: PPO or GRPO on the environment reward + ``distill_coef`` x an on-policy distillation loss
 against a frozen teacher at the student's sampled action positions, optionally with memory credit.
 
-It is :func:`agents.llm.ppo.train_rl` with two plug-ins, not a copy of its loop:
+It is :func:`agents.llm.training.ppo.train_rl` with two plug-ins, not a copy of its loop:
 
 - the **actor forward** (:class:`PackedActorForward`): each minibatch's records are reconstructed
   (``reconstruction="aligned"``: each invocation as sampled; ``"persistent"``: the episode flattened into one
@@ -32,7 +32,8 @@ context).
 Under ``torchrun`` (DDP): the packed forward runs as the DDP-wrapped actor's forward (``ActorCritic(call=...)``),
 so DDP all-reduces its gradients; each rank loads the teacher and scores its own records; GRPO groups stay on one
 rank; metrics and checkpoints come from rank 0; ``resume`` continues every rank (see
-:func:`agents.llm.ppo.train_rl`). The update equals one process's on the global batch (tested with 2 gloo ranks).
+:func:`agents.llm.training.ppo.train_rl`). The update equals one process's on the global batch (tested with 2 gloo
+ranks).
 
 Memory: with ``grad_accumulation`` (default on here) each minibatch is split into its packed batches
 (:meth:`PackedActorForward.split`) and each one's forward is followed by its backward, so one update holds one
@@ -48,11 +49,11 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.llm.models import load_tokenizer
-from agents.llm.ppo import ActorOutput, PPOConfig, train_rl
-from agents.llm.records import InvocationRecord
-from agents.served import is_served
-from agents.llm.training import init_distributed, latest_checkpoint, load_or_build_model, unwrap_ddp
+from agents.llm.models.local import load_tokenizer
+from agents.llm.training.ppo import ActorOutput, PPOConfig, train_rl
+from agents.llm.records.invocation import InvocationRecord
+from agents.llm.adapters.served import is_served
+from agents.llm.training.common import init_distributed, latest_checkpoint, load_or_build_model, unwrap_ddp
 from distill import check_attention_backend
 from distill.credit import CreditConfig, apply_memory_credit
 from distill.losses import DistillLossConfig, chunked_action_logprobs, chunked_distill_loss, fused_head_reverse_kl
@@ -62,7 +63,8 @@ from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 
 @dataclass
 class MemOPDConfig(PPOConfig):
-    """:class:`agents.llm.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory credit."""
+    """:class:`agents.llm.training.ppo.PPOConfig` plus the teacher, the distillation loss, the layout and memory
+    credit."""
 
     out_dir: str = "runs/distill"
     teacher: str | None = None  # local checkpoint of the teacher (same tokenizer as the student), or openai:NAME@URL
@@ -105,7 +107,7 @@ class MemOPDConfig(PPOConfig):
         if self.distill_coef < 0:
             raise ValueError(f"distill_coef (lambda) must be >= 0, got {self.distill_coef}")
         check_attention_backend(self.attention_backend)
-        from agents.llm.precision import ATTN_IMPLEMENTATIONS, check_dtype
+        from agents.llm.models.precision import ATTN_IMPLEMENTATIONS, check_dtype
 
         check_dtype(self.dtype, "dtype")
         check_dtype(self.teacher_dtype, "teacher_dtype")
@@ -149,7 +151,7 @@ class MemOPDConfig(PPOConfig):
 
 
 class PackedActorForward:
-    """The actor forward of :func:`agents.llm.ppo.train_rl` on a reconstruction + packing (see the module doc).
+    """The actor forward of :func:`agents.llm.training.ppo.train_rl` on a reconstruction + packing (see the module doc).
 
     Given a DDP-wrapped actor it runs inside DDP's forward (``module(call=...)``), so the gradients are averaged
     over ranks; :meth:`split` gives the records of each packed batch (gradient accumulation)."""
@@ -219,7 +221,7 @@ class PackedActorForward:
 
 
 class MemOPDHook:
-    """The distillation term (and memory credit) as a :class:`agents.llm.ppo.LossHook`."""
+    """The distillation term (and memory credit) as a :class:`agents.llm.training.ppo.LossHook`."""
 
     plot_keys = ("distill_loss",)
 

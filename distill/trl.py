@@ -1,7 +1,7 @@
 """MemOPD on TRL: :class:`MemOPDTrainer`, trl's ``GRPOTrainer`` plus the teacher's distillation term, with the
 native trainer's gradient however TRL cuts the batch (micro-batches, accumulation, padding rows, ranks).
 
-The rows come from :class:`agents.llm.trl.MemenvRollout` in memory mode: one row per invocation, its prompt the
+The rows come from :class:`agents.llm.adapters.trl.MemenvRollout` in memory mode: one row per invocation, its prompt the
 exact observation ids of that turn and its completion the sampled ids, so every row already *is* the student's
 state when it sampled (MemOPD's aligned reconstruction, with no packing). The loss is
 
@@ -57,8 +57,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.llm.ppo import group_advantages, zero_variance_groups
-from agents.llm.trl import require_trl
+from agents.llm.training.ppo import group_advantages, zero_variance_groups
+from agents.llm.adapters.trl import require_trl
 from distill.losses import DistillLossConfig, chunked_distill_loss
 from distill.teacher import Teacher
 
@@ -245,9 +245,9 @@ def episode_advantages(rewards: Sequence[float], generations: int, rows_per_epis
 
     ``rewards`` holds one reward per row of the whole generation batch (every rank's, in order); each run of
     ``generations`` rows is a GRPO group and each run of ``rows_per_episode`` rows one episode
-    (:class:`agents.llm.trl.MemenvRollout`'s layout), whose rows must carry one reward (NaN: unscorable, left out
-    of its group's statistics with advantage 0, as trl does). The advantage of an episode is
-    :func:`agents.llm.ppo.group_advantages` over its group's episodes (population std, exactly 0 in a group of
+    (:class:`agents.llm.adapters.trl.MemenvRollout`'s layout), whose rows must carry one reward (NaN: unscorable, left
+    out of its group's statistics with advantage 0, as trl does). The advantage of an episode is
+    :func:`agents.llm.training.ppo.group_advantages` over its group's episodes (population std, exactly 0 in a group of
     equal returns) and every row of the episode gets it."""
     if generations % rows_per_episode:
         raise ValueError(f"num_generations={generations} is not a multiple of rows_per_episode={rows_per_episode}")

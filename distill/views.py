@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from agents.llm.records import InvocationRecord
+from agents.llm.records.invocation import InvocationRecord
 from distill.losses import DistillLossConfig, chunked_distill_loss, head_logprobs
 from distill.teacher import ScoringLayout, Teacher, records_action_hidden
 

@@ -2,9 +2,9 @@
 
     python examples/llm_tiny_memqa.py --steps 300 --updates 5
 
-1. builds a byte-level BPE tokenizer from oracle trajectories and a small Qwen2 model (agents.llm.models);
-2. behaviour-clones the oracle (agents.llm.sft), evaluating held-out F1 with greedy decoding;
-3. fine-tunes with GRPO (agents.llm.ppo) from that checkpoint;
+1. builds a byte-level BPE tokenizer from oracle trajectories and a small Qwen2 model (agents.llm.models.local);
+2. behaviour-clones the oracle (agents.llm.training.sft), evaluating held-out F1 with greedy decoding;
+3. fine-tunes with GRPO (agents.llm.training.ppo) from that checkpoint;
 4. samples one episode and prints its invocation records (token-exact: ids, behaviour log-probs, masks).
 """
 
@@ -25,12 +25,12 @@ def main() -> None:
     import torch
 
     import memenv  # noqa: F401
-    from agents.llm.policy import LLMPolicy, sequence_logprobs
-    from agents.llm.models import load_pretrained
-    from agents.llm.ppo import PPOConfig, train_rl
-    from agents.llm.rollouts import rollout
-    from agents.llm.sft import SFTConfig, train_sft
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.generation.policy import LLMPolicy, sequence_logprobs
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.ppo import PPOConfig, train_rl
+    from agents.llm.records.rollouts import rollout
+    from agents.llm.training.sft import SFTConfig, train_sft
+    from agents.llm.training.common import latest_checkpoint
 
     torch.set_num_threads(1)
     env_kwargs = {"objectives": 1, "hops": 2}

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
     import trl
 
-    from agents.llm.models import load_pretrained
-    from agents.llm.trl import MemenvRollout, episode_return_reward, vllm_generation_kwargs
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.adapters.trl import MemenvRollout, episode_return_reward, vllm_generation_kwargs
     from distill.losses import DistillLossConfig
     from distill.trl import MemOPDTrainer
 

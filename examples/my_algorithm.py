@@ -99,10 +99,10 @@ def main(argv=None) -> dict:
 
     import memenv  # noqa: F401  (registers the envs)
     from agents.llm import LLMPolicy, load_pretrained, records_of, rollout
-    from agents.llm.precision import host_line
-    from agents.llm.recipes import tiny_sft_config
-    from agents.llm.sft import train_sft
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.models.precision import host_line
+    from agents.llm.training.recipes import tiny_sft_config
+    from agents.llm.training.sft import train_sft
+    from agents.llm.training.common import latest_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

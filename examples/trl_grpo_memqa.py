@@ -27,7 +27,7 @@ A real checkpoint on a GPU with vLLM (colocated in the training process; trl 1.1
 
     # several GPUs: accelerate launch --num_processes 4 examples/trl_grpo_memqa.py ... (vllm_mode colocate)
 
-How the pieces fit (see agents/llm/trl.py): each dataset prompt is one task seed; ``num_generations =
+How the pieces fit (see agents/llm/adapters/trl.py): each dataset prompt is one task seed; ``num_generations =
 episodes_per_group x rows_per_episode`` row slots hold that many episodes of the task, one row per invocation
 (each invocation is its own sequence: the prompt is that turn's observation with the rewritten memory), short
 episodes padded with rows that carry no loss; every row carries its episode's return, so GRPO's group
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
-    from agents.llm.models import load_pretrained, make_tiny
-    from agents.llm.trl import MemenvRollout, episode_return_reward, vllm_generation_kwargs
+    from agents.llm.models.local import load_pretrained, make_tiny
+    from agents.llm.adapters.trl import MemenvRollout, episode_return_reward, vllm_generation_kwargs
 
     env_kwargs = {"objectives": args.objectives, "hops": args.hops}
     if not torch.cuda.is_available():
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.model:
         model, tokenizer = load_pretrained(args.model)
     elif args.sft_steps > 0:
-        from agents.llm.sft import SFTConfig, train_sft
-        from agents.llm.training import latest_checkpoint
+        from agents.llm.training.sft import SFTConfig, train_sft
+        from agents.llm.training.common import latest_checkpoint
 
         sft = SFTConfig(env_kwargs=env_kwargs, out_dir=f"{args.out}/sft", steps=args.sft_steps, episodes=400,
                         eval_every=args.sft_steps, eval_episodes=16, save_every=args.sft_steps, tiny_vocab=1024,

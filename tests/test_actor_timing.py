@@ -19,7 +19,7 @@ COST = {("padded", "auto"): 10.0, ("padded", "sdpa_blocks"): 9.0, ("sorted_padde
 
 
 def test_actor_timing_warms_up_rotates_and_compares_with_the_best_padded_baseline(tmp_path, monkeypatch):
-    from agents.llm.models import make_tiny
+    from agents.llm.models.local import make_tiny
 
     env_kwargs = {"objectives": 1, "hops": 1, "comparison_rate": 0.0, "max_turns": 2}
     make_tiny(tmp_path / "student", env_kwargs=env_kwargs, episodes=4, vocab_size=300, include_corpus=False,

@@ -9,9 +9,9 @@ import pandas as pd  # noqa: E402
 
 from llm_common import ENV_KW, memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.models import save_pretrained  # noqa: E402
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.rollouts import rollout  # noqa: E402
+from agents.llm.models.local import save_pretrained  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.rollouts import rollout  # noqa: E402
 from agents.scripted.bench import run_bench  # noqa: E402
 from memenv.cli import main  # noqa: E402
 
@@ -32,7 +32,7 @@ def test_checkpoint_runs_beside_scripted_strategies_on_the_same_seeds(checkpoint
     model_rows = episodes[episodes.strategy == str(checkpoint)]
     assert list(model_rows.seed) == [5, 6, 7] == list(episodes[episodes.strategy == "relevance"].seed)
     # the bench's figures are those of a greedy rollout of that checkpoint on the same seeds
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
 
     lm, tok = load_pretrained(checkpoint)
     direct = rollout(LLMPolicy(lm, tok, temperature=0.0, max_new_tokens=96), memqa_envs(2, max_turns=2), [5, 6, 7])
@@ -64,7 +64,7 @@ def test_a_folder_without_config_is_refused_naming_it(tmp_path, capsys):
 def test_a_models_bench_bar_shows_tokens_inside_invocations(checkpoint, capsys, monkeypatch):
     """A real model's batch of invocations takes minutes: the bench bar's postfix shows the tokens generated inside
     them as they come (not only after each batch), and the invocations after each batch."""
-    from agents.llm import rollouts
+    from agents.llm.records.invocation import rollouts
 
     monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # report every decoding step, so the text is seen
     seen = []

@@ -12,10 +12,10 @@ import gymnasium as gym  # noqa: E402
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.records import InvocationRecord  # noqa: E402
-from agents.llm.rollouts import rollout  # noqa: E402
-from agents.llm.sft import Demonstration, SFTConfig, expert_data  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.invocation import InvocationRecord  # noqa: E402
+from agents.llm.records.rollouts import rollout  # noqa: E402
+from agents.llm.training.sft import Demonstration, SFTConfig, expert_data  # noqa: E402
 from distill.reconstruct import persistent  # noqa: E402
 
 ENV = {**ENV_KW, "objectives": 2, "hops": 1, "comparison_rate": 0.0}
@@ -161,7 +161,7 @@ def test_forgetful_experts_lose_the_same_fact_and_act_on_what_their_view_holds()
 def test_forgetful_demonstrations_render_each_views_own_expert():
     """SFTConfig.demo_forget_rate: the memory view's examples come from the expert that searches again, the
     persistent view's transcript from the one that answers from the transcript (one search fewer)."""
-    from agents.llm.transcript import TranscriptFormat  # noqa: F401 - the transcript's renderer exists
+    from agents.llm.records.transcript import TranscriptFormat  # noqa: F401 - the transcript's renderer exists
 
     policy = LLMPolicy(tiny_model(memqa_tokenizer(), seed=0), memqa_tokenizer(), temperature=0.0)
     tok = memqa_tokenizer()

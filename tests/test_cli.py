@@ -148,9 +148,9 @@ def test_every_option_shows_its_default(command):
 
 def test_train_help_shows_each_trainers_default():
     pytest.importorskip("torch")
-    from agents.llm.ppo import PPOConfig
-    from agents.llm.recipes import TINY_SFT_RECIPE
-    from agents.llm.sft import SFTConfig
+    from agents.llm.training.ppo import PPOConfig
+    from agents.llm.training.recipes import TINY_SFT_RECIPE
+    from agents.llm.training.sft import SFTConfig
 
     help_text = " ".join(_subparser("train").format_help().split())
     # SFT without --model trains with the tiny-model recipe; with --model, SFTConfig's defaults

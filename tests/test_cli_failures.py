@@ -256,12 +256,12 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
 
 def test_ctrl_c_in_train_says_what_was_kept(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
-    import agents.llm.sft
+    import agents.llm.training.sft
 
     def interrupted(cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(agents.llm.sft, "train_sft", interrupted)
+    monkeypatch.setattr(agents.llm.training.sft, "train_sft", interrupted)
     out = tmp_path / "run"
     assert run(["train", "--algo", "sft", "--out", str(out), "--quiet"]) == 130
     assert last_line(capsys) == f"memenv train: interrupted: no checkpoint written yet in {out}"
@@ -549,13 +549,13 @@ def test_train_and_distill_out_mistakes_fail_before_any_work(tmp_path, capsys, t
 
 
 def test_train_on_a_data_file_damaged_past_the_set_up_check(tmp_path, monkeypatch, capsys, torch_stack):
-    import agents.llm.sft
+    import agents.llm.training.sft
     from tasks.types import DataFormatError
 
     def damaged(cfg):
         raise DataFormatError("hotpot.json record 12: 'context' must be a list")
 
-    monkeypatch.setattr(agents.llm.sft, "train_sft", damaged)
+    monkeypatch.setattr(agents.llm.training.sft, "train_sft", damaged)
     out = tmp_path / "run"
     assert run(["train", "--algo", "sft", "--out", str(out), "--quiet"]) == 2
     assert last_line(capsys) == ("memenv train: error: hotpot.json record 12: 'context' must be a list; no checkpoint "
@@ -608,7 +608,7 @@ def test_distill_diagnose_names_the_records_line(tmp_path, capsys, content, word
 
 
 def test_records_loader_names_the_line_of_bytes_that_are_not_utf8(tmp_path):
-    from agents.llm.records import load_records
+    from agents.llm.records.invocation import load_records
 
     path = tmp_path / "r.jsonl"
     good = (json.dumps(RECORD) + "\n").encode()
@@ -667,7 +667,7 @@ def test_cut_pipe_is_not_a_traceback(tmp_path):
 
 # ------------------------------------------------------------------------------------------ atomic folders
 def test_an_interrupted_folder_swap_puts_the_earlier_folder_back(tmp_path, monkeypatch):
-    import agents.files as files
+    import memenv.files as files
 
     target = tmp_path / "checkpoint"
     target.mkdir()
@@ -688,7 +688,7 @@ def test_an_interrupted_folder_swap_puts_the_earlier_folder_back(tmp_path, monke
 
 
 def test_a_file_is_not_replaced_by_a_folder(tmp_path):
-    from agents.files import write_directory_atomic
+    from memenv.files import write_directory_atomic
 
     afile = tmp_path / "corpus.jsonl"
     afile.write_text("{}\n")

@@ -155,8 +155,8 @@ def test_compact_demonstrations_differ_between_views_where_memory_must_drop_a_no
     pytest.importorskip("transformers")
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.sft import SFTConfig, expert_data
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.training.sft import SFTConfig, expert_data
 
     tok = memqa_tokenizer()
     policy = LLMPolicy(tiny_model(tok, seed=0), tok, temperature=0.0)
@@ -181,7 +181,7 @@ def test_compact_demonstrations_differ_between_views_where_memory_must_drop_a_no
 def test_demo_expert_is_checked() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.sft import SFTConfig, expert_data
+    from agents.llm.training.sft import SFTConfig, expert_data
 
     with pytest.raises(ValueError, match="demo_expert"):
         SFTConfig(demo_expert="compact-notes")

@@ -1,5 +1,5 @@
-"""The compiled decode step (``LLMPolicy(compile_decode=True)``, :mod:`agents.llm.compiled_decode`): the same greedy
-tokens as the eager decode, token for token, and log-probs within fp32 rounding of it, over rows of different
+"""The compiled decode step (``LLMPolicy(compile_decode=True)``, :mod:`agents.llm.generation.compiled_decode`): the same
+greedy tokens as the eager decode, token for token, and log-probs within fp32 rounding of it, over rows of different
 lengths that finish at different steps and a lone row, without a recompile per step or per call, and after the
 weights change in place (a training step) without a recompile and without stale weights; a compilation
 that fails warns once and decodes eagerly; models the step does not know keep the forward.
@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.compiled_decode import CompiledStep, compiled_step  # noqa: E402
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.generation.compiled_decode import CompiledStep, compiled_step  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, sequence_logprobs  # noqa: E402
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -132,7 +132,7 @@ def test_a_compiled_graph_that_disagrees_with_the_eager_step_is_dropped(monkeypa
 def test_inductor_skips_its_graph_cache_only_under_a_cpu_capability_override(monkeypatch):
     """inductor's FX graph cache key leaves out the vector ISA ATEN_CPU_CAPABILITY selects: a graph cached under
     AVX512 and served under avx2 gave NaN logits. Under an override the step compiles without that cache."""
-    from agents.llm.compiled_decode import inductor_patches
+    from agents.llm.generation.compiled_decode import inductor_patches
 
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     assert inductor_patches() == {"freezing": False}

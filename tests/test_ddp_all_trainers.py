@@ -25,8 +25,8 @@ WORKER = textwrap.dedent('''
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from llm_common import memqa_tokenizer, tiny_model
-    import agents.llm.ppo as ppo
-    from agents.llm.rollouts import rollout as real_rollout
+    import agents.llm.training.ppo as ppo
+    from agents.llm.records.rollouts import rollout as real_rollout
     from distill.trainer import MemOPDConfig, train_memopd
 
     OUT = {out!r}
@@ -97,7 +97,7 @@ def _weights(folder, updates):
 def test_two_gloo_ranks_equal_one_process_on_the_global_batch(tmp_path):
     from llm_common import memqa_tokenizer, run_two_ranks_and_reference, tiny_model
 
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
 
     tok = memqa_tokenizer()
     ddp, ref = tmp_path / "ddp", tmp_path / "ref"

@@ -189,7 +189,7 @@ def test_selfmem_stores_what_the_model_writes_and_answers_from_a_search(data, wh
 
 
 def test_served_strategy_failure_is_a_server_error_naming_the_url(data) -> None:
-    from agents.served import ServerError
+    from agents.llm.adapters.served import ServerError
 
     policy = make_text_strategy("bm25+openai:m@http://127.0.0.1:9", "MemDialog", retries=0, timeout=1.0)
     env = _env("MemDialog", data, policy)

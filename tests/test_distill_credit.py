@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.records import InvocationRecord, memory_mask  # noqa: E402
+from agents.llm.records.invocation import InvocationRecord, memory_mask  # noqa: E402
 from distill.credit import CreditConfig, apply_memory_credit, memory_credits, split_memory_slot  # noqa: E402
 
 TASK = "<task>\nAnswer the questions.\nQuestion 1: Who founded Datre Foundation?\n</task>"

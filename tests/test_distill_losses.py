@@ -272,7 +272,7 @@ def test_teacher_with_another_tokenizer_is_refused_naming_both():
 
 
 def test_teacher_from_pretrained_checks_before_loading_weights(tmp_path):
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
     from distill.teacher import Teacher, VocabularyMismatchError
 
     teacher_tok = toy_tokenizer()

@@ -10,9 +10,9 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.records import InvocationRecord, tokenizer_fingerprint  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.invocation import InvocationRecord, tokenizer_fingerprint  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 from distill.attention import attention_blocks  # noqa: E402
 from distill.diagnose import diagnose  # noqa: E402
 from distill.packing import PACKINGS, build_mask, pack, unpack  # noqa: E402
@@ -299,7 +299,7 @@ def test_check_records_names_the_bad_record_before_any_compute():
 
 @pytest.mark.parametrize("arch,attn", [("llama", "sdpa"), ("qwen2", "eager")])
 def test_packings_match_one_sequence_scoring_on_other_architectures_and_attention(arch, attn):
-    from agents.llm.policy import sequence_logprobs
+    from agents.llm.generation.policy import sequence_logprobs
 
     _, tok, records = _rollout_records()
     records = records[:10]

@@ -11,10 +11,10 @@ import gymnasium as gym  # noqa: E402
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import PPOConfig, collate_forward, train_rl  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
-from agents.llm.training import ActorCritic  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, collate_forward, train_rl  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.training.common import ActorCritic  # noqa: E402
 from distill.losses import DistillLossConfig  # noqa: E402
 from distill.teacher import ScoringLayout, Teacher  # noqa: E402
 from distill.trainer import MemOPDConfig, PackedActorForward, distillation_loss, train_memopd  # noqa: E402
@@ -202,7 +202,7 @@ def test_prefix_tree_teacher_scoring_equals_shared_prefix():
 
 
 def test_resume_continues_from_the_latest_checkpoint(tmp_path):
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
 
     tok = memqa_tokenizer()
     save_pretrained(_teacher_model(tok), tok, tmp_path / "teacher")
@@ -250,7 +250,7 @@ def test_config_rejects_bad_options_and_a_missing_teacher(tmp_path):
 # ---------------------------------------------------------------------- the CLI
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
     from llm_common import toy_tokenizer
 
     root = tmp_path_factory.mktemp("ckpt")
@@ -294,7 +294,7 @@ def test_cli_rejects_bad_arguments_with_one_clear_line(checkpoints, tmp_path, ca
 def test_cli_trains_and_diagnoses(checkpoints, tmp_path, capsys):
     import json
 
-    from agents.llm.records import save_records
+    from agents.llm.records.invocation import save_records
 
     out = tmp_path / "run"
     assert _cli("--teacher", checkpoints / "teacher", "--student", checkpoints / "student", "--out", out,
@@ -309,7 +309,7 @@ def test_cli_trains_and_diagnoses(checkpoints, tmp_path, capsys):
     assert (out / "metrics.csv").exists() and (out / "learning_curve.png").exists() and (out / "latest").exists()
 
     tok = memqa_tokenizer()
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
 
     student, _ = load_pretrained(checkpoints / "student")
     save_records(tmp_path / "records.jsonl", _records(student, tok, n=2))
@@ -331,7 +331,7 @@ def test_the_teacher_free_control_pushes_down_the_sampled_tokens_by_a_constant(t
     """ConstantSignalHook is the policy-gradient loss of a fixed advantage -value on every sampled action token: its
     gradient is value x the gradient of the tokens' mean log-prob (or of their sum over token_denom, the
     micro-batch form); train_memopd with distill_signal="constant" trains without any teacher."""
-    from agents.llm.actor import ActorOutput
+    from agents.llm.training.actor import ActorOutput
     from distill.trainer import ConstantSignalHook
 
     logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)

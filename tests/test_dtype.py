@@ -10,9 +10,9 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm import precision  # noqa: E402
-from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
-from agents.llm.precision import check_attn_implementation, resolve_dtype  # noqa: E402
+from agents.llm.models.local import precision  # noqa: E402
+from agents.llm.models.local import load_pretrained, save_pretrained  # noqa: E402
+from agents.llm.models.precision import check_attn_implementation, resolve_dtype  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def test_flash_attention_without_gpu_dtype_or_package_fails_clearly_before_loadi
 
 
 def test_run_config_dtype_reaches_the_loaded_and_the_built_model(checkpoint):
-    from agents.llm.ppo import PPOConfig
-    from agents.llm.training import Dist, load_or_build_model
+    from agents.llm.training.ppo import PPOConfig
+    from agents.llm.training.common import Dist, load_or_build_model
 
     lm, _ = load_or_build_model(PPOConfig(model=str(checkpoint), dtype="bf16"), Dist())
     assert {p.dtype for p in lm.parameters()} == {torch.bfloat16}
@@ -121,7 +121,7 @@ def test_memopd_config_and_teacher_take_a_dtype(checkpoint):
 
 
 def test_clis_take_dtype_and_attention_options(checkpoint):
-    from agents.llm import cli as train_cli
+    from agents.llm.training.common import cli as train_cli
     from distill import cli as distill_cli
     from memenv.cli_common import CommandError
 

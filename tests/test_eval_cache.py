@@ -12,7 +12,7 @@ from tests.llm_common import TINY_BASE_ENV
 
 @pytest.fixture(scope="module")
 def tiny():
-    from agents.llm.models import make_tiny
+    from agents.llm.models.local import make_tiny
 
     return make_tiny(None, env_kwargs=TINY_BASE_ENV, episodes=8, vocab_size=400, hidden_size=32, layers=2, heads=2)
 
@@ -25,7 +25,7 @@ def _cfg(out):
 
 
 def _no_rollouts(monkeypatch):
-    import agents.llm.rollouts as rollouts
+    import agents.llm.records.rollouts as rollouts
 
     def refuse(*a, **k):
         raise AssertionError("played the episodes again")

@@ -198,9 +198,9 @@ def test_placeholder_commands_are_few():
 
 def test_training_chain_names_the_checkpoint_it_writes(tmp_path, monkeypatch):
     """``memenv train --out D --steps N && ... --model D/checkpoint-XXXX``: XXXX is the folder that
-    :func:`agents.llm.training.save_checkpoint` writes at step N."""
+    :func:`agents.llm.training.common.save_checkpoint` writes at step N."""
     pytest.importorskip("torch")
-    import agents.llm.training as training
+    import agents.llm.training.common as training
 
     monkeypatch.setattr(training, "save_pretrained", lambda lm, tok, path, extra_files=None: Path(path))
     chains = 0

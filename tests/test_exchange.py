@@ -11,11 +11,11 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.exchange import (TARGETS, TeacherScores, export_records, import_rows, ordered,  # noqa: E402
-                                 read_export, row_to_json, row_weights, teacher_scores, write_export)
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.records import save_records  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.records.exchange import (TARGETS, TeacherScores, export_records, import_rows, ordered,  # noqa: E402
+                                         read_export, row_to_json, row_weights, teacher_scores, write_export)
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.invocation import save_records  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 from memenv.cli import main  # noqa: E402
 
 RCE_TOL = 1e-4
@@ -284,7 +284,7 @@ def test_one_record_check_for_every_reader_names_the_record_and_the_field(tmp_pa
     field; a teacher asked to score an id outside its vocabulary names the record instead of an IndexError."""
     import json as _json
 
-    from agents.llm.records import InvocationRecord, load_records
+    from agents.llm.records.invocation import InvocationRecord, load_records
 
     base = dict(episode_id="e", turn=1, prompt_ids=[1, 2], response_ids=[3, 4, 5], response_logprobs=[-1.0] * 3,
                 action_mask=[1] * 3, memory_mask=[0] * 3)
@@ -305,7 +305,7 @@ def test_one_record_check_for_every_reader_names_the_record_and_the_field(tmp_pa
         with pytest.raises(ValueError, match=message):
             load_records(path)
     torch = pytest.importorskip("torch")
-    from agents.llm.exchange import teacher_scores
+    from agents.llm.records.exchange import teacher_scores
     from llm_common import memqa_tokenizer, tiny_model
 
     tok = memqa_tokenizer()
@@ -322,7 +322,7 @@ def test_records_collect_writes_what_export_and_view_read(tmp_path, capsys):
     pytest.importorskip("torch")
     from llm_common import save_tiny_base
 
-    from agents.llm.records import InvocationRecord, load_records, save_records
+    from agents.llm.records.invocation import InvocationRecord, load_records, save_records
     from memenv.cli import main
 
     save_tiny_base(tmp_path / "model")

@@ -32,7 +32,7 @@ def _tiny(out, **kw):
 def test_miniature_run_table_pairing_curves_and_resume(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.training import eval_seeds
+    from agents.llm.training.common import eval_seeds
     from distill.experiment.config import SettingsMismatchError
     from distill.experiment.run import run_experiment
     from distill.experiment.evaluation import make_env_fn
@@ -282,7 +282,7 @@ def test_a_setting_added_after_a_run_reads_as_its_default_and_still_guards_the_c
 def test_a_pretrained_base_gives_the_teacher_its_weights_and_the_student_its_first_layers(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+    from agents.llm.models.local import load_pretrained, make_tiny, save_pretrained
     from distill.experiment.config import pretrained_config
     from distill.experiment.run import run_experiment
 
@@ -345,7 +345,7 @@ def test_a_set_system_prompt_goes_into_the_init_folders_of_teacher_and_student(t
     folder itself. Bad values name the setting."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.models import load_pretrained, make_tiny, save_pretrained
+    from agents.llm.models.local import load_pretrained, make_tiny, save_pretrained
     from distill.experiment.config import SHORT_SYSTEM_PROMPT, pretrained_config
     from distill.experiment.stages import _pretrained_init
 
@@ -529,10 +529,10 @@ def test_an_interrupted_arm_resumes_from_its_last_update_and_ends_as_the_uninter
     refused under other settings."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import agents.llm.ppo as ppo
+    import agents.llm.training.ppo as ppo
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
     from distill.experiment.config import SettingsMismatchError
     from distill.experiment.stages import run_arm
 
@@ -628,7 +628,7 @@ def test_the_host_line_says_how_the_arms_train():
     """The experiment's host line (printed and written into results.md) names the arms' training precision:
     fp32 unless train_autocast resolves to bf16 on this host; sampling is fp32 either way."""
     pytest.importorskip("torch")
-    from agents.llm.precision import fast_bf16
+    from agents.llm.models.precision import fast_bf16
     from distill.experiment.run import _rl_precision
 
     assert _rl_precision(ExperimentConfig()).endswith("sampling fp32, training passes fp32")
@@ -687,7 +687,7 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
 
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
     from distill.experiment.config import _config_record
 
     script = _teacher_views_script()
@@ -734,8 +734,8 @@ def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, ca
     pytest.importorskip("transformers")
     from llm_common import memqa_tokenizer, tiny_model
 
-    import agents.llm.models
-    from agents.llm.models import save_pretrained
+    import agents.llm.models.local
+    from agents.llm.models.local import save_pretrained
     from distill.experiment.config import _config_record
 
     script = _teacher_views_script()
@@ -749,7 +749,7 @@ def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, ca
     def no_work(*args, **kwargs):
         raise AssertionError("a model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(agents.llm.models, "load_pretrained", no_work)
+    monkeypatch.setattr(agents.llm.models.local, "load_pretrained", no_work)
     (tmp_path / "file").write_text("x")
     capsys.readouterr()
     good = (run / "experiment.json").read_text()

@@ -22,11 +22,11 @@ NEEDS = {
     "llm": {"torch", "transformers", "tokenizers", "peft"},  # agents.llm: models, tokenizers, trainers, adapters
     "real": {"gguf", "accelerate", "transformers", "torch"},  # memenv models prepare: transformers reads the GGUF
                                                             # through gguf and refuses without accelerate
-    "trl": {"trl", "transformers", "torch"},               # agents.llm.trl, distill.trl
+    "trl": {"trl", "transformers", "torch"},               # agents.llm.adapters.trl, distill.trl
     "sb3": {"stable_baselines3", "sb3_contrib"},           # examples/sb3_ppo.py, memenv.wrappers with SB3
     "openenv": {"openenv"},                                # memenv serve, memenv.openenv
     "bench": {"bm25s"},                                    # benchmarks/search_speed.py
-    "exchange": {"tinker"},                                # agents.llm.exchange: real tinker.Datum rows
+    "exchange": {"tinker"},                                # agents.llm.records.exchange: real tinker.Datum rows
     "gem": {"gem", "requests"},                            # memenv.hubs.gem (GEM's wrapper factory needs requests)
     "skyrl": {"skyrl_gym"},                                # memenv.hubs.skyrl
     "test": {"pytest", "xdist", "hypothesis", "torch", "transformers", "gguf", "accelerate", "stable_baselines3",

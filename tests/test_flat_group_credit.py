@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 from llm_common import tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.ppo import PPOConfig, ppo_loss, train_rl  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, ppo_loss, train_rl  # noqa: E402
 from test_llm_ppo import ToyNever  # noqa: E402
 
 

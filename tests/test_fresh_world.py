@@ -103,8 +103,8 @@ def test_heldout_draws_never_occur_in_any_training_episode(tmp_path):
     teacher and student, the tokenizer's text, the weak-start probe, every GRPO update of every arm and seed), and a
     draw is a function of its seed, so no held-out draw was ever trained on; the draws' fingerprints are checked
     distinct too, on a sample of each set."""
-    from agents.llm.ppo import task_seeds
-    from agents.llm.training import eval_seeds
+    from agents.llm.training.ppo import task_seeds
+    from agents.llm.training.common import eval_seeds
     from dataclasses import replace
 
     from distill.experiment.baselines import (SEQKD_BATCH, SFT_ARM_DEMOS, SFT_ARM_SEED_BASE, SFT_ARM_SEED_STRIDE,

@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, train_rl  # noqa: E402
 from distill.trainer import MemOPDConfig, train_memopd  # noqa: E402
 
 ENV = {"objectives": 1, "hops": 1, "max_turns": 2}

@@ -5,8 +5,8 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401
-from agents.llm.ppo import task_seeds
-from agents.llm.training import eval_seeds, make_envs
+from agents.llm.training.ppo import task_seeds
+from agents.llm.training.common import eval_seeds, make_envs
 from distill.experiment.config import ExperimentConfig, pool_env_kwargs
 from distill.experiment.evaluation import PROBE_SEED_BASE, make_env_fn
 from distill.experiment.stages import _sft_config

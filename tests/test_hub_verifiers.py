@@ -36,9 +36,9 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401
-from agents.files import write_text_atomic
-from agents.llm.pretrained import _locked, cache_root
-from agents.prompts import PROTOCOL_SYSTEM_PROMPT
+from memenv.files import write_text_atomic
+from agents.llm.models.pretrained import _locked, cache_root
+from agents.llm.models.prompts import PROTOCOL_SYSTEM_PROMPT
 from agents.scripted import make_strategy
 from agents.scripted.bench.run import run_bench
 from agents.scripted.bench.specs import EnvSpec, bench_env_kwargs

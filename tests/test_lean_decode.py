@@ -1,5 +1,5 @@
-"""The lean decode step (``LLMPolicy(fast_decode=True)``, :mod:`agents.llm.lean_decode`): the same tokens and the
-same log-probs, bit for bit, as the model's forward (``fast_decode=False``), greedy and sampled, on tiny Qwen2 and
+"""The lean decode step (``LLMPolicy(fast_decode=True)``, :mod:`agents.llm.generation.lean_decode`): the same tokens and
+the same log-probs, bit for bit, as the model's forward (``fast_decode=False``), greedy and sampled, on tiny Qwen2 and
 Llama models with and without grouped KV heads, over rows of different lengths that finish at different steps
 and a lone row (no masked column); models it does not know keep the forward."""
 
@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.lean_decode import lean_step  # noqa: E402
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.generation.lean_decode import lean_step  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, sequence_logprobs  # noqa: E402
 
 
 def _observations():

@@ -7,7 +7,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.models import PROTOCOL_TAGS, load_pretrained, save_pretrained  # noqa: E402
+from agents.llm.models.local import PROTOCOL_TAGS, load_pretrained, save_pretrained  # noqa: E402
 
 
 def test_tokenizer_is_lossless_and_tags_are_single_tokens():
@@ -45,7 +45,7 @@ def _subsequence(needle, hay):
 
 @pytest.mark.parametrize("style", ["isolated", "suffix", "prefix"])
 def test_space_styles_are_lossless_and_copy_consistency_differs_as_documented(style):
-    from agents.llm.models import build_tokenizer
+    from agents.llm.models.local import build_tokenizer
 
     doc = ("Doc 1 (Title: Wubuxora) Wubuxora is governed from its capital Upper Daiteidair. Visitors often "
            "associate Wubuxora with tin mining.\nQuestion 1: What is the capital of Wubuxora?  Odd\tspacing\n\n")
@@ -65,7 +65,7 @@ def test_space_styles_are_lossless_and_copy_consistency_differs_as_documented(st
 
 
 def test_unknown_space_style_is_named():
-    from agents.llm.models import build_tokenizer
+    from agents.llm.models.local import build_tokenizer
 
     with pytest.raises(ValueError, match="split_spaces"):
         build_tokenizer(["abc"], split_spaces="tabs")
@@ -77,7 +77,7 @@ def test_checkpoint_keeps_the_exact_tokenization(tmp_path, arch, style):
     """Regression: AutoTokenizer loaded tiny Qwen2 checkpoints as Qwen2Tokenizer, whose own regex replaced the
     saved pre-tokenizer (numbers split into digits, spaces glued to words), so a policy trained on one
     tokenization was evaluated and RL-trained on another after a reload."""
-    from agents.llm.models import build_tiny_model, build_tokenizer, load_tokenizer
+    from agents.llm.models.local import build_tiny_model, build_tokenizer, load_tokenizer
 
     corpus = ["Doc 1 (Title: Wigei) The population of Wigei is 570236. Wigei is a city in Wubuxora.\n",
               "<memory>Wigei: Wigei is a city in Wubuxora.</memory><answer>570236</answer>"] * 40
@@ -91,7 +91,7 @@ def test_checkpoint_keeps_the_exact_tokenization(tmp_path, arch, style):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_float32_attention_under_bf16_autocast(tmp_path, monkeypatch, arch):
-    from agents.llm.models import use_float32_attention
+    from agents.llm.models.local import use_float32_attention
 
     tok = memqa_tokenizer()
     model = tiny_model(tok, arch=arch)

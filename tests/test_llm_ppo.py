@@ -9,12 +9,12 @@ pytest.importorskip("transformers")
 
 from llm_common import ToyYes, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import (PartClock, PPOConfig, clip_gradients, episode_gae, gae, group_advantages, grpo_assign, ppo_loss,  # noqa: E402
-                            train_rl, zero_variance_groups)
-from agents.llm.records import InvocationRecord  # noqa: E402
-from agents.llm.rollouts import Episode, rollout  # noqa: E402
-from agents.llm.training import ActorCritic, collate  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.training.ppo import (PartClock, PPOConfig, clip_gradients, episode_gae, gae,  # noqa: E402
+                                     group_advantages, grpo_assign, ppo_loss, train_rl, zero_variance_groups)
+from agents.llm.records.invocation import InvocationRecord  # noqa: E402
+from agents.llm.records.rollouts import Episode, rollout  # noqa: E402
+from agents.llm.training.common import ActorCritic, collate  # noqa: E402
 
 
 def _rec(turn, n, reward=0.0, episode="e"):

@@ -7,9 +7,9 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.policy import LLMPolicy, inverse_cdf_sample, sequence_logprobs  # noqa: E402
-from agents.llm.records import InvocationRecord, load_records, memory_mask, save_records  # noqa: E402
-from agents.llm.rollouts import rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, inverse_cdf_sample, sequence_logprobs  # noqa: E402
+from agents.llm.records.invocation import InvocationRecord, load_records, memory_mask, save_records  # noqa: E402
+from agents.llm.records.rollouts import rollout  # noqa: E402
 
 
 def _check_round_trip(model, records, tol=1e-4):
@@ -191,7 +191,7 @@ def test_rollout_progress_counts_every_generated_token_inside_invocations(genera
     """A real model spends seconds per invocation: the policy reports each decoding step to the rollout's bar
     (tokens so far and their rate), in both generation paths; the count is exactly the tokens the records hold,
     and the policy's hook is restored afterwards."""
-    from agents.llm import rollouts
+    from agents.llm.records.invocation import rollouts
 
     monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # redraw at every step, so the text is seen
     steps = []

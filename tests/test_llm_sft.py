@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agents.llm.sft import SFTConfig, length_buckets, lr_at, train_sft  # noqa: E402
+from agents.llm.training.sft import SFTConfig, length_buckets, lr_at, train_sft  # noqa: E402
 
 
 def test_length_buckets_cut_padding_and_keep_uniform_draws():
@@ -88,7 +88,7 @@ class _Clocks:
 
 
 def test_timer_leaves_excluded_blocks_off_both_clocks():
-    from agents.llm.training import Timer
+    from agents.llm.training.common import Timer
 
     clocks = _Clocks()
     timer = Timer(wall_clock=clocks.wall, cpu_clock=clocks.cpu)
@@ -110,7 +110,7 @@ def test_timer_leaves_excluded_blocks_off_both_clocks():
 
 
 def test_timer_resumes_from_the_elapsed_seconds_of_a_saved_run():
-    from agents.llm.training import Timer
+    from agents.llm.training.common import Timer
 
     clocks = _Clocks()
     timer = Timer((60.0, 45.0), wall_clock=clocks.wall, cpu_clock=clocks.cpu)
@@ -150,9 +150,9 @@ def test_sft_zero_intervals_mean_never_evaluate_and_save_only_at_the_end(tmp_pat
 
 
 def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configured_one(tmp_path):
-    from agents.llm.models import make_tiny
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.sft import demo_env_kwargs, expert_data
+    from agents.llm.models.local import make_tiny
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.training.sft import demo_env_kwargs, expert_data
 
     env_kwargs = {"objectives": 1, "hops": 1, "comparison_rate": 0.0, "max_turns": 3, "world_seed": 4}
     lm, tok = make_tiny(None, env_kwargs=env_kwargs, episodes=4, vocab_size=300, include_corpus=False,
@@ -184,9 +184,9 @@ def test_demo_worlds_play_each_demonstration_in_another_world_never_the_configur
 def test_sft_with_activation_checkpointing_makes_the_same_steps(tmp_path, monkeypatch, autocast):
     import csv
 
-    import agents.llm.sft as sft
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import latest_checkpoint
+    import agents.llm.training.sft as sft
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import latest_checkpoint
 
     enabled = []
     real = sft.enable_activation_checkpointing
@@ -218,7 +218,7 @@ def test_an_evaluation_pause_is_left_out_of_the_training_bars_eta():
 
     from tqdm import tqdm
 
-    from agents.llm import training
+    from agents.llm.training.common import common as training
 
     bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
     clock = iter([1000.0, 1060.0] + [1060.0] * 10)  # the pause: 60 s (then close reads it)
@@ -238,7 +238,7 @@ def test_sft_batches_pad_to_a_multiple_and_the_loss_does_not_change():
     of the unpadded batch (right padding is masked)."""
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.training import ActorCritic, collate, release_free_memory
+    from agents.llm.training.common import ActorCritic, collate, release_free_memory
 
     rows = [([5, 6, 7, 8, 9], [10, 11]), ([5, 6, 7], [12, 13, 14])]
     assert collate(rows, 0).input_ids.shape[1] == 7
@@ -260,7 +260,7 @@ def _lm_head_rows(tmp_path, monkeypatch, pad_multiple: int) -> tuple[list[int], 
     """The row counts the LM head saw in 4 SFT steps (no evaluation) and the last logged loss."""
     import csv
 
-    import agents.llm.sft as sft
+    import agents.llm.training.sft as sft
 
     seen: list[int] = []
     step = sft.sft_step
@@ -287,7 +287,7 @@ def test_sft_pads_the_target_count_so_the_lm_head_sees_few_shapes(tmp_path, monk
     cost a few MB of oneDNN plan and fragmented heap that stayed: the tiny SFT run grew to 8 GB. SFT pads the
     target count to ``pad_multiple`` (dummy targets, sliced off before the loss): the head sees multiples only, and
     the loss is the unpadded one."""
-    from agents.llm.training import collate
+    from agents.llm.training.common import collate
 
     batch = collate([([5, 6, 7], [8, 9]), ([5, 6], [10])], 0)
     padded = batch.inputs(64)
@@ -306,9 +306,9 @@ def test_sft_frees_the_gradients_after_each_step_and_makes_the_same_steps(tmp_pa
     write or an evaluation: 538 MB on SmolLM2): the same losses and weights as a run that keeps them."""
     import csv
 
-    import agents.llm.sft as sft
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import latest_checkpoint
+    import agents.llm.training.sft as sft
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import latest_checkpoint
 
     setup = sft.sft_setup
     runs = {}

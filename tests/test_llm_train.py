@@ -22,7 +22,7 @@ COMMON = ["--kw", "objectives=1", "hops=1", "max_turns=3", "--num-envs", "2", "-
 def _cli(argv):
     import argparse
 
-    from agents.llm.cli import register_cli
+    from agents.llm.training.cli import register_cli
 
     parser = argparse.ArgumentParser(prog="memenv")
     register_cli(parser.add_subparsers(dest="command", required=True))
@@ -79,7 +79,7 @@ def test_cli_rejects_options_of_another_algo(tmp_path):
 def test_cli_set_parses_booleans_and_literals():
     import argparse
 
-    from agents.llm.cli import build_config, register_cli
+    from agents.llm.training.cli import build_config, register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
@@ -108,7 +108,7 @@ WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from llm_common import memqa_tokenizer, tiny_model
-    from agents.llm.ppo import PPOConfig, param_checksum, train_rl
+    from agents.llm.training.ppo import PPOConfig, param_checksum, train_rl
     rank = int(os.environ["RANK"])
     tok = memqa_tokenizer()
     model = tiny_model(tok, seed=rank)  # different on purpose: DDP broadcasts rank 0's parameters
@@ -142,8 +142,8 @@ def test_torchrun_two_cpu_ranks_keep_parameters_identical(tmp_path, algo):
 def test_a_checkpoint_with_non_finite_weights_is_never_saved_nor_made_latest(tmp_path):
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.models import NonFiniteWeightsError
-    from agents.llm.training import save_checkpoint
+    from agents.llm.models.local import NonFiniteWeightsError
+    from agents.llm.training.common import save_checkpoint
 
     tok = memqa_tokenizer()
     lm = tiny_model(tok)
@@ -189,8 +189,8 @@ def test_a_diverging_run_stops_before_its_step_and_keeps_a_finite_latest(tmp_pat
 def test_only_the_newest_checkpoint_keeps_its_optimizer_state_and_resume_still_works(tmp_path):
     """Adam's state is twice the weights (SmolLM2: 1.08 GB beside 0.54 GB): an older kept checkpoint drops
     ``optimizer.pt`` but still loads with from_pretrained and still holds its step; resume reads the newest."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import OPTIMIZER_FILE, load_trainer_state
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import OPTIMIZER_FILE, load_trainer_state
 
     sft = tmp_path / "sft"
     base = ["train", "--algo", "sft", "--out", str(sft), "--episodes", "6", "--batch-size", "4", "--save-every", "2",
@@ -216,7 +216,7 @@ def test_only_the_newest_checkpoint_keeps_its_optimizer_state_and_resume_still_w
 def test_save_checkpoint_keeps_the_optimizer_state_of_the_latest_and_reads_the_old_layout(tmp_path):
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.training import OPTIMIZER_FILE, latest_checkpoint, load_trainer_state, save_checkpoint
+    from agents.llm.training.common import OPTIMIZER_FILE, latest_checkpoint, load_trainer_state, save_checkpoint
 
     tok = memqa_tokenizer()
     lm = tiny_model(tok)
@@ -242,9 +242,9 @@ def test_train_help_reads_the_configs_defaults_without_importing_torch():
     import sys
     from dataclasses import MISSING, fields
 
-    from agents.llm.cli import config_defaults
-    from agents.llm.ppo import PPOConfig
-    from agents.llm.sft import SFTConfig
+    from agents.llm.training.cli import config_defaults
+    from agents.llm.training.ppo import PPOConfig
+    from agents.llm.training.sft import SFTConfig
 
     for cls in (SFTConfig, PPOConfig):
         read = config_defaults(cls.__name__)

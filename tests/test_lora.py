@@ -1,4 +1,4 @@
-"""Low-rank adapters for the actor (PPOConfig.lora_rank; agents.llm.lora): only the adapters train (the base is
+"""Low-rank adapters for the actor (PPOConfig.lora_rank; agents.llm.training.lora): only the adapters train (the base is
 unchanged), the reference is the base bit for bit with no second copy, the scoring levers stay exact, the records'
 log-probs are the sampling policy's, a checkpoint's merged model reproduces the adapted one's log-probs and
 loads with from_pretrained, a resume continues bit for bit, and bad settings are refused in one line."""
@@ -15,13 +15,13 @@ pytest.importorskip("peft")
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 from test_score_reuse import _run  # noqa: E402
 
-from agents.llm import lora  # noqa: E402
-from agents.llm.actor import collate_forward, score_records  # noqa: E402
-from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
-from agents.llm.training import ActorCritic, load_trainer_state  # noqa: E402
+from agents.llm.training.common import lora  # noqa: E402
+from agents.llm.training.actor import collate_forward, score_records  # noqa: E402
+from agents.llm.models.local import load_pretrained, save_pretrained  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, train_rl  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.training.common import ActorCritic, load_trainer_state  # noqa: E402
 from distill.scoring import rce  # noqa: E402
 
 ENV = {"objectives": 1, "hops": 1, "max_turns": 2}

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.models import save_pretrained  # noqa: E402
-from agents.llm.ppo import PPOConfig, param_checksum, train_rl  # noqa: E402
+from agents.llm.models.local import save_pretrained  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, param_checksum, train_rl  # noqa: E402
 
 
 def _cfg(out, **kw):

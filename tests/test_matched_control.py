@@ -12,9 +12,9 @@ import gymnasium as gym  # noqa: E402
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.ppo import param_checksum  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.training.ppo import param_checksum  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 from distill.reconstruct import chat_turn_frame, persistent  # noqa: E402
 from distill.trainer import MemOPDConfig, train_memopd  # noqa: E402
 
@@ -50,7 +50,7 @@ def _run(tmp_path, name, student_kw=None, **kw):
 def spread_returns(monkeypatch):
     """Every episode a return of its own (a random model's answers all score 0, and with every return equal the
     policy term is 0: the student's weights could not show a difference in the actor's reconstruction)."""
-    import agents.llm.ppo as ppo
+    import agents.llm.training.ppo as ppo
 
     sample = ppo.rollout
 
@@ -150,7 +150,7 @@ def test_distill_cli_sets_the_teachers_reconstruction(tmp_path):
     import argparse
 
     from distill.cli import build_config, register_cli
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
 
     teacher = save_pretrained(tiny_model(memqa_tokenizer(), seed=2), memqa_tokenizer(), tmp_path / "teacher")
     parser = argparse.ArgumentParser()

@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent('''
     sys.path.insert(0, {tests!r})
     import trl
     from llm_common import ENV_KW, memqa_tokenizer, tiny_model
-    from agents.llm.ppo import param_checksum
-    from agents.llm.trl import MemenvRollout, episode_return_reward
+    from agents.llm.training.ppo import param_checksum
+    from agents.llm.adapters.trl import MemenvRollout, episode_return_reward
     from distill.losses import reverse_kl
     from distill.trl import MemOPDTrainer
 
@@ -87,7 +87,7 @@ SCRIPT = textwrap.dedent('''
 def test_accelerate_two_processes_two_steps(tmp_path):
     from llm_common import memqa_tokenizer, tiny_model
 
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
 
     tok = memqa_tokenizer()
     save_pretrained(tiny_model(tok, seed=2, initializer_range=0.3), tok, tmp_path / "teacher")

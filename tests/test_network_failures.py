@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from agents.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError
+from agents.llm.adapters.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError
 from memenv.scoring.judges import JudgeError, OpenAIJudge, parse_score
 from memenv.search.http import (BadReplyError, HTTPStatusError, ServiceError, UnreachableError, excerpt,
                                 request_json)
@@ -233,11 +233,12 @@ def test_served_start_up_check_of_a_silent_server_is_bounded():
 def test_served_start_up_check_default_bound_and_bench_cli(monkeypatch, capsys, tmp_path):
     """``memenv bench`` against a served model whose /v1/models never answers: one line, exit 1 (a service
     failure), in the check's time (shortened here from its 15 s default)."""
-    import agents.served
+    import agents.llm.adapters.served
     from memenv.cli import main
 
-    assert CompletionsClient(ServedSpec.parse("openai:m@localhost:1")).check_timeout == agents.served.CHECK_TIMEOUT == 15
-    monkeypatch.setattr(agents.served, "CHECK_TIMEOUT", 1.0)
+    served = agents.llm.adapters.served
+    assert CompletionsClient(ServedSpec.parse("openai:m@localhost:1")).check_timeout == served.CHECK_TIMEOUT == 15
+    monkeypatch.setattr(agents.llm.adapters.served, "CHECK_TIMEOUT", 1.0)
     monkeypatch.chdir(tmp_path)
     with StandIn({"/v1/models": silent}) as server:
         start = time.monotonic()

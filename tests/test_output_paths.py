@@ -38,7 +38,7 @@ def test_check_out_file_refuses_each_kind_of_bad_output(tmp_path):
 
 
 def _records(tmp_path) -> Path:
-    from agents.llm.records import InvocationRecord, save_records
+    from agents.llm.records.invocation import InvocationRecord, save_records
 
     path = tmp_path / "records.jsonl"
     save_records(path, [InvocationRecord("e", 1, [1, 2], [3], [-0.5], [1], [0], reward=1.0, done=True)])

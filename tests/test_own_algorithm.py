@@ -28,7 +28,7 @@ def example():
 @pytest.fixture(scope="module")
 def start(tmp_path_factory, example):
     """A fresh tiny checkpoint on the example's env (its actions are invalid: all returns equal)."""
-    from agents.llm.models import make_tiny
+    from agents.llm.models.local import make_tiny
 
     folder = tmp_path_factory.mktemp("start")
     make_tiny(folder, env_kwargs=example["Args"]().env_kwargs, episodes=4, include_corpus=False, vocab_size=300,
@@ -62,8 +62,8 @@ def test_the_example_runs_updates_on_memqa_from_a_checkpoint(example, start, tmp
 
 
 def test_rloo_advantages_are_leave_one_out_per_group(example):
-    from agents.llm.records import InvocationRecord
-    from agents.llm.rollouts import Episode
+    from agents.llm.records.invocation import InvocationRecord
+    from agents.llm.records.rollouts import Episode
 
     def episode(name, group, reward, turns=2):
         records = [InvocationRecord(name, t, [1], [2], [-0.1], [1], [0], reward=reward if t == turns else 0.0)
@@ -126,7 +126,7 @@ def test_the_pages_loop_is_the_examples_loop():
 def test_the_pages_loss_hook_is_called_by_the_grpo_trainer(tmp_path):
     """The page's block as written: its hook in ``train_rl`` (toy env, 2 updates) is called on every minibatch
     with nonzero advantages; its last lines build a PPOConfig and hand the hook to ``train_rl``."""
-    from agents.llm.ppo import PPOConfig, train_rl
+    from agents.llm.training.ppo import PPOConfig, train_rl
 
     code = page_hook_block()
     definitions, _, usage = code.partition("\ncfg = ")

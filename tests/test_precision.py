@@ -4,8 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agents.llm import precision  # noqa: E402
-from agents.llm.sft import SFTConfig  # noqa: E402
+from agents.llm.models.local import precision  # noqa: E402
+from agents.llm.training.sft import SFTConfig  # noqa: E402
 
 
 def test_auto_follows_fast_bf16(monkeypatch):

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 from distill.attention import SDPA_BLOCKS, select_backend  # noqa: E402
 from distill.packing import build_tree_mask, pack, tree_pieces, unpack  # noqa: E402
 from distill.reconstruct import Segment, TokenSequence, aligned  # noqa: E402

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from agents.llm import pretrained
+from agents.llm.models.local import pretrained
 
 
 def test_missing_package_names_the_install_line(monkeypatch, tmp_path):
@@ -55,7 +55,7 @@ def fake_conversion(monkeypatch, tmp_path):
     """``prepare`` with a stand-in GGUF and converter (the real one takes ~40 CPU-s): the cache logic is what is
     tested. The converter writes the weights and the fingerprint as the real one does
     (:func:`pretrained.write_fingerprint`); ``calls`` counts conversions."""
-    from agents.files import write_directory_atomic
+    from memenv.files import write_directory_atomic
 
     monkeypatch.setenv("MEMENV_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "pkg" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -206,7 +206,7 @@ def test_a_damaged_tokenizer_is_not_ready(fake_conversion):
 
 def test_prepared_folders_and_checkpoints_follow_the_umask(fake_conversion, tmp_path):
     """Before: every folder written by write_directory_atomic was 0700 (mkdtemp's), whatever the umask."""
-    from agents.files import write_directory_atomic
+    from memenv.files import write_directory_atomic
 
     old = os.umask(0o022)
     try:
@@ -263,7 +263,7 @@ def test_an_out_that_cannot_be_written_is_one_line(fake_conversion, tmp_path, ca
 
 def _tiny_folder(path, prompt):
     """A tiny random Qwen2 folder (4 decoder layers) with ``prompt`` as its saved system prompt (None: no file)."""
-    from agents.llm.models import save_pretrained
+    from agents.llm.models.local import save_pretrained
     from llm_common import memqa_tokenizer, tiny_model
 
     tok = memqa_tokenizer()
@@ -278,7 +278,7 @@ def _tiny_folder(path, prompt):
 
 
 def test_models_shrink_writes_a_student_with_the_tokenizer_and_the_prompt(tmp_path, capsys):
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
     from memenv.cli import main
 
     source = _tiny_folder(tmp_path / "teacher", "You are a careful agent.")

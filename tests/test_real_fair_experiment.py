@@ -41,7 +41,7 @@ def test_real_fair_preset_settings(tmp_path):
 
 
 def _capture_cli(monkeypatch, argv):
-    import agents.llm.cli
+    import agents.llm.models.pretrained
     import distill.experiment.cli as cli
     from memenv.cli import main
 
@@ -52,7 +52,7 @@ def _capture_cli(monkeypatch, argv):
         raise SystemExit(0)
 
     monkeypatch.setattr(cli, "run_experiment", capture)
-    monkeypatch.setattr(agents.llm.cli, "check_checkpoint", lambda path, option: path)  # no model needed
+    monkeypatch.setattr(agents.llm.models.pretrained, "check_checkpoint", lambda path, option: path)  # no model needed
     with pytest.raises(SystemExit):
         main(argv)
     return seen[0]
@@ -188,9 +188,9 @@ def _fake_student(monkeypatch, tmp_path, probe_f1s):
     """build_student with the SFT, the model and the evaluations faked: the probes return ``probe_f1s`` in turn;
     returns the list of SFT step targets it trained to."""
     pytest.importorskip("torch")
-    import agents.llm.models as models
-    import agents.llm.sft as sft
-    import agents.llm.training as training
+    import agents.llm.models.local as models
+    import agents.llm.training.sft as sft
+    import agents.llm.training.common as training
     from distill.experiment import stages
 
     trained, f1s = [], iter(probe_f1s)
@@ -343,7 +343,7 @@ def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
     sft = json.loads((out / "arms" / "sft_continued" / "seed0" / "sft" / "config.json").read_text())
     assert sft["warmup"] == 1 and sft["model"] == json.loads((out / "student" / "result.json").read_text())["path"]
     import torch
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
 
     student, base = load_pretrained(out / "student" / "init")[0], load_pretrained(tmp_path / "base")[0]
     assert student.config.num_hidden_layers == 2  # the base's first layer and its last
@@ -353,8 +353,8 @@ def test_real_fair_preset_runs_end_to_end_on_a_tiny_base(tmp_path):
 def test_shrink_keeps_the_first_and_the_last_layers_in_order(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agents.llm.models import make_tiny
-    from agents.llm.pretrained import shrink
+    from agents.llm.models.local import make_tiny
+    from agents.llm.models.pretrained import shrink
 
     lm, tok = make_tiny(None, env_kwargs={"objectives": 1}, episodes=2, vocab_size=300, hidden_size=16, layers=4,
                         heads=2)

@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import memenv  # noqa: E402,F401
-from agents.llm.models import load_pretrained, save_pretrained  # noqa: E402
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.models.local import load_pretrained, save_pretrained  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 
@@ -39,7 +39,7 @@ def _envs(n: int, **kw):
 @pytest.fixture(scope="module")
 def student_dir(smollm2, tmp_path_factory) -> Path:
     """A 4-layer student cut from SmolLM2's weights (its tokenizer, head and system prompt)."""
-    from agents.llm.pretrained import shrink
+    from agents.llm.models.pretrained import shrink
 
     model, tok = smollm2
     path = tmp_path_factory.mktemp("student") / "smollm2-4l"
@@ -58,7 +58,7 @@ def student_records(student_dir):
 
 # ---------------------------------------------------------------------- prepare
 def test_prepared_folder_is_a_plain_cached_checkpoint(smollm2_path):
-    from agents.llm.pretrained import FINGERPRINT_FILE, prepare
+    from agents.llm.models.pretrained import FINGERPRINT_FILE, prepare
 
     record = json.loads((smollm2_path / FINGERPRINT_FILE).read_text())
     config = json.loads((smollm2_path / "config.json").read_text())
@@ -68,7 +68,7 @@ def test_prepared_folder_is_a_plain_cached_checkpoint(smollm2_path):
     assert all(tag in prompt for tag in ("<memory>", "<search>", "<answer>"))  # the protocol, as a system prompt
     weights = smollm2_path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    import agents.llm.pretrained as pretrained
+    import agents.llm.models.pretrained as pretrained
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again although the cached folder matches its fingerprint")
@@ -80,7 +80,7 @@ def test_prepared_folder_is_a_plain_cached_checkpoint(smollm2_path):
 
 
 def test_prepare_never_overwrites_a_foreign_folder(tmp_path, smollm2_path):
-    from agents.llm.pretrained import prepare
+    from agents.llm.models.pretrained import prepare
 
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not a prepared model folder"):
@@ -191,8 +191,8 @@ def _moved(before: dict, model) -> float:
 def test_sft_on_the_real_model_lowers_its_loss(tmp_path, smollm2_path):
     import pandas as pd
 
-    from agents.llm.sft import SFTConfig, train_sft
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.training.sft import SFTConfig, train_sft
+    from agents.llm.training.common import latest_checkpoint
 
     cfg = SFTConfig(model=str(smollm2_path), out_dir=str(tmp_path / "sft"), env_kwargs=ENV_KW, episodes=2, steps=2,
                     batch_size=2, lr=1e-4, warmup=1, bucket=1, log_every=1, eval_every=0, save_every=100,
@@ -236,7 +236,7 @@ class _Capture:
 
 
 def test_grpo_on_a_real_model_student_improves_its_surrogate(tmp_path, student_dir):
-    from agents.llm.ppo import PPOConfig, train_rl
+    from agents.llm.training.ppo import PPOConfig, train_rl
 
     lm, tok = load_pretrained(student_dir)
     before = {k: v.detach().clone() for k, v in lm.named_parameters()}
@@ -298,7 +298,7 @@ def test_full_vocabulary_distillation_is_chunked_exactly(smollm2, student_record
 
 
 def test_diagnose_on_real_model_records(tmp_path, student_dir, student_records):
-    from agents.llm.records import save_records
+    from agents.llm.records.invocation import save_records
     from memenv.cli import main
 
     path = tmp_path / "records.jsonl"
@@ -316,7 +316,7 @@ def test_diagnose_on_real_model_records(tmp_path, student_dir, student_records):
 
 def test_trl_rollout_func_two_grpo_steps_on_a_real_model_student(tmp_path, student_dir):
     trl = pytest.importorskip("trl")
-    from agents.llm.trl import MemenvRollout, episode_return_reward
+    from agents.llm.adapters.trl import MemenvRollout, episode_return_reward
 
     lm, tok = load_pretrained(student_dir)
     rows = 2

@@ -9,9 +9,10 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
-from agents.llm.records import InvocationRecord, load_records, save_records, tokenizer_fingerprint  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
+from agents.llm.records.invocation import (InvocationRecord, load_records, save_records,  # noqa: E402
+                                           tokenizer_fingerprint)
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 
 
 def test_rollout_records_carry_rollout_id_gold_and_fingerprint(tmp_path):

@@ -11,9 +11,9 @@ from llm_common import memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 from test_distill_trainer import _cfg, _teacher_model  # noqa: E402
 from test_llm_ppo import ToyYes  # noqa: E402
 
-import agents.llm.ppo as ppo  # noqa: E402
-from agents.llm.lora import BaseReference  # noqa: E402
-from agents.llm.ppo import PPOConfig, train_rl  # noqa: E402
+import agents.llm.training.ppo as ppo  # noqa: E402
+from agents.llm.training.lora import BaseReference  # noqa: E402
+from agents.llm.training.ppo import PPOConfig, train_rl  # noqa: E402
 from distill.trainer import train_memopd  # noqa: E402
 
 

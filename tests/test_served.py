@@ -14,8 +14,8 @@ import pytest
 
 from agents.scripted.bench import register_cli, run_bench
 from agents.scripted.qa_strategies import make_strategy
-from agents.llm.policy import PROTOCOL_SYSTEM_PROMPT
-from agents.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError, restore_stop
+from agents.llm.generation.policy import PROTOCOL_SYSTEM_PROMPT
+from agents.llm.adapters.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError, restore_stop
 
 ENV = "MemQA-v0:objectives=1,hops=2"
 MAX_REQUESTS = 400  # the scripted server refuses anything beyond this (a runaway client fails the test)
@@ -253,7 +253,7 @@ def _prompt_recorder():
 
 @pytest.mark.parametrize("tokenizer_kind", ["plain", pytest.param("chat", marks=pytest.mark.real_model)])
 def test_completions_with_a_tokenizer_sends_the_ids_llmpolicy_builds(tokenizer_kind, tmp_path, request):
-    from agents.llm.policy import PromptFormat
+    from agents.llm.generation.policy import PromptFormat
 
     if tokenizer_kind == "chat":  # a real chat template (ChatML): needs the real model's tokenizer
         folder = str(request.getfixturevalue("smollm2_path"))

@@ -18,8 +18,8 @@ import gymnasium as gym  # noqa: E402
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
 from distill.losses import DistillLossConfig, distill_loss, reverse_kl  # noqa: E402
 from distill.served_teacher import (PROBE, ServedTeacher, ServedTeacherError, ServedTeacherHook,  # noqa: E402
                                     ServedTokenizerMismatch, check_served_options, sampled_reverse_kl_term,

@@ -1,7 +1,7 @@
 """SFT under torchrun: the step's loss is the token mean over every rank, not the mean of the ranks' means.
 
 Two gloo ranks hold batches of very different token counts (length bucketing gives ranks such batches). Each
-rank takes :func:`agents.llm.sft.sft_loss` of its own batch under DDP; the gradient DDP averages must equal the
+rank takes :func:`agents.llm.training.sft.sft_loss` of its own batch under DDP; the gradient DDP averages must equal the
 gradient of one process's token mean over the union of both batches (action tokens, plus the weighted
 observation-token term). The mean of the ranks' own means, what SFT computed before, is measurably another
 gradient here, so the test can tell the two apart."""
@@ -25,8 +25,8 @@ WORKER = textwrap.dedent('''
     torch.set_num_threads(1)
     sys.path.insert(0, {tests!r})
     from llm_common import memqa_tokenizer, tiny_model
-    from agents.llm.sft import sft_loss
-    from agents.llm.training import ActorCritic, Dist, collate, init_distributed
+    from agents.llm.training.sft import sft_loss
+    from agents.llm.training.common import ActorCritic, Dist, collate, init_distributed
 
     OUT, WEIGHT = {out!r}, 0.5
     BATCHES = {{0: [([3, 4, 5], [6, 7]), ([8, 9, 10, 11], [12])],  # 3 action tokens

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy  # noqa: E402
 from distill.packing import PACKINGS  # noqa: E402
 from distill.scoring import rce  # noqa: E402
 

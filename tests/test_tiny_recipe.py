@@ -1,4 +1,4 @@
-"""Issue 51: the README's tiny-agent command trains with the recipe that learns (agents.llm.recipes), the same
+"""Issue 51: the README's tiny-agent command trains with the recipe that learns (agents.llm.training.recipes), the same
 config as benchmarks/learn_memqa.py's SFT (whose runs docs/llm_agents.md reports), field by field; explicit flags
 still override it; a pretrained ``--model`` keeps the SFT config's own defaults."""
 
@@ -30,7 +30,7 @@ def _script(name: str):
 
 
 def _config(argv: list[str]):
-    from agents.llm.cli import build_config, register_cli
+    from agents.llm.training.cli import build_config, register_cli
 
     parser = argparse.ArgumentParser(prog="memenv")
     register_cli(parser.add_subparsers(dest="command", required=True))
@@ -39,7 +39,7 @@ def _config(argv: list[str]):
 
 def _learn_memqa_config(tmp_path):
     """The SFTConfig of ``python benchmarks/learn_memqa.py --stage sft`` at its defaults."""
-    from agents.llm.sft import SFTConfig
+    from agents.llm.training.sft import SFTConfig
 
     learn = _script("learn_memqa")
     args = learn.build_parser().parse_args(["--stage", "sft", "--out", str(tmp_path)])
@@ -47,7 +47,7 @@ def _learn_memqa_config(tmp_path):
 
 
 def test_the_readme_command_trains_with_the_recipe_of_learn_memqa(tmp_path):
-    from agents.llm.recipes import TINY_SFT_ENV, TINY_SFT_RECIPE
+    from agents.llm.training.recipes import TINY_SFT_ENV, TINY_SFT_RECIPE
 
     argv = _script("tiny_agent").readme_command()
     assert argv[:3] == ["train", "--algo", "sft"] and "--model" not in argv
@@ -73,9 +73,9 @@ def test_flags_and_set_still_override_the_recipe():
 
 
 def test_a_pretrained_model_and_rl_keep_their_configs_defaults():
-    from agents.llm.ppo import PPOConfig
-    from agents.llm.recipes import TINY_SFT_RECIPE
-    from agents.llm.sft import SFTConfig
+    from agents.llm.training.ppo import PPOConfig
+    from agents.llm.training.recipes import TINY_SFT_RECIPE
+    from agents.llm.training.sft import SFTConfig
 
     real = _config(["train", "--algo", "sft", "--model", "smollm2-135m-instruct", "--out", "o"])
     assert real.model == "smollm2-135m-instruct"
@@ -122,7 +122,7 @@ def test_distills_tiny_student_shares_the_tiny_teachers_tokenizer_and_model_sett
     """`memenv distill --teacher T` without --student builds the tiny model `memenv train --algo sft` trains, so a
     teacher trained by that command and the student share one tokenizer (else the vocabulary check refuses)."""
     import distill.cli
-    from agents.llm.recipes import TINY_MODEL_FIELDS
+    from agents.llm.training.recipes import TINY_MODEL_FIELDS
 
     monkeypatch.setattr(distill.cli, "_teacher", lambda value: value)  # no checkpoint read
     parser = argparse.ArgumentParser(prog="memenv")

@@ -10,9 +10,9 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy, inverse_cdf_sample, sequence_logprobs  # noqa: E402
-from agents.llm.rollouts import records_of, rollout  # noqa: E402
-from agents.llm.tree_generation import prefix_tree  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, inverse_cdf_sample, sequence_logprobs  # noqa: E402
+from agents.llm.records.rollouts import records_of, rollout  # noqa: E402
+from agents.llm.generation.tree_generation import prefix_tree  # noqa: E402
 
 
 def _model(tok, seed):

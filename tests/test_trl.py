@@ -11,8 +11,8 @@ trl = pytest.importorskip("trl")
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import sequence_logprobs  # noqa: E402
-from agents.llm.trl import MemenvRollout, episode_return_reward, seed_of, task_prompt  # noqa: E402
+from agents.llm.generation.policy import sequence_logprobs  # noqa: E402
+from agents.llm.adapters.trl import MemenvRollout, episode_return_reward, seed_of, task_prompt  # noqa: E402
 
 ROWS = 3  # rows_per_episode (= the env's turn limit) in memory mode
 
@@ -238,7 +238,7 @@ def test_misconfigurations_fail_clearly():
 def test_python_version_is_checked(monkeypatch):
     import sys
 
-    from agents.llm import trl as adapter
+    from agents.llm.adapters import trl as adapter
 
     monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
     with pytest.raises(RuntimeError, match=r"Python >= 3.11"):

@@ -1,4 +1,4 @@
-"""TRL environment_factory for memory-tools mode (agents.llm.trl_tools): each tool call is the env step of the
+"""TRL environment_factory for memory-tools mode (agents.llm.adapters.trl_tools): each tool call is the env step of the
 equivalent action text; the tools' schemas are what TRL builds; two GRPO steps of TRL with it on a tiny
 tool-calling chat model (CPU) move the weights, with rewards from the env's summary.
 
@@ -19,7 +19,7 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401
-from agents.llm.trl_tools import DEFAULT_PREAMBLE, BeamToolEnv, LongMemEvalToolEnv, MemQAToolEnv, tool_dataset
+from agents.llm.adapters.trl_tools import DEFAULT_PREAMBLE, BeamToolEnv, LongMemEvalToolEnv, MemQAToolEnv, tool_dataset
 from memenv.memory_tools import format_tool_call
 
 MEMQA_KW = {"objectives": 1, "max_turns": 6}
@@ -308,7 +308,7 @@ def test_two_grpo_steps_with_environment_factory_on_a_tiny_tool_model(tmp_path):
     pytest.importorskip("trl")
     from transformers.utils import get_json_schema
 
-    from agents.llm.models import build_tiny_model, build_tokenizer, task_texts
+    from agents.llm.models.local import build_tiny_model, build_tokenizer, task_texts
 
     torch.set_num_threads(1)
     texts = task_texts("MemQA-v0", {"memory_mode": "tools", **MEMQA_KW}, episodes=4) + [_qwen_template()]
@@ -328,7 +328,7 @@ def test_two_grpo_steps_with_environment_factory_on_a_tiny_tool_model(tmp_path):
                     "tool transcripts; measured 194 s): set MEMENV_SLOW_TESTS=1")
 def test_a_grpo_step_with_environment_factory_on_smollm2(tmp_path, smollm2_path):
     torch = pytest.importorskip("torch")
-    from agents.llm.models import load_pretrained
+    from agents.llm.models.local import load_pretrained
 
     torch.set_num_threads(1)
     model, tokenizer = load_pretrained(smollm2_path)

@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from llm_common import ENV_KW, memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.policy import LLMPolicy, sequence_logprobs  # noqa: E402
-from agents.llm.verl import AGENT_NAME, MemenvEpisodeLoop, memenv_verl_dataset, sample_kwargs  # noqa: E402
+from agents.llm.generation.policy import LLMPolicy, sequence_logprobs  # noqa: E402
+from agents.llm.adapters.verl import AGENT_NAME, MemenvEpisodeLoop, memenv_verl_dataset, sample_kwargs  # noqa: E402
 
 
 class FakeServer:
@@ -97,6 +97,6 @@ def test_verl_subclass_is_registered():
     pytest.importorskip("verl")
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    from agents.llm.verl import MemenvAgentLoop  # noqa: F401
+    from agents.llm.adapters.verl import MemenvAgentLoop  # noqa: F401
 
     assert AGENT_NAME in _agent_loop_registry

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from agents.viewer import load_view_input, memory_diff, render_html, save_traces, traces_view, write_view
+from agents.llm.records.viewer import load_view_input, memory_diff, render_html, save_traces, traces_view, write_view
 from memenv.cli import main
 
 HOSTILE = ("<script>document.title='pwned'</script>\"quoted\" 'single' & <b>bold</b> "
@@ -79,11 +79,11 @@ def test_records_page_has_prompts_diffs_counts_and_a_teacher_heat_strip(tmp_path
     pytest.importorskip("transformers")
     from llm_common import memqa_envs, memqa_tokenizer, tiny_model
 
-    from agents.llm.exchange import teacher_scores
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.records import save_records
-    from agents.llm.rollouts import records_of, rollout
-    from agents.viewer import records_view
+    from agents.llm.records.exchange import teacher_scores
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.invocation import save_records
+    from agents.llm.records.rollouts import records_of, rollout
+    from agents.llm.records.viewer import records_view
 
     torch.manual_seed(0)
     tok = memqa_tokenizer()
@@ -168,7 +168,7 @@ def test_memory_diff_is_exact_and_bounded_on_long_memories():
     import random
     import re
 
-    from agents.viewer import DIFF_MAX_PAIRS
+    from agents.llm.records.viewer import DIFF_MAX_PAIRS
 
     rng = random.Random(0)
     words = [f"w{rng.randrange(500)}" for _ in range(21000)]  # ~100 KB of text, many repeated words
@@ -203,9 +203,9 @@ def test_a_trace_whose_snapshot_or_summary_is_not_an_object_is_one_line(tmp_path
 def test_the_page_reads_at_a_glance_headings_figures_and_a_legend():
     """Issue 65: a records page heads each episode with its seed, group and episode id; figures show no "-0"; the
     heat strip has a legend saying what its colours mean."""
-    from agents.llm.exchange import TeacherScores
-    from agents.llm.records import InvocationRecord
-    from agents.viewer import HEAT_LEGEND, records_view
+    from agents.llm.records.exchange import TeacherScores
+    from agents.llm.records.invocation import InvocationRecord
+    from agents.llm.records.viewer import HEAT_LEGEND, records_view
 
     r = InvocationRecord("ep7", 1, [1, 2], [3, 4], [-1.0, -2.0], [1, 1], [0, 0], reward=-0.0, episode_return=-0.0,
                          seed=42, group=3, rollout_id="r1")

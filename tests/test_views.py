@@ -12,8 +12,8 @@ from llm_common import memqa_envs, memqa_tokenizer, tiny_model
 
 
 def _records(max_turns=None, seeds=(0, 1, 0, 1), sample_seed=0):
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import records_of, rollout
 
     tok = memqa_tokenizer()
     policy = LLMPolicy(tiny_model(tok, seed=1), tok, temperature=0.9, max_new_tokens=20, seed=sample_seed)
@@ -94,7 +94,7 @@ def test_information_gaps_find_answers_the_transcript_keeps_and_the_memory_lost(
     """An invocation has an information gap where an objective's gold answer is in the flattened transcript and not
     in the memory state; it is answerable in a view where every objective's answer is there (case-insensitive)."""
     import distill.views
-    from agents.llm.records import InvocationRecord
+    from agents.llm.records.invocation import InvocationRecord
     from distill.views import information_gaps
 
     tok = memqa_tokenizer()

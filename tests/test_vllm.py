@@ -37,7 +37,7 @@ def _observations(n: int) -> list[str]:
 def greedy(smollm2):
     """``(observations, generations)``: the in-process greedy LLMPolicy (fp32, protocol system prompt) on 4
     observations, computed once for this module."""
-    from agents.llm.policy import LLMPolicy
+    from agents.llm.generation.policy import LLMPolicy
 
     model, tokenizer = smollm2
     local = LLMPolicy(model, tokenizer, temperature=0.0, max_new_tokens=32, system_prompt="protocol")
@@ -63,7 +63,7 @@ def test_bench_plays_full_episodes_on_chat_and_completions(vllm_url, smollm2_pat
 def test_greedy_actions_agree_with_the_in_process_policy(vllm_url, greedy, smollm2_path, capsys):
     from concurrent.futures import ThreadPoolExecutor
 
-    from agents.served import ServedPolicy
+    from agents.llm.adapters.served import ServedPolicy
 
     observations, generations = greedy
     served = ServedPolicy(f"openai:smollm2@{vllm_url}?endpoint=completions&tokenizer={smollm2_path}",
@@ -92,7 +92,7 @@ def test_greedy_actions_agree_with_the_in_process_policy(vllm_url, greedy, smoll
 def test_served_teacher_matches_the_in_process_teacher(vllm_url, greedy, smollm2, capsys):
     """Every position of two whole invocations (the prompt's tokens too: low and high log-probs alike) scored by
     the server and by the in-process model."""
-    from agents.llm.records import InvocationRecord
+    from agents.llm.records.invocation import InvocationRecord
     from distill.served_teacher import ServedTeacher
 
     model, tokenizer = smollm2
@@ -130,8 +130,8 @@ def test_served_teacher_refuses_a_student_with_another_tokenizer(vllm_url):
 
 
 def test_more_top_logprobs_than_the_server_allows_is_a_clear_error(vllm_url, smollm2):
-    from agents.llm.records import InvocationRecord
-    from agents.served import ServerError
+    from agents.llm.records.invocation import InvocationRecord
+    from agents.llm.adapters.served import ServerError
     from distill.served_teacher import ServedTeacher
 
     _, tokenizer = smollm2

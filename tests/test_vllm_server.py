@@ -1,5 +1,5 @@
-"""agents.vllm_server without vLLM: the environment check and install plan, and the server's start / wait / stop by
-process group, against a stand-in "python" (a script that, given vLLM's command line, serves ``/v1/models`` from
+"""agents.llm.adapters.vllm_server without vLLM: the environment check and install plan, and the server's start / wait /
+stop by process group, against a stand-in "python" (a script that, given vLLM's command line, serves ``/v1/models`` from
 the standard library, in a child process as vLLM's engine would be)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import vllm_server
-from agents.vllm_server import VLLMError, VLLMServer
+from agents.llm.adapters import vllm_server
+from agents.llm.adapters.vllm_server import VLLMError, VLLMServer
 
 STAND_IN = r'''#!/bin/sh
 # stand-in for the vLLM env's python: "$@" is vLLM's command line; the server runs as a child (like the engine)
@@ -169,7 +169,8 @@ def test_a_failed_install_step_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_start_without_an_environment_or_a_model_says_what_to_do(tmp_path, monkeypatch, model_dir):
     monkeypatch.setenv("MEMENV_CACHE", str(tmp_path))
     monkeypatch.delenv(vllm_server.PYTHON_ENV, raising=False)
-    with pytest.raises(VLLMError, match=r"no vLLM environment: run `python -m agents.vllm_server install`"):
+    with pytest.raises(VLLMError,
+                       match=r"no vLLM environment: run `python -m agents.llm.adapters.vllm_server install`"):
         VLLMServer(model_dir, "m").start()
     with pytest.raises(VLLMError, match="no config.json"):
         VLLMServer(tmp_path / "empty", "m").start()

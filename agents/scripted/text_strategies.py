@@ -21,7 +21,7 @@ Who answers: scripted, an extractive reader (the sentence of the answer context 
 by BM25; for "when" questions the date of that turn's session; the abstention answer when that sentence and its
 speaker cover under a third of the question's words, stopwords aside). With a served model,
 ``NAME+openai:MODEL@URL`` (e.g. ``bm25+openai:SmolLM2@http://127.0.0.1:8000``) sends the answer context and the
-question to the model (``/v1/completions``, :class:`agents.served.CompletionsClient`) and answers its reply
+question to the model (``/v1/completions``, :class:`agents.llm.adapters.served.CompletionsClient`) and answers its reply
 (tag characters removed, one line).
 
 LLM-driven memory (served only):
@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from agents.scripted.reading_strategies import memory_budget_of
 from agents.scripted.tool_strategies import TOOL_STRATEGIES, RagPolicy, read_tool_observation, result_entries
-from agents.served import CompletionsClient, ServedSpec, is_served
+from agents.llm.adapters.served import CompletionsClient, ServedSpec, is_served
 from memenv.memory_tools import format_tool_call
 from memenv.search.bm25 import make_backend, tokenize
 from tasks.conversations import ABSTENTION_ANSWER

@@ -30,7 +30,8 @@ the arms resume from their last checkpoint, and each finished greedy evaluation 
 its key file (``*.key.json``: the weights' digest, the episodes, the view, the token cap) matches, so an
 interrupted stage does not play its finished evaluations again:
 
-1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories (:func:`agents.llm.sft.train_sft`);
+1. ``teacher/``: a tiny Qwen2 (d=128, 4 layers) SFT'd on oracle trajectories
+   (:func:`agents.llm.training.sft.train_sft`);
 2. ``student/``: a smaller model (d=64, 2 layers) with the *teacher's tokenizer*, from a weak SFT (rounds until
    a probe F1 reaches ``student_start_f1``; with ``student_start_ratio``, until the first probe in
    (``student_start_f1``, ratio x the teacher's F1]); its greedy F1/EM per evaluation episode is the common start

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.files import write_atomic
+from memenv.files import write_atomic
 from distill.experiment.config import ARMS, ExperimentConfig
 from distill.experiment.evaluation import PROBE_SEED_BASE, evaluate_per_seed, make_env_fn
 from distill.experiment.stages import (_arm_settings, _done, _evaluate_both, _portable, _same_settings,
@@ -45,11 +45,11 @@ def _teacher_episodes(cfg: ExperimentConfig, teacher: dict[str, Any], seed: int,
     """Sequence-level distillation's data: the teacher's greedy episodes (memory view) on new train-pool tasks,
     batch by batch until ``cpu_budget`` CPU seconds are spent; each invocation one :class:`Demonstration` (no
     filtering by reward: the teacher's mode, as in sequence-level KD). Cached in ``path`` with the CPU it cost."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.records import memory_mask
-    from agents.llm.rollouts import records_of, rollout
-    from agents.llm.sft import Demonstration
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.invocation import memory_mask
+    from agents.llm.records.rollouts import records_of, rollout
+    from agents.llm.training.sft import Demonstration
 
     if path.exists():
         saved = json.loads(path.read_text())
@@ -84,9 +84,9 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
     the student's SFT learning rate, warmed up over 50 steps (or the student's own SFT warm-up where it sets one)
     and cosine-annealed over the budget. Evaluated as the
     GRPO arms are (held-out and seen at the end; the curve has only its end point). Resumes like them."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.sft import expert_data, train_sft
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.sft import expert_data, train_sft
+    from agents.llm.training.common import latest_checkpoint
 
     out = Path(cfg.out) / "arms" / arm / f"seed{seed}"
     source = ARMS[arm][1]["sft_data"]
@@ -118,7 +118,7 @@ def run_sft_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, A
     else:  # the demonstrations are remade on a resume (deterministic); their first making's CPU counts once
         start = time.process_time()
         lm0, tok0 = load_pretrained(student["path"])
-        from agents.llm.policy import LLMPolicy
+        from agents.llm.generation.policy import LLMPolicy
 
         data = expert_data(LLMPolicy(lm0, tok0, temperature=0.0), sft_cfg,
                            range(sft_cfg.demo_seed_base, sft_cfg.demo_seed_base + sft_cfg.episodes))
@@ -181,9 +181,9 @@ def run_sweep_point(cfg: ExperimentConfig, arm: str, lr: float, seed: int, stude
     the train-pool probe episodes (neither evaluation nor SFT seeds: the choice never sees the evaluation
     episodes). Cached in :func:`sweep_dir`'s ``result.json``; resumes like an arm. The teacher-free control takes
     its constant from ``matched_from`` (MemOPD's sweep run of the same seed)."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.ppo import train_rl
-    from agents.llm.training import checkpoints
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.ppo import train_rl
+    from agents.llm.training.common import checkpoints
     from distill.trainer import train_memopd
 
     out = sweep_dir(cfg, arm, lr, seed)

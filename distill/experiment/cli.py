@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
             cfg.student = replace(cfg.student, sft_worlds=args.sft_worlds)
         cfg.__post_init__()
         if cfg.model:  # a missing or damaged folder, or a registered model not installed: one line, before any work
-            from agents.llm.cli import check_checkpoint
+            from agents.llm.models.pretrained import check_checkpoint
 
             check_checkpoint(cfg.model, "--model")
         if args.stages_from or args.teacher_from:

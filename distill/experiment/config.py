@@ -90,7 +90,7 @@ class ModelSpec:
     # episodes (train-pool questions on evaluation seeds), off the budget clock: the SFT learning curve
     curve_episodes: int = 50
     warmup: int | None = None  # SFT learning-rate warm-up steps (None: a tenth of sft_steps, at most 100)
-    # How each demonstration episode is rendered (agents.llm.sft.SFTConfig.views): ("memory",) the memory state
+    # How each demonstration episode is rendered (agents.llm.training.sft.SFTConfig.views): ("memory",) the memory state
     # the student acts in; ("memory", "persistent") also the flattened transcript the teacher-persistent control
     # scores in, so that the control changes only the state the teacher scores in, not its familiarity with it.
     sft_views: tuple[str, ...] = ("memory",)
@@ -99,7 +99,8 @@ class ModelSpec:
     # while no held-out subject is ever asked about.
     sft_env: dict[str, Any] = field(default_factory=dict)
     # With a pretrained base: of the ``layers`` kept, how many are the base's last decoder layers, the rest its
-    # first ones (agents.llm.pretrained.shrink's keep_last; 0: the first ``layers``, as every run before issue 47).
+    # first ones (agents.llm.models.pretrained.shrink's keep_last; 0: the first ``layers``, as every run before issue
+    # 47).
     keep_last: int = 0
     # > 0: this share of the demonstrations loses one fact from memory (SFTConfig.demo_forget_rate): the memory
     # view's expert searches again, the persistent view's answers from the transcript (issue 61: a teacher whose
@@ -131,7 +132,7 @@ class ExperimentConfig:
     out: str = "runs/memopd"
     # A pretrained base (a registered name such as ``smollm2-135m-instruct``, or a checkpoint folder): the teacher
     # is its SFT (its first ``teacher.layers`` decoder layers; all when that is 0 or >= its depth) and the student its
-    # first ``student.layers`` layers (:func:`agents.llm.pretrained.shrink`), both on its tokenizer and with the
+    # first ``student.layers`` layers (:func:`agents.llm.models.pretrained.shrink`), both on its tokenizer and with the
     # system prompt its folder carries. ``hidden``, ``heads``, ``vocab`` and ``tokenizer_episodes`` then do not
     # apply. None: tiny Qwen2 models trained from scratch. See :func:`pretrained_config` for sizes that fit a CPU.
     model: str | None = None
@@ -196,7 +197,7 @@ class ExperimentConfig:
     # (0: none, as every run before the fair-evidence preset; Adam's first steps then move every weight by ~lr).
     warmup_updates: int = 0
     # Every GRPO-trained arm's actor trains low-rank adapters of this rank instead of its weights (PPOConfig.lora_rank,
-    # agents.llm.lora; 0: no adapters, the full weights, as every run so far), scaled by lora_alpha / lora_rank
+    # agents.llm.training.lora; 0: no adapters, the full weights, as every run so far), scaled by lora_alpha / lora_rank
     # (None: 2 * rank); the reference is then the base with the adapters off.
     lora_rank: int = 0
     lora_alpha: float | None = None
@@ -528,7 +529,7 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
 
     The student is 15 of the base's 30 layers (:data:`REAL_FAIR_STUDENT_LAYERS`: ~81M parameters against 134.5M,
     28.3M of both the tied embedding), the deepest cut the issue allows: its first 5 and its last 10
-    (:data:`REAL_FAIR_KEEP_LAST`, :func:`agents.llm.pretrained.shrink`'s ``keep_last``). Why that deep: a 6-layer
+    (:data:`REAL_FAIR_KEEP_LAST`, :func:`agents.llm.models.pretrained.shrink`'s ``keep_last``). Why that deep: a 6-layer
     cut did not learn the task in the SFT a CPU affords (probe F1 0.014 after 280 steps, ~70 CPU-min;
     docs/results.md), and 15 layers keep half the body at ~0.55x the whole model's cost per update and per SFT step
     (:mod:`distill.experiment.estimate`; measured: a forward over 36 invocations 21.5 CPU-s against 39.2). Why

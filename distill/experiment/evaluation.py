@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from agents.files import write_atomic, write_text_atomic
+from memenv.files import write_atomic, write_text_atomic
 from distill.experiment.config import ENV_ID, ExperimentConfig, pool_env_kwargs
 
 
@@ -35,7 +35,7 @@ def evaluation_key(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int], p
 
     import torch
 
-    from agents.llm.records import tokenizer_fingerprint
+    from agents.llm.records.invocation import tokenizer_fingerprint
 
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in sorted(lm.state_dict().items()):
@@ -88,17 +88,17 @@ def evaluate_per_seed(lm, tokenizer, cfg: ExperimentConfig, seeds: Sequence[int]
                       pool: str = "heldout", episodes: int | None = None, view: str = "memory",
                       cache: Path | None = None) -> pd.DataFrame:
     """Greedy episodes of ``pool``'s questions on ``seeds`` (default: the first ``episodes`` (default
-    ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.eval_seeds`, never trained on): one row
+    ``cfg.eval_episodes``) evaluation seeds :func:`agents.llm.training.common.eval_seeds`, never trained on): one row
     per seed with ``seed, f1, em, peak_context_tokens, turns, questions`` (the episode's question texts).
-    ``view``: what the model is shown (:func:`agents.llm.rollouts.rollout`): the memory state (default) or the
+    ``view``: what the model is shown (:func:`agents.llm.records.rollouts.rollout`): the memory state (default) or the
     flattened transcript the teacher-persistent control scores in.
 
     ``cache``: the CSV the rows are written to (atomically), with their :func:`evaluation_key` beside it
     (``NAME.key.json``); where both are there and the key is this call's, the rows are read back instead of played
     again, so a stage interrupted after one of its evaluations resumes after it."""
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import rollout
-    from agents.llm.training import eval_seeds
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import rollout
+    from agents.llm.training.common import eval_seeds
 
     seeds = eval_seeds(episodes or cfg.eval_episodes) if seeds is None else list(seeds)
     if cache is not None:

@@ -69,7 +69,7 @@ def pilot_plan(out: str | Path, window: int = PILOT_WINDOW) -> dict[str, Any]:
     ``out/pilot_plan.json`` and returned. A pilot that is not finished raises a ``ValueError`` naming the file."""
     from distill.experiment.report import PAPER_RELATIVE_EFFECT
     from distill.stats import minimum_detectable_effect, seeds_for_power
-    from agents.files import write_text_atomic
+    from memenv.files import write_text_atomic
 
     out = Path(out)
     settings = json.loads((out / "experiment.json").read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.files import write_atomic
+from memenv.files import write_atomic
 from distill.experiment.config import ARMS, ENV_ID, SFT_ARMS, ExperimentConfig
 from distill.stats import (ALPHA, INFERENCE, POWER, arm_summary, compare_arms, is_finite_number,
                            minimum_detectable_effect, sign_flip_test, standard_error, verdict)

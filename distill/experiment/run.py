@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from agents.files import write_atomic, write_text_atomic
+from memenv.files import write_atomic, write_text_atomic
 from distill.experiment.config import (ARM_SETTINGS, RERUN_MAY_CHANGE, STUDENT_SETTINGS, ExperimentConfig, SettingsMismatchError,
                                        _config_record, changed_settings, check_settings)
 from distill.experiment.report import comparisons_table, format_markdown, plot_curves, results_table, targets
@@ -141,7 +141,7 @@ STAGES = ("teacher", "student")
 def _rl_precision(cfg: ExperimentConfig) -> str:
     """What the host line says of the arms' arithmetic: sampling is always fp32; their training passes follow
     ``cfg.train_autocast`` (bf16 autocast where it resolves to it on this host)."""
-    from agents.llm.precision import resolve_autocast
+    from agents.llm.models.precision import resolve_autocast
 
     train = resolve_autocast(cfg.train_autocast) if cfg.train_autocast is not None else "none"
     passes = "bf16 autocast" if train == "bf16" else "fp32"
@@ -248,7 +248,7 @@ def run_experiment(cfg: ExperimentConfig, until: str | None = None) -> pd.DataFr
 def _run_stages(cfg: ExperimentConfig, until: str | None) -> pd.DataFrame:
     import torch
 
-    from agents.llm.precision import host_line, resolve_autocast
+    from agents.llm.models.precision import host_line, resolve_autocast
 
     check_settings(cfg)
     torch.set_num_threads(cfg.threads)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.files import write_atomic, write_text_atomic
+from memenv.files import write_atomic, write_text_atomic
 from distill.experiment.config import (ARMS, ENV_ID, SFT_ARMS, ExperimentConfig, ModelSpec, SettingsMismatchError,
                                        pool_env_kwargs)
 from distill.experiment.evaluation import PROBE_SEED_BASE, evaluate_per_seed, make_env_fn
@@ -101,7 +101,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _sft_config(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str | None = None, **overrides: Any):
-    from agents.llm.sft import SFTConfig
+    from agents.llm.training.sft import SFTConfig
 
     return SFTConfig(**{**_sft_settings(cfg, spec, out, model), **overrides})
 
@@ -133,8 +133,8 @@ def _sft_settings(cfg: ExperimentConfig, spec: ModelSpec, out: Path, model: str 
 
 
 def _trained(out: Path):
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import latest_checkpoint
 
     return load_pretrained(latest_checkpoint(out))
 
@@ -142,7 +142,7 @@ def _trained(out: Path):
 def _sft_finished(out: Path, spec: ModelSpec) -> dict[str, Any] | None:
     """The last metrics row of an SFT run whose latest checkpoint already spent its steps or time budget (a
     resume would rebuild the demonstrations only to take one more step), else None."""
-    from agents.llm.training import latest_checkpoint, load_trainer_state
+    from agents.llm.training.common import latest_checkpoint, load_trainer_state
 
     ckpt = latest_checkpoint(out)
     if ckpt is None:
@@ -183,10 +183,10 @@ def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path, keep_last
     """The starting weights of a model made from ``cfg.model``: the base folder itself when ``layers`` is 0 or
     keeps every decoder layer and ``cfg.system_prompt`` is unset, else (once) its first ``layers`` layers (all
     when 0; with ``keep_last``, the first ``layers - keep_last`` and the last ``keep_last``:
-    :func:`agents.llm.pretrained.shrink`) saved to ``folder`` with the tokenizer and the prompt settings
+    :func:`agents.llm.models.pretrained.shrink`) saved to ``folder`` with the tokenizer and the prompt settings
     (``cfg.system_prompt`` when set)."""
-    from agents.llm.models import load_pretrained, save_pretrained
-    from agents.llm.pretrained import resolve, shrink
+    from agents.llm.models.local import load_pretrained, save_pretrained
+    from agents.llm.models.pretrained import resolve, shrink
 
     base = resolve(cfg.model)
     depth = json.loads((base / "config.json").read_text()).get("num_hidden_layers")
@@ -203,8 +203,8 @@ def _pretrained_init(cfg: ExperimentConfig, layers: int, folder: Path, keep_last
 
 def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     """SFT the teacher (resumes a partial run), then evaluate it; cached in ``OUT/teacher/result.json``."""
-    from agents.llm.sft import train_sft
-    from agents.llm.training import Timer, latest_checkpoint
+    from agents.llm.training.sft import train_sft
+    from agents.llm.training.common import Timer, latest_checkpoint
 
     out = Path(cfg.out) / "teacher"
     if (res := _done(out)) is not None:
@@ -293,9 +293,9 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     """The student on the teacher's tokenizer (a tiny model, a cut of the pretrained base, or the whole base),
     weakly SFT'd until a probe meets the stop rule (:func:`weak_start_verdict`); its per-episode start evaluations
     are saved."""
-    from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
-    from agents.llm.sft import train_sft
-    from agents.llm.training import latest_checkpoint, load_trainer_state
+    from agents.llm.models.local import build_tiny_model, load_tokenizer, save_pretrained
+    from agents.llm.training.sft import train_sft
+    from agents.llm.training.common import latest_checkpoint, load_trainer_state
 
     out = Path(cfg.out) / "student"
     if (res := _done(out)) is not None:
@@ -367,7 +367,7 @@ def arm_config(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, An
     ``train`` question pool. A checkpoint after every update (the run resumes from the last one, exactly) of which
     those every ``curve_every`` updates are kept (the learning curve's points). The teacher-free control's constant
     comes from the same seed's MemOPD arm run, or from ``matched_from`` (a sweep run's folder)."""
-    from agents.llm.ppo import PPOConfig
+    from agents.llm.training.ppo import PPOConfig
     from distill.trainer import MemOPDConfig
 
     curve_every = min(cfg.curve_every, cfg.updates)
@@ -451,9 +451,9 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
     An interrupted run resumes from its last update's checkpoint and ends as the uninterrupted run would have
     (the trainer restores every RNG); ``OUT/arms/ARM/seedS/settings.json`` guards a resume against another
     configuration, as ``result.json`` does for a finished run."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.ppo import train_rl
-    from agents.llm.training import checkpoints
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.ppo import train_rl
+    from agents.llm.training.common import checkpoints
     from distill.trainer import train_memopd
 
     if arm in SFT_ARMS:
@@ -519,8 +519,8 @@ def run_arm(cfg: ExperimentConfig, arm: str, seed: int, student: dict[str, Any],
 def _sample_records(lm, tok, cfg: ExperimentConfig, episodes: int, seed: int = 123, first_task: int = 9 * 10**6):
     """One GRPO-shaped batch of training-temperature episodes (records for timing and diagnostics); task seeds
     from ``first_task`` on (another ``first_task`` and ``seed``: an independent batch)."""
-    from agents.llm.policy import LLMPolicy
-    from agents.llm.rollouts import records_of, rollout
+    from agents.llm.generation.policy import LLMPolicy
+    from agents.llm.records.rollouts import records_of, rollout
 
     env_fn = make_env_fn(cfg)
     group = cfg.group_size
@@ -543,8 +543,8 @@ def actor_timing(cfg: ExperimentConfig, student: dict[str, Any]) -> pd.DataFrame
     the actor and the teacher see per sequence), and each layout's ratio to both baselines."""
     import torch
 
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import ActorCritic
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import ActorCritic
     from distill.reconstruct import reconstruct
     from distill.teacher import ScoringLayout
     from distill.trainer import PackedActorForward
@@ -600,8 +600,8 @@ def persistent_diagnostics(cfg: ExperimentConfig) -> pd.DataFrame | None:
     """:func:`distill.diagnose.diagnose` (aligned vs persistent) on records sampled by the flattening arm's
     final student of the first seed (the model that sampled them, as diagnose requires): how far the flattened
     transcript moves the log-probs from the sampled ones (why that arm recomputes its old log-probs)."""
-    from agents.llm.models import load_pretrained
-    from agents.llm.training import latest_checkpoint
+    from agents.llm.models.local import load_pretrained
+    from agents.llm.training.common import latest_checkpoint
     from distill.diagnose import diagnose
 
     path = Path(cfg.out) / "diagnostics.csv"

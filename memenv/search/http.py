@@ -1,6 +1,6 @@
 """JSON over HTTP with deadlines and retries: the one client loop behind the retrieval server
-(:mod:`memenv.search.remote`), the LLM judge (:mod:`memenv.scoring.judges`) and served models (:mod:`agents.served`).
-Standard library only.
+(:mod:`memenv.search.remote`), the LLM judge (:mod:`memenv.scoring.judges`) and served models
+(:mod:`agents.llm.adapters.served`). Standard library only.
 
 Time limits. ``timeout`` is the wall-clock budget of one attempt: connecting, sending the request, and reading
 the status line, the headers and the whole body must all finish within it (a server that trickles its reply one

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from agents.llm.models import build_tiny_model, load_tokenizer, save_pretrained
-from agents.llm.sft import train_sft
-from agents.llm.training import latest_checkpoint
+from agents.llm.models.local import build_tiny_model, load_tokenizer, save_pretrained
+from agents.llm.training.sft import train_sft
+from agents.llm.training.common import latest_checkpoint
 from distill.experiment.config import powered_config
 from distill.experiment.stages import _sft_config
 

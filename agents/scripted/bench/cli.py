@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 import memenv.scoring.judges
-from agents.files import write_atomic
+from memenv.files import write_atomic
 from agents.scripted.bench.run import DEFAULT_MAX_FAILURES, check_setup, format_table, plot_tradeoff, run_bench
 from agents.scripted.bench.specs import ALL_STRATEGY_NAMES, DEFAULT_ENVS, DEFAULT_EPISODES, EnvSpec, strategy_name
 from agents.scripted.bench.store import BenchStore, bench_settings

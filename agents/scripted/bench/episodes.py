@@ -10,12 +10,12 @@ from typing import Any, Iterator
 
 import gymnasium as gym
 
-import agents.served
+import agents.llm.adapters.served
 import memenv.scoring.judges
 import memenv.search.http
 import memenv.search.remote
 from agents.scripted.user_strategies import StrategyError
-from agents.served import ServerError
+from agents.llm.adapters.served import ServerError
 from memenv.cli_common import CommandError
 
 
@@ -33,7 +33,8 @@ def _errors_defined_in(*modules) -> tuple[type[BaseException], ...]:
 #: episode counts as failed instead of ending the run. Anything else is a bug and keeps its traceback.
 _SERVICE_BASE = getattr(memenv.search.http, "ServiceError", None)  # the base of every service failure
 SERVICE_ERRORS = tuple(dict.fromkeys(
-    ((_SERVICE_BASE,) if _SERVICE_BASE is not None else _errors_defined_in(memenv.search.http, agents.served))
+    ((_SERVICE_BASE,) if _SERVICE_BASE is not None
+     else _errors_defined_in(memenv.search.http, agents.llm.adapters.served))
     + (ServerError, memenv.search.remote.RetrieverError, memenv.scoring.judges.JudgeError, StrategyError)))
 
 class Stopped(Exception):

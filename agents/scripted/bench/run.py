@@ -12,13 +12,13 @@ import gymnasium as gym
 import pandas as pd
 from tqdm.auto import tqdm
 
-from agents.files import write_atomic
+from memenv.files import write_atomic
 from agents.scripted.bench.episodes import (EPISODE_FAILED, EPISODE_STOPPED, EpisodeRunner, TooManyFailures,
                                             interrupt_sets)
 from agents.scripted.bench.specs import DEFAULT_EPISODES, EnvSpec, bench_env_kwargs, resolve_strategy
 from agents.scripted.bench.store import BenchStore, bench_settings
 from agents.scripted.bench.tables import official_columns
-from agents.served import ServedPolicy, ServerError, ServerUnreachableError, is_served
+from agents.llm.adapters.served import ServedPolicy, ServerError, ServerUnreachableError, is_served
 from memenv.cli_common import CommandError, CommandInterrupted, user_input
 from tasks.types import DataFormatError
 

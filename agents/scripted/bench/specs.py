@@ -17,7 +17,7 @@ import memenv  # noqa: F401 - registers the environments
 from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family, make_strategy
 from agents.scripted.text_strategies import is_text_served, make_text_strategy
 from agents.scripted.user_strategies import entry_point_names, is_import_path, load_factory, make_user_strategy
-from agents.served import ServedPolicy, ServedSpec, is_served
+from agents.llm.adapters.served import ServedPolicy, ServedSpec, is_served
 from memenv.cli_common import CommandError
 
 
@@ -68,16 +68,16 @@ def split_top_level(text: str) -> list[str]:
 
 def is_model_path(name: str) -> bool:
     """A local checkpoint folder (``config.json`` inside) or a registered pretrained model
-    (:mod:`agents.llm.pretrained`, e.g. ``smollm2-135m-instruct``): run as a greedy LLM policy."""
-    from agents.llm.pretrained import is_registered
+    (:mod:`agents.llm.models.pretrained`, e.g. ``smollm2-135m-instruct``): run as a greedy LLM policy."""
+    from agents.llm.models.pretrained import is_registered
 
     return (Path(name) / "config.json").is_file() or is_registered(name)
 
 
 def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     """A strategy by name: a scripted one (:func:`make_strategy`, for ``env_id`` in ``memory_mode``), a served
-    model ``openai:MODEL@URL`` (:class:`agents.served.ServedPolicy`) or a local checkpoint folder
-    (:class:`agents.llm.strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
+    model ``openai:MODEL@URL`` (:class:`agents.llm.adapters.served.ServedPolicy`) or a local checkpoint folder
+    (:class:`agents.llm.adapters.bench_strategy.CheckpointStrategy`; needs the ``llm`` extra)."""
     if is_model_path(name):  # a folder by its absolute path; a registered model name as it is
         return _checkpoint_strategy(str(Path(name).resolve()) if Path(name).exists() else name)
     if name not in ALL_STRATEGY_NAMES and (is_import_path(name) or name in entry_point_names()):
@@ -95,11 +95,11 @@ def _checkpoint_strategy(path: str):
     """One loaded checkpoint per folder: the set-up check, the pre-run check and every env of the run share it
     (it is greedy and resets per episode), so the weights are read once."""
     try:  # optional dependency: torch/transformers only when a model is benchmarked
-        from agents.llm.strategy import CheckpointStrategy
+        from agents.llm.adapters.bench_strategy import CheckpointStrategy
     except ImportError as err:
         raise CommandError(f"--strategies {path}: a model checkpoint needs the LLM stack "
                            f"(pip install -e '.[llm]'): {err}") from err
-    from agents.llm.cli import check_checkpoint
+    from agents.llm.models.pretrained import check_checkpoint
 
     check_checkpoint(path, "--strategies")  # a damaged folder is one line, before its weights are read
     return CheckpointStrategy(path)

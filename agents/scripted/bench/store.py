@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from agents.files import write_text_atomic
+from memenv.files import write_text_atomic
 from agents.scripted.bench.episodes import one_line
 from agents.scripted.bench.specs import EnvSpec, is_model_path
 from memenv.cli_common import CommandError, check_out_dir, prepare_out_dir
@@ -135,7 +135,7 @@ def bench_settings(strategies: Iterable[str], specs: Iterable[EnvSpec], episodes
 
 def _weights_stamp(folder: str) -> str:
     """A short digest of the size and modification time of a checkpoint folder's weight files."""
-    from agents.llm.pretrained import resolve
+    from agents.llm.models.pretrained import resolve
 
     stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in resolve(folder).iterdir()
                    if p.is_file() and p.suffix in (".safetensors", ".bin"))

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from agents.files import write_atomic
+from memenv.files import write_atomic
 from agents.scripted.bench.run import SUMMARY_COLUMNS, run_bench
 from agents.scripted.bench.specs import DEFAULT_EPISODES, EnvSpec, split_top_level
 

@@ -1,5 +1,5 @@
 """``memenv bench --trace``: the first episode of every (env, strategy) cell run again with its snapshots kept, as
-episode traces and one self-contained page (:mod:`agents.viewer`)."""
+episode traces and one self-contained page (:mod:`agents.llm.records.viewer`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from agents.scripted.bench.specs import EnvSpec, bench_env_kwargs, env_accepts, 
 
 def trace_cells(strategies: Iterable[str], specs: Iterable[EnvSpec], seed: int, out: str | Path) -> Path:
     """The first episode (seed ``seed``) of every (env, strategy) cell run again with its snapshots kept, as episode
-    traces (``out/trace.jsonl``) and one self-contained page (``out/trace.html``, :mod:`agents.viewer`). Scripted
-    strategies and checkpoints (greedy) replay the bench's episode exactly; a served model is asked again."""
-    from agents.viewer import episode_trace, save_traces, traces_view, write_view
+    traces (``out/trace.jsonl``) and one self-contained page (``out/trace.html``, :mod:`agents.llm.records.viewer`).
+    Scripted strategies and checkpoints (greedy) replay the bench's episode exactly; a served model is asked again."""
+    from agents.llm.records.viewer import episode_trace, save_traces, traces_view, write_view
 
     out = Path(out)
     traces = []

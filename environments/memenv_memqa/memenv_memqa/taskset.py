@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 import memenv  # noqa: F401 - registers memenv's envs with Gymnasium
 from memenv.envs.base import check_reset_args
-from agents.prompts import PROTOCOL_SYSTEM_PROMPT
+from agents.llm.models.prompts import PROTOCOL_SYSTEM_PROMPT
 
 #: Key of ``trace.info`` holding the episode record the harness writes.
 INFO_KEY = "memenv"
