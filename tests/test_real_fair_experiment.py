@@ -373,3 +373,33 @@ def test_shrink_keeps_the_first_and_the_last_layers_in_order(tmp_path):
         ExperimentConfig(student=ModelSpec(layers=2, keep_last=1))  # no pretrained base to keep layers of
     with pytest.raises(ValueError, match="student keep_last"):
         real_fair_config(str(tmp_path), student=ModelSpec(layers=4, keep_last=5))
+
+
+def test_arms_priced_now_and_with_the_update_before_issue_33(tmp_path, capsys):
+    from distill.experiment.estimate import MEASURED, arms_cpu, estimate_cpu, format_arms, main
+
+    flat = {**KNOWN_MEASURED, "actor_ms_per_token_6_layers": 12.5,
+            "replay": {"record": "results/x.json", "update_cpu_s": {"before": 30.0, "after": 20.0},
+                       "rollout_cpu_s": {"before": 20.0, "after": 10.0}}}
+    cfg = _known_cfg(tmp_path, teacher_curve_every=25, tasks_per_update=1)
+    arms = arms_cpu(cfg, 4, flat)
+    parts = estimate_cpu(replace(cfg, seeds=4), flat)  # 4 seeds: twice the known config's 2
+    assert arms["now"]["GRPO-trained arms"] == pytest.approx(2 * 2 * 4 * (5 + 10)) == parts["GRPO-trained arms"]
+    assert arms["now"]["SFT arms (equal CPU)"] == pytest.approx(2 * 2 * 4 * 10)
+    assert arms["now"]["arm evaluations"] == pytest.approx(2 * 2 * 2 * (2 * (8 + 4) + 8))
+    # training priced by (rollout + update) before / after = 50 / 30, evaluations by the rollout's 20 / 10
+    old = arms["before issue 33"]
+    assert old["GRPO-trained arms"] == pytest.approx(240 * 5 / 3)
+    assert old["SFT arms (equal CPU)"] == pytest.approx(160 * 5 / 3)
+    assert old["arm evaluations"] == pytest.approx(256 * 2)
+    assert arms["now"]["total"] == pytest.approx(240 + 160 + 256) and old["total"] == pytest.approx(400 * 5 / 3 + 512)
+    line = format_arms(arms, 4, flat)
+    assert line.startswith("the arms at 4 seeds: ~0.2 CPU-hours") and "1.80x; ratios from results/x.json" in line
+    assert arms_cpu(cfg, None, flat)["now"]["total"] == pytest.approx(656 / 2)  # cfg.seeds (2)
+    # the shipped figures: a replay record's means, the code now cheaper on both phases
+    replay = MEASURED["replay"]
+    assert replay["update_cpu_s"]["before"] > replay["update_cpu_s"]["after"] > 0
+    assert replay["rollout_cpu_s"]["before"] > 0 and replay["rollout_cpu_s"]["after"] > 0
+    assert main(["--seeds", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "at 16 seeds: expected CPU time" in out and "the arms at 16 seeds: ~" in out

@@ -23,6 +23,12 @@ Where :data:`MEASURED` holds a ``"run"`` block (it does: issue 47's own run of t
 replace issue 33's: the current code's update per arm, SFT steps and evaluation episodes, measured at that run's
 depths (the 30-layer teacher, a 15-layer student) and rescaled from them by the same depth rule (``at``). Issue
 33's figures, scaled from the whole model, had priced that preset's updates at less than half of what it measured.
+
+What the update's speed work buys (issue 62 item 5): :data:`MEASURED` ``["replay"]`` holds the update before issue
+33 against the update now on the same replayed rollouts (``benchmarks/update_replay.py``, its record named
+there); :func:`arms_cpu` prices an experiment's arms (their training and their evaluations) at any number of
+seeds with the code now and, by those measured ratios, with the code before issue 33.
+``python -m distill.experiment.estimate --seeds 16`` prints it for the real fair preset.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ from __future__ import annotations
 from typing import Any
 
 from distill.experiment.config import SFT_ARMS, ExperimentConfig
+
+#: The replayed update's mean CPU-s, both sides (results/update_before_after/smollm2_6layer.json, "summary")
+REPLAY_ROUNDS = 3
+REPLAY_UPDATE_BEFORE, REPLAY_UPDATE_AFTER = 152.9, 115.4
+REPLAY_ROLLOUT_BEFORE, REPLAY_ROLLOUT_AFTER = 61.6, 54.9
 
 #: Measured on the 2-core dev machine (AVX512 with native bf16, 1 torch thread, the other core busy; docs/results.md
 #: "MemOPD on a real model" and docs/distill.md "Cost of one arm update"), for SmolLM2-135M-Instruct (30 layers):
@@ -81,6 +92,17 @@ MEASURED: dict[str, Any] = {
         # training): 13.4 after GRPO alone's seed 4, ~5.2 after MemOPD's seed 0 and 7.8 after the control's (both
         # collapsed to short episodes); their mean. The weak start writes ~50-60 tokens per action over 3-4 turns.
         "student_episode_cpu_s": 8.8,
+    },
+    # The update before issue 33 (commit 8b14ace) against the update now, on the same recorded rollout replayed
+    # through both codes (benchmarks/update_replay.py; CPU-s of the process, mean of REPLAY_ROUNDS rounds each,
+    # sides alternated; AVX2-only host, no native bf16, fp32 on both sides, 1 torch thread, the other core shared):
+    # the 6-layer student, the whole SmolLM2 as teacher, 1 task x 4 episodes, every action at the 96-token cap.
+    # "update": the replayed update (reference / old log-probs, teacher, actor, optimizer); "rollout": each side
+    # sampling its own episodes (greedy evaluation episodes are priced by its ratio too: the same generation code).
+    "replay": {
+        "record": "results/update_before_after/smollm2_6layer.json",
+        "update_cpu_s": {"before": REPLAY_UPDATE_BEFORE, "after": REPLAY_UPDATE_AFTER},
+        "rollout_cpu_s": {"before": REPLAY_ROLLOUT_BEFORE, "after": REPLAY_ROLLOUT_AFTER},
     },
 }
 
@@ -168,6 +190,36 @@ def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> 
     return parts
 
 
+def arms_cpu(cfg: ExperimentConfig, seeds: int | None = None, measured: dict[str, Any] = MEASURED
+             ) -> dict[str, dict[str, float]]:
+    """CPU seconds of ``cfg``'s arms (GRPO-trained, SFT at equal CPU, their evaluations; :func:`estimate_cpu`'s
+    parts) at ``seeds`` training seeds (default ``cfg.seeds``): ``"now"`` as :func:`estimate_cpu` prices them,
+    ``"before issue 33"`` with each update's rollout and training priced by ``measured["replay"]``'s before / after
+    ratios (the evaluations by its rollout's ratio), ``"total"`` in each."""
+    from dataclasses import replace
+
+    names = ("GRPO-trained arms", "SFT arms (equal CPU)", "arm evaluations")
+    parts = estimate_cpu(replace(cfg, seeds=cfg.seeds if seeds is None else seeds), measured)
+    now = {n: parts[n] for n in names}
+    replay = measured["replay"]
+    rollout = replay["rollout_cpu_s"]["after"]
+    whole = rollout + replay["update_cpu_s"]["after"]
+    train = (replay["rollout_cpu_s"]["before"] + replay["update_cpu_s"]["before"]) / whole  # an update, its rollout in
+    sample = replay["rollout_cpu_s"]["before"] / rollout
+    before = {"GRPO-trained arms": now["GRPO-trained arms"] * train, "SFT arms (equal CPU)": now["SFT arms (equal CPU)"]
+              * train, "arm evaluations": now["arm evaluations"] * sample}
+    return {"now": {**now, "total": sum(now.values())}, "before issue 33": {**before, "total": sum(before.values())}}
+
+
+def format_arms(arms: dict[str, dict[str, float]], seeds: int, measured: dict[str, Any] = MEASURED) -> str:
+    """One line: the arms' CPU-hours now and with the code before issue 33, and where the ratio comes from."""
+    now, old = arms["now"]["total"], arms["before issue 33"]["total"]
+    return (f"the arms at {seeds} seeds: ~{now / 3600:.1f} CPU-hours (training "
+            f"{(arms['now']['GRPO-trained arms'] + arms['now']['SFT arms (equal CPU)']) / 3600:.1f}, evaluations "
+            f"{arms['now']['arm evaluations'] / 3600:.1f}); with the update before issue 33 ~{old / 3600:.1f} "
+            f"({old / now:.2f}x; ratios from {measured['replay']['record']})")
+
+
 def format_estimate(parts: dict[str, float]) -> str:
     """One line: the total in CPU-hours, then each part in CPU-minutes."""
     detail = ", ".join(f"{name} {seconds / 60:.0f}" for name, seconds in parts.items() if name != "total")
@@ -175,4 +227,29 @@ def format_estimate(parts: dict[str, float]) -> str:
             f"(CPU-min: {detail}; distill.experiment.estimate; the student's SFT priced to its step cap)")
 
 
-__all__ = ["MEASURED", "depth_scaled", "estimate_cpu", "format_estimate"]
+def main(argv=None) -> int:
+    """``python -m distill.experiment.estimate [--seeds N]``: the real fair preset's estimate and its arms at N
+    seeds (default 16: the power analysis' minimum, docs/results.md), now and before issue 33."""
+    import argparse
+
+    from distill.experiment.config import real_fair_config
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=16, help="training seeds of the arms (default 16)")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    from dataclasses import replace
+
+    cfg = real_fair_config("unused")
+    print(f"the real fair preset ({cfg.seeds} seeds): {format_estimate(estimate_cpu(cfg))}")
+    if args.seeds != cfg.seeds:
+        print(f"at {args.seeds} seeds: {format_estimate(estimate_cpu(replace(cfg, seeds=args.seeds)))}")
+    print(format_arms(arms_cpu(cfg, args.seeds), args.seeds))
+    return 0
+
+
+__all__ = ["MEASURED", "arms_cpu", "depth_scaled", "estimate_cpu", "format_arms", "format_estimate"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
