@@ -46,6 +46,7 @@ figures, the per-phase mean ± sd and ratio, the rollout's tokens per action per
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -119,13 +120,19 @@ def child(args) -> int:
     import torch
 
     torch.set_num_threads(1)
-    import agents.llm.ppo as ppo
-    import agents.llm.training as training
     import distill.trainer as trainer
-    from agents.llm.models import load_pretrained
-    from agents.llm.pretrained import shrink
-    from agents.llm.records import InvocationRecord
-    from agents.llm.rollouts import Episode
+
+    # The tree's own module paths: agents/llm by concern (issue 60) or the flat folder before it.
+    by_concern = (tree / "agents" / "llm" / "training" / "ppo.py").is_file()
+    ppo = importlib.import_module("agents.llm.training.ppo" if by_concern else "agents.llm.ppo")
+    training = importlib.import_module("agents.llm.training.common" if by_concern else "agents.llm.training")
+    load_pretrained = importlib.import_module("agents.llm.models.local" if by_concern
+                                              else "agents.llm.models").load_pretrained
+    shrink = importlib.import_module("agents.llm.models.pretrained" if by_concern else "agents.llm.pretrained").shrink
+    InvocationRecord = importlib.import_module("agents.llm.records.invocation" if by_concern
+                                               else "agents.llm.records").InvocationRecord
+    Episode = importlib.import_module("agents.llm.records.rollouts" if by_concern else "agents.llm.rollouts").Episode
+    write_text_atomic = importlib.import_module("memenv.files" if by_concern else "agents.files").write_text_atomic
 
     spec = json.loads(Path(args.config).read_text())
     fields = {f.name for f in dataclasses.fields(trainer.MemOPDConfig)}
@@ -158,8 +165,6 @@ def child(args) -> int:
         out["rollout_wall_s"] = time.perf_counter() - wall
         out["own_rollout"] = action_stats(own)
         if args.save_rollouts:
-            from agents.files import write_text_atomic
-
             write_text_atomic(args.save_rollouts, json.dumps(episodes_to_json(own), default=str))
             raise _Recorded
         episodes, dropped = episodes_from_json(json.loads(Path(args.rollouts).read_text()), Episode,
@@ -179,7 +184,7 @@ def child(args) -> int:
     training.MetricsLog.append = append_marked
     scorer = "score_records" if hasattr(ppo, "score_records") else "_score"  # the new tree's name, the old's
     setattr(ppo, scorer, timed(getattr(ppo, scorer), "score"))
-    out["score_function"] = f"agents.llm.ppo.{scorer}"
+    out["score_function"] = f"{ppo.__name__}.{scorer}"
     trainer.MemOPDHook.on_update = timed(trainer.MemOPDHook.on_update, "hook")
     torch.optim.AdamW.step = timed(torch.optim.AdamW.step, "optimizer")
 
@@ -308,7 +313,7 @@ def main(argv=None) -> int:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     now_tree = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(now_tree))
-    from agents.files import write_text_atomic
+    from memenv.files import write_text_atomic
     from benchmarks.limits import host_info, host_text
 
     trees = {"after": Path(args.after_tree).resolve() if args.after_tree else now_tree,

@@ -21,8 +21,8 @@ from benchmarks import update_replay as U  # noqa: E402
 
 
 def _episodes():
-    from agents.llm.records import InvocationRecord
-    from agents.llm.rollouts import Episode
+    from agents.llm.records.invocation import InvocationRecord
+    from agents.llm.records.rollouts import Episode
 
     def rec(turn, n):
         return InvocationRecord("e0", turn, [1, 2, 3], list(range(n)), [-0.5] * n, [1] * n, [0] * n, reward=0.25,
@@ -32,8 +32,8 @@ def _episodes():
 
 
 def test_recorded_episodes_replay_as_the_same_records():
-    from agents.llm.records import InvocationRecord
-    from agents.llm.rollouts import Episode
+    from agents.llm.records.invocation import InvocationRecord
+    from agents.llm.records.rollouts import Episode
 
     episodes = _episodes()
     data = json.loads(json.dumps(U.episodes_to_json(episodes)))
