@@ -1,6 +1,8 @@
 """memenv in GEM's registry (memenv.hubs.gem): GEM's own vector env, wrappers and episode printer play scripted
 strategies with exactly the rewards of the in-process env and of `memenv bench` on the same seeds; the
-observation is the memory-state prompt; bad input is what it is in-process. Skips without gem-llm."""
+observation is the memory-state prompt; bad input is what it is in-process. Skips without gem-llm, which is not part
+of the test extra (it pins nltk 3.9.1 and builds pycosat): the slow test at the end runs this file inside GEM's own
+virtual environment (tests/hub_venvs.py), so the suite runs GEM's code path either way."""
 
 from __future__ import annotations
 
@@ -191,3 +193,27 @@ def test_memenv_and_its_hubs_package_import_no_hub():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow  # GEM's own environment: ~2 min to build the first time (cached under MEMENV_CACHE), ~20 s after
+def test_this_file_passes_inside_gems_own_environment(tmp_path):
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from hub_venvs import ensure_gem_env
+
+    if importlib.util.find_spec("gem") is not None:
+        pytest.skip("gem-llm is installed here: the tests above ran against it in this process")
+    try:
+        python = ensure_gem_env()
+    except RuntimeError as exc:  # no registry, no compiler for pycosat: nothing to test against
+        pytest.skip(f"GEM's environment cannot be built here: {exc}")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    out = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                          "--rootdir", str(tmp_path), "-c", os.devnull, __file__],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "passed" in summary and "skipped" not in summary and "failed" not in summary, summary

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -36,12 +35,11 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401
-from memenv.files import write_text_atomic
-from agents.llm.models.pretrained import _locked, cache_root
 from agents.llm.models.prompts import PROTOCOL_SYSTEM_PROMPT
 from agents.scripted import make_strategy
 from agents.scripted.bench.run import run_bench
 from agents.scripted.bench.specs import EnvSpec, bench_env_kwargs
+from hub_venvs import VERIFIERS_VERSION, ensure_verifiers_env
 from standin_openai import standin_server
 
 try:
@@ -51,9 +49,7 @@ except ModuleNotFoundError:  # Python 3.10 (verifiers itself needs 3.11)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "environments" / "memenv_memqa"
-VERIFIERS_VERSION = "0.4.0"
 PYTHON_ENV = "MEMENV_VERIFIERS_PYTHON"
-MARKER = "memenv_verifiers.json"
 
 # (env id, env kwargs, scripted strategy): rewards that differ from seed to seed, and memory-tools mode. Behind the
 # server each episode gets its own strategy (told apart by the task block every observation starts with), so a
@@ -84,48 +80,6 @@ def test_package_layout_is_what_verifiers_loads():
 
 
 # ---------------------------------------------------------------------- verifiers' own environment
-def _install_commands(python: Path) -> list[list[str]]:
-    base = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
-    # wheel: pip builds the environment package's wheel from its pyproject without build isolation
-    return [[str(python), "-m", "pip", "install", f"verifiers=={VERIFIERS_VERSION}", *base, "wheel"]]
-
-
-def _ready(folder: Path) -> bool:
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("verifiers") == VERIFIERS_VERSION and (folder / "bin" / "python").exists()
-
-
-def ensure_verifiers_env() -> Path:
-    """The python of ``$MEMENV_CACHE/verifiers-VERSION``, built first when absent (in a temporary sibling folder,
-    renamed into place under a file lock once its marker is written, so a half-built one is never used)."""
-    folder = cache_root() / f"verifiers-{VERIFIERS_VERSION}"
-    if _ready(folder):
-        return folder / "bin" / "python"
-    with _locked(folder.parent / f".{folder.name}.lock"):
-        if _ready(folder):
-            return folder / "bin" / "python"
-        tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        start = time.perf_counter()
-        try:
-            for cmd in [[sys.executable, "-m", "venv", str(tmp)], *_install_commands(tmp / "bin" / "python")]:
-                out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                if out.returncode != 0:
-                    tail = " | ".join(out.stdout.strip().splitlines()[-5:])
-                    raise RuntimeError(f"`{' '.join(cmd[:4])} ...` failed (exit {out.returncode}): {tail}")
-            write_text_atomic(tmp / MARKER, json.dumps({"verifiers": VERIFIERS_VERSION,
-                                                        "install_s": round(time.perf_counter() - start, 1)}))
-            shutil.rmtree(folder, ignore_errors=True)
-            tmp.rename(folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return folder / "bin" / "python"
-
-
 @pytest.fixture(scope="session")
 def verifiers_python() -> Path:
     override = os.environ.get(PYTHON_ENV)
