@@ -28,7 +28,7 @@ def command_line(script: str, argv=None) -> str:
 def write_record(path, script: str, argv, figures: dict, host: dict | None = None) -> dict:
     """Write ``{"command", "host", **figures}`` to ``path`` atomically and return it; ``host`` defaults to this
     process's ``host_info()`` now (call it while the measured threads are set)."""
-    from agents.files import write_text_atomic
+    from memenv.files import write_text_atomic
     from benchmarks.limits import host_info
 
     record = {"command": command_line(script, argv), "host": host if host is not None else host_info(), **figures}

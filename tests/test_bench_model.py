@@ -64,7 +64,7 @@ def test_a_folder_without_config_is_refused_naming_it(tmp_path, capsys):
 def test_a_models_bench_bar_shows_tokens_inside_invocations(checkpoint, capsys, monkeypatch):
     """A real model's batch of invocations takes minutes: the bench bar's postfix shows the tokens generated inside
     them as they come (not only after each batch), and the invocations after each batch."""
-    from agents.llm.records.invocation import rollouts
+    from agents.llm.records import rollouts
 
     monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # report every decoding step, so the text is seen
     seen = []

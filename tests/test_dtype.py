@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from llm_common import memqa_tokenizer, tiny_model  # noqa: E402
 
-from agents.llm.models.local import precision  # noqa: E402
+from agents.llm.models import precision  # noqa: E402
 from agents.llm.models.local import load_pretrained, save_pretrained  # noqa: E402
 from agents.llm.models.precision import check_attn_implementation, resolve_dtype  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_memopd_config_and_teacher_take_a_dtype(checkpoint):
 
 
 def test_clis_take_dtype_and_attention_options(checkpoint):
-    from agents.llm.training.common import cli as train_cli
+    from agents.llm.training import cli as train_cli
     from distill import cli as distill_cli
     from memenv.cli_common import CommandError
 

@@ -191,7 +191,7 @@ def test_rollout_progress_counts_every_generated_token_inside_invocations(genera
     """A real model spends seconds per invocation: the policy reports each decoding step to the rollout's bar
     (tokens so far and their rate), in both generation paths; the count is exactly the tokens the records hold,
     and the policy's hook is restored afterwards."""
-    from agents.llm.records.invocation import rollouts
+    from agents.llm.records import rollouts
 
     monkeypatch.setattr(rollouts._Progress, "REDRAW_S", 0.0)  # redraw at every step, so the text is seen
     steps = []

@@ -218,7 +218,7 @@ def test_an_evaluation_pause_is_left_out_of_the_training_bars_eta():
 
     from tqdm import tqdm
 
-    from agents.llm.training.common import common as training
+    from agents.llm.training import common as training
 
     bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
     clock = iter([1000.0, 1060.0] + [1060.0] * 10)  # the pause: 60 s (then close reads it)

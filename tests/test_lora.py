@@ -15,7 +15,7 @@ pytest.importorskip("peft")
 from llm_common import memqa_envs, memqa_tokenizer, tiny_model, toy_tokenizer  # noqa: E402
 from test_score_reuse import _run  # noqa: E402
 
-from agents.llm.training.common import lora  # noqa: E402
+from agents.llm.training import lora  # noqa: E402
 from agents.llm.training.actor import collate_forward, score_records  # noqa: E402
 from agents.llm.models.local import load_pretrained, save_pretrained  # noqa: E402
 from agents.llm.generation.policy import LLMPolicy  # noqa: E402

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agents.llm.models.local import precision  # noqa: E402
+from agents.llm.models import precision  # noqa: E402
 from agents.llm.training.sft import SFTConfig  # noqa: E402
 
 

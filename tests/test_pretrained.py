@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from agents.llm.models.local import pretrained
+from agents.llm.models import pretrained
 
 
 def test_missing_package_names_the_install_line(monkeypatch, tmp_path):

@@ -99,8 +99,7 @@ class ModelSpec:
     # while no held-out subject is ever asked about.
     sft_env: dict[str, Any] = field(default_factory=dict)
     # With a pretrained base: of the ``layers`` kept, how many are the base's last decoder layers, the rest its
-    # first ones (agents.llm.models.pretrained.shrink's keep_last; 0: the first ``layers``, as every run before issue
-    # 47).
+    # first ones (agents.llm.models.pretrained.shrink's keep_last; 0: the first ``layers``, as before issue 47).
     keep_last: int = 0
     # > 0: this share of the demonstrations loses one fact from memory (SFTConfig.demo_forget_rate): the memory
     # view's expert searches again, the persistent view's answers from the transcript (issue 61: a teacher whose
