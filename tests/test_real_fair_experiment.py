@@ -238,7 +238,7 @@ def test_weak_start_stops_at_the_first_probe_in_the_window(tmp_path, monkeypatch
     assert trained == [10, 20] and "start_window" not in res
 
 
-def test_weak_start_window_as_shares_of_the_teacher(tmp_path, monkeypatch):
+def test_weak_start_window_as_shares_of_the_teacher(tmp_path, monkeypatch, capsys):
     """Issue 61 item 4: the powered preset's start is 0.3-0.5 of the teacher's held-out F1: the floor is raised to
     student_start_floor_ratio x that F1, so a probe above the absolute floor but below 0.3x goes on training; the
     window may be set on a folder whose teacher is done and whose start is not, and a floor share above the ceiling's
@@ -251,6 +251,12 @@ def test_weak_start_window_as_shares_of_the_teacher(tmp_path, monkeypatch):
     res = build_student(_student_cfg(tmp_path / "a", student_start_ratio=0.5, student_start_floor_ratio=0.3), teacher)
     assert trained == [10, 20, 30] and res["start_window"] == {"floor": pytest.approx(0.24),
                                                                 "ceiling": pytest.approx(0.4), "verdict": "stop"}
+    # a teacher too weak for the window (floor 0.05 > ceiling 0.04): said, and the first probe above the floor stops it
+    trained = _fake_student(monkeypatch, tmp_path, [0.02, 0.06])
+    res = build_student(_student_cfg(tmp_path / "w", student_start_ratio=0.5, student_start_floor_ratio=0.3,
+                                     progress=True), {"path": "t", "f1": 0.08})
+    assert trained == [10, 20] and res["start_window"]["verdict"] == "overshot"
+    assert "start window (0.05, 0.040] is empty" in capsys.readouterr().out
     cfg = powered_config(str(tmp_path / "p"))
     assert (cfg.student_start_floor_ratio, cfg.student_start_ratio) == (0.3, 0.5)
     for bad in (dict(student_start_ratio=0.3, student_start_floor_ratio=0.4), dict(student_start_floor_ratio=0.3),

@@ -314,6 +314,9 @@ def build_student(cfg: ExperimentConfig, teacher: dict[str, Any]) -> dict[str, A
     done_steps = int(load_trainer_state(done)["step"]) if done is not None else 0
     schedule = _probe_schedule(cfg)
     floor, ceiling = _start_window(cfg, teacher)
+    if ceiling is not None and floor >= ceiling:  # a teacher too weak for a weak start with learning visible
+        _log(cfg, f"warning: the start window ({floor:.3g}, {ceiling:.3f}] is empty (the teacher's held-out F1 "
+                  f"{float(teacher['f1']):.3f}): the first probe above {floor:.3g} stops the SFT, flagged overshot")
     # A resumed run continues at the first probe point at or after its last checkpoint.
     steps = next((n for n in schedule if n >= done_steps), schedule[-1])
     while True:  # SFT rounds (each resumes the last) until the probe F1 reaches the weak-start target
