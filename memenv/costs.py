@@ -15,8 +15,12 @@ COSTS: dict[str, str] = {
     "bench": "15-22 CPU-s (21 on an AVX2-only host)",
     # `memenv models prepare smollm2-135m-instruct`, the first time (the conversion); then 0.1 s (a cache check).
     "prepare": "32 s measured here, 115 s on a busy 2-core machine; later 0.1 s",
-    # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine.
-    "quick": "7-11 CPU-min (7.2 alone, 4.8 wall-min; 10.7 on a shared machine)",
+    # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine;
+    # 2026-12-07 on an AVX2-only 2-core host under load 4-6 (a test suite or a benchmark beside it): 19.8 CPU-min
+    # (16.8 wall) with the default 2 torch threads (a thread spins waiting on its descheduled partner), 13.1 (11.9
+    # wall) with --threads 1 --sft-threads 1. Its student trains 2 rounds of 200 steps by design (the smoke run's
+    # probe never reaches 0.15; 400 steps make its actions mostly valid), so that is not a surprise second round.
+    "quick": "7-20 CPU-min (7.2 alone, 4.8 wall-min; on shared cores 13.1 with --threads 1 --sft-threads 1, 19.8 with its default 2 threads)",
     # `memenv train --algo sft --out runs/sft --steps 2000 --threads 1` (the README's tiny agent), the whole command
     # as written (benchmarks/tiny_agent.py --stop-at 0, 2026-12-06, AVX512 with native bf16, a machine shared with
     # other jobs): 46.3 CPU-min, of which 39.2 training and 6.7 its 40 evaluations of 64 episodes; 51.8 wall-min.
