@@ -1,6 +1,6 @@
 """A tiny LLM agent on MemQA, end to end on CPU (no hub, no GPU).
 
-    python examples/llm_tiny_memqa.py --steps 300 --updates 5   # ~11 wall-min, 648 CPU-s, 3.6 GB on a quiet 2-core machine
+    python examples/llm_tiny_memqa.py --steps 300 --updates 5   # ~11 wall-min, 648 CPU-s, 3.6 GB: quiet 2 cores
 
 (Measured for issue 65 on a quiet machine; on this project's loaded AVX2-only dev host, 2026-12-07, its 300 SFT
 steps alone took 735 CPU-s and 14 wall-min.)
