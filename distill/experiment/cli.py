@@ -80,13 +80,30 @@ def _run(args: argparse.Namespace) -> int:
             from agents.llm.models.pretrained import check_checkpoint
 
             check_checkpoint(cfg.model, "--model")
+        if args.extend_teacher:
+            if args.stages_from or args.teacher_from:
+                raise CommandError("--extend-teacher continues this run's own teacher: it takes neither "
+                                   "--stages-from nor --teacher-from")
+            from distill.experiment.extend import extend_teacher, format_extension
+
+            try:
+                print(format_extension(extend_teacher(cfg)), flush=True)
+            except SettingsMismatchError as err:
+                raise CommandError(str(err)) from None
         if args.stages_from or args.teacher_from:
             try:
                 link_stages(cfg, args.stages_from or args.teacher_from,
                             LINKED_STAGES if args.stages_from else ("teacher",))
             except SettingsMismatchError as err:
                 raise CommandError(str(err)) from None
-        check_settings(cfg)
+        try:
+            check_settings(cfg)
+        except SettingsMismatchError as err:
+            from distill.experiment.extend import budget_grew_only
+
+            hint = ("; or, to continue its teacher's SFT from its checkpoint to the larger budget, add "
+                    "--extend-teacher") if budget_grew_only(cfg) else ""
+            raise CommandError(f"{err}{hint}") from None
     if cfg.smoke:
         from distill.experiment.report import SMOKE_NOTE
 
@@ -154,6 +171,10 @@ def register_cli(subparsers) -> None:
                    help="arm runs in parallel processes (default: one per core)")
     m.add_argument("--teacher-minutes", dest="teacher_minutes", type=positive_float, default=None,
                    help="teacher SFT budget in minutes (default 70; quick 3)")
+    m.add_argument("--extend-teacher", dest="extend_teacher", action="store_true",
+                   help="continue the teacher of the run in --out from its latest checkpoint to a larger "
+                        "--teacher-minutes (the learning-rate cosine re-laid over the new budget: a warm restart); "
+                        "refused once its student start or any arm exists (distill.experiment.extend)")
     m.add_argument("--teacher-clock", dest="teacher_clock", choices=["cpu", "wall"], default=None,
                    help="clock of that budget (default cpu: process CPU time, all threads)")
     m.add_argument("--student-steps", dest="student_steps", type=positive_int, default=None,

@@ -230,6 +230,8 @@ def build_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     if cfg.env_kwargs.get("fresh_facts"):
         res.update(_train_draw_eval(lm, tok, cfg, out))
     res.update(_persistent_view_eval(lm, tok, cfg, out))
+    if (out / "extensions.json").exists():  # continued past an earlier budget (distill.experiment.extend)
+        res["extensions"] = read_stage_json(out / "extensions.json", "the teacher's extension record")
     _write_json(out / "result.json", res)
     return res
 
