@@ -28,7 +28,7 @@ from memread_rss import _peak_rss_mb, _rss_mb  # the same RSS probes as the MemR
 
 def child(chat_tokens: int, strategy: str, seed: int, source: str, snapshots: str = "none") -> dict:
     from agents.scripted.bench import run_episode
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
     from memenv.envs.beam import MemDialogBeamEnv
     from tasks.beam import SyntheticBeamChat, write_beam_directory
 

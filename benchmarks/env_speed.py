@@ -14,7 +14,7 @@ import time
 import gymnasium as gym
 
 import memenv  # noqa: F401
-from agents.scripted.qa_strategies import OraclePolicy
+from agents.scripted.strategies.qa_strategies import OraclePolicy
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -36,7 +36,7 @@ DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "longmemeval" / 
 
 def child(case: str, strategy: str, memory_mode: str, m_sessions: int) -> dict:
     from agents.scripted.bench import run_episode
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
     from memenv.envs.beam import MemDialogBeamEnv
     from tasks.longmemeval import write_synthetic_longmemeval
 

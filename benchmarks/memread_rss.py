@@ -58,7 +58,7 @@ def _episode(env, policy, seed: int) -> tuple[int, float]:
 
 
 def child(doc_tokens: int, strategy: str, seed: int) -> dict:
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
     from memenv.envs.memread import MemReadEnv
 
     policy = make_strategy(strategy, "MemRead-v0")

@@ -11,7 +11,7 @@ order. Three oracles side by side:
   title again and again until found or out of turns, and answered the gold answer whatever it had read (so
   its F1 is 1 by construction);
 * ``titles only``: the honest oracle without reformulation (each title searched once);
-* ``reformulating``: the honest oracle (:class:`agents.scripted.qa_strategies.OraclePolicy`, the default).
+* ``reformulating``: the honest oracle (:class:`agents.scripted.strategies.qa_strategies.OraclePolicy`, the default).
 
 Printed per oracle: episodes whose evidence was complete (every supporting document retrieved and kept),
 episodes whose answer memory supported, F1 and EM, searches per episode, and episodes that repeated a query.
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from agents.scripted.qa_strategies import OraclePolicy
+from agents.scripted.strategies.qa_strategies import OraclePolicy
 from memenv.envs.memqa import MemQAEnv
 from tasks.corpus import load_qa_pair
 from tasks.hotpot import load_hotpotqa

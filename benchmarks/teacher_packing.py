@@ -63,7 +63,7 @@ def oracle_records(policy, env, seeds, progress: bool = True) -> list:
 
     from agents.llm.generation.policy import sequence_logprobs
     from agents.llm.records.invocation import InvocationRecord, memory_mask, tokenizer_fingerprint
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
 
     oracle = make_strategy("oracle", env.spec.id if env.spec is not None else "MemQA-v0")
     fingerprint = tokenizer_fingerprint(policy.tokenizer)

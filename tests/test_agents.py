@@ -1,4 +1,5 @@
-"""Tests for the scripted memory strategies (agents/scripted/qa_strategies.py) and the text reader (agents/scripted/world_reader.py)."""
+"""Tests for the scripted memory strategies (agents/scripted/strategies/qa_strategies.py) and the text reader
+(agents/scripted/strategies/world_reader.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 import memenv  # noqa: F401 - registers the envs
-from agents.scripted.world_reader import (
+from agents.scripted.strategies.world_reader import (
     Chain,
     ComparisonPlan,
     facts_in,
@@ -16,7 +17,7 @@ from agents.scripted.world_reader import (
     read_observation,
     sentences,
 )
-from agents.scripted.qa_strategies import STRATEGIES, OraclePolicy, RelevancePolicy, make_strategy
+from agents.scripted.strategies.qa_strategies import STRATEGIES, OraclePolicy, RelevancePolicy, make_strategy
 from tasks.world import COMPARISONS, DISTRACTOR_SENTENCES, RELATIONS, World, build_world
 
 NON_ORACLE = sorted(name for name in STRATEGIES if name != "oracle")

@@ -770,7 +770,7 @@ def test_beam_fuzz_through_every_phase_never_raises(files, env: str) -> None:
     assert phases == {"read", "question", "strategy"}
 
 
-# Every real-text strategy (agents.scripted.text_strategies) on every dialog env: a whole episode of valid
+# Every real-text strategy (agents.scripted.strategies.text_strategies) on every dialog env: a whole episode of valid
 # actions, then act() on fuzzed observations (the nasty texts, and the episode's last observation cut anywhere)
 # always returns a string. Their served variants and bad constructor arguments: tests/test_dialog_strategies.py.
 DIALOG_STRATEGY_ENVS = ("MemDialog", "LoCoMo", "BEAM", "BEAM-data", "BEAM-release", "LongMemEval")
@@ -779,7 +779,7 @@ DIALOG_STRATEGY_ENVS = ("MemDialog", "LoCoMo", "BEAM", "BEAM-data", "BEAM-releas
 @pytest.mark.parametrize("name", ["full-context", "recency-window", "bm25"])
 @pytest.mark.parametrize("env", DIALOG_STRATEGY_ENVS)
 def test_text_strategies_play_every_dialog_env_and_never_raise_on_observations(files, env: str, name: str) -> None:
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
 
     policy = make_strategy(name, ENVS[env][0])
     made = make(env, files, context=policy.context, **policy.env_kwargs,

@@ -12,7 +12,7 @@ import pytest
 
 import memenv  # noqa: F401
 from agents.scripted.bench import run_episode
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.scoring.judges import JudgeError, OpenAIJudge, parse_score
 from tasks.beam import ABILITIES, BeamConversation, find_conversations, iter_chat_batches, load_probing_questions
 

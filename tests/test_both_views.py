@@ -34,7 +34,7 @@ def _oracle_records(policy, seeds):
     """The oracle's episodes as invocation records (prompt ids as the policy builds them, the oracle's action ids,
     the env's snapshots): what persistent() would score had a policy sampled those actions."""
     import memenv  # noqa: F401
-    from agents.scripted.qa_strategies import make_strategy
+    from agents.scripted.strategies.qa_strategies import make_strategy
 
     env, oracle, records = gym.make("MemQA-v0", **ENV), make_strategy("oracle", "MemQA-v0"), []
     for seed in seeds:
@@ -135,7 +135,7 @@ def test_forgetful_experts_lose_the_same_fact_and_act_on_what_their_view_holds()
     """Issue 61's demonstrations: both experts drop the same document line when searching the last missing document;
     the memory view's expert then searches for it again, the transcript's copies it back and answers at once. Both
     still answer every question. At rate 0 they are the plain oracle."""
-    from agents.scripted.qa_strategies import ForgetfulOracle, OraclePolicy
+    from agents.scripted.strategies.qa_strategies import ForgetfulOracle, OraclePolicy
     from memenv.protocol import parse_action
 
     memory_expert, transcript_expert = (ForgetfulOracle(1.0, seed=3, reads_transcript=t) for t in (False, True))

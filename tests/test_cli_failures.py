@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import agents.scripted.bench as bench
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""The compact-notes oracle (agents/scripted/compact_oracle.py, issue 61): a demonstrator for a memory budget that
-binds, giving each of MemOPD's views its best action given that view's information, and its use as the SFT's
+"""The compact-notes oracle (agents/scripted/strategies/compact_oracle.py, issue 61): a demonstrator for a memory
+budget that binds, giving each of MemOPD's views its best action given that view's information, and its use as the SFT's
 demonstrator (SFTConfig.demo_expert)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import memenv  # noqa: F401 - registers the envs
-from agents.scripted.compact_oracle import CompactOracle, TranscriptCompactOracle
-from agents.scripted.qa_strategies import OraclePolicy
-from agents.scripted.world_reader import read_observation
+from agents.scripted.strategies.compact_oracle import CompactOracle, TranscriptCompactOracle
+from agents.scripted.strategies.qa_strategies import OraclePolicy
+from agents.scripted.strategies.world_reader import read_observation
 
 FRESH = {"hops": 1, "fresh_facts": True, "corpus_size": 400}
 BUDGET_6 = {**FRESH, "objectives": 2, "memory_budget": 6}

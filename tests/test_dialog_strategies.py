@@ -1,4 +1,4 @@
-"""Real-text dialog strategies (agents.scripted.text_strategies): the reader, the scripted answers, bad
+"""Real-text dialog strategies (agents.scripted.strategies.text_strategies): the reader, the scripted answers, bad
 constructor arguments, the served variants and LLM-driven memories against a stand-in server on 127.0.0.1 (not a
 model), and the bench's per-benchmark tables. Every strategy on every dialog env with fuzzed observations:
 tests/test_bad_input.py."""
@@ -16,8 +16,8 @@ import pytest
 import memenv  # noqa: F401
 from agents.scripted.bench import resolve_strategy, run_bench, run_episode, strategy_name
 from agents.scripted.bench.tables import format_benchmark_tables
-from agents.scripted.qa_strategies import make_strategy
-from agents.scripted.text_strategies import (DialogTurn, extractive_answer, make_text_strategy,
+from agents.scripted.strategies.qa_strategies import make_strategy
+from agents.scripted.strategies.text_strategies import (DialogTurn, extractive_answer, make_text_strategy,
                                              read_text_observation)
 from tasks.conversations import ABSTENTION_ANSWER
 from tasks.longmemeval import write_synthetic_longmemeval

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memenv
-from agents.scripted.qa_strategies import OraclePolicy
+from agents.scripted.strategies.qa_strategies import OraclePolicy
 from memenv.context import sanitize
 from memenv.context import count_words
 from memenv.protocol import parse_action

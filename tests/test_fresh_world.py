@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import memenv  # noqa: F401 - registers the envs
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from tasks.world import build_world, support_known
 
 SMALL = dict(corpus_size=400)  # a smaller inventory: every reset re-renders and re-indexes the whole corpus

@@ -26,7 +26,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from gymnasium.vector.utils import create_shared_memory
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family
+from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, env_family
 from memenv.envs.base import SHARED_MEMORY_WARNING, MemText
 from memenv.registration import ENVIRONMENTS
 from memenv.vector import sub_env_info

@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.envs.memdialog import MemDialogEnv
 from tasks.conversations import ABSTENTION_ANSWER
 from tasks.locomo import CATEGORY_TYPES, load_locomo

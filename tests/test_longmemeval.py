@@ -14,7 +14,7 @@ import pytest
 
 import memenv  # noqa: F401
 from agents.scripted.bench import run_episode
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.scoring.judges import JudgeError, OpenAIJudge, parse_verdict
 from memenv.scoring.longmemeval import judge_free_correct, judge_prompt, score_longmemeval_answer
 from tasks.longmemeval import (QUESTION_TYPES, LongMemEvalSource, index_longmemeval, iter_item_sessions,

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted.reading_strategies import DIALOG_STRATEGIES, DialogReader, dated_lines
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.reading_strategies import DIALOG_STRATEGIES, DialogReader, dated_lines
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.envs.memdialog import MemDialogEnv, score_answer
 from tasks.conversations import (
     ABSTENTION_ANSWER,

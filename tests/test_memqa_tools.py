@@ -9,8 +9,8 @@ import pytest
 import memenv  # noqa: F401 - registers the envs
 from agents.scripted import make_strategy
 from agents.scripted.bench import bench_env_kwargs, env_accepts, run_bench, EnvSpec
-from agents.scripted.qa_strategies import env_family
-from agents.scripted.qa_tool_strategies import QAToolOraclePolicy, QAToolRagPolicy, shown_documents
+from agents.scripted.strategies.qa_strategies import env_family
+from agents.scripted.strategies.qa_tool_strategies import QAToolOraclePolicy, QAToolRagPolicy, shown_documents
 from memenv.memory_tools import MemoryStore
 
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted.reading_strategies import READ_STRATEGIES
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.reading_strategies import READ_STRATEGIES
+from agents.scripted.strategies.qa_strategies import make_strategy
 from memenv.envs.memread import MemReadEnv
 from tasks.documents import plan_long_document, token_counts
 from tasks.types import Document

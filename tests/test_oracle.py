@@ -1,5 +1,6 @@
 """The MemQA oracle as an honest expert: it answers only from evidence in its memory, reformulates a search that
-missed its document, never repeats a missed query, and abstains without evidence (agents/scripted/qa_strategies.py)."""
+missed its document, never repeats a missed query, and abstains without evidence
+(agents/scripted/strategies/qa_strategies.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import gymnasium as gym
 import pytest
 
 import memenv  # noqa: F401 - registers the envs
-from agents.scripted.qa_strategies import FAILED_SEARCHES, OraclePolicy
+from agents.scripted.strategies.qa_strategies import FAILED_SEARCHES, OraclePolicy
 from memenv.scoring.qa import normalize_answer
 from memenv.search.bm25 import tokenize
 

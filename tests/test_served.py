@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agents.scripted.bench import register_cli, run_bench
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from agents.llm.generation.policy import PROTOCOL_SYSTEM_PROMPT
 from agents.llm.adapters.served import CompletionsClient, ServedPolicy, ServedSpec, ServerError, restore_stop
 

@@ -47,7 +47,7 @@ def env_kwargs(env_id: str, data_paths: dict[str, str]) -> dict:
 
 def policies_for(env_id: str):
     """Scripted text policies of the env's family (pure functions of the observation text)."""
-    from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family
+    from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, env_family
 
     family = STRATEGY_FAMILIES.get(env_family(env_id))
     if not family:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from agents.scripted.world_reader import parse_fact, sentences
+from agents.scripted.strategies.world_reader import parse_fact, sentences
 from tasks.world import (
     COMPARISONS,
     KINDS,

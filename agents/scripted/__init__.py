@@ -1,16 +1,12 @@
-"""Scripted memory strategies: policies without a model that act only through the text protocol.
+"""Scripted memory strategies: policies without a model that act only through the text protocol, and the bench that
+runs them. Two rooms, siblings, neither importing this floor:
 
-- :mod:`agents.scripted.qa_strategies`: the strategy registry (:func:`make_strategy`) and the MemQA strategies.
-- :mod:`agents.scripted.reading_strategies`: the same strategies for the reading envs (MemRead, MemDialog),
-  with the dialogue reader.
-- :mod:`agents.scripted.world_reader`: the rule-based reader of the synthetic world's language they share.
+- :mod:`agents.scripted.strategies`: the strategies, one module per env family (the registry and
+  :func:`make_strategy` in :mod:`agents.scripted.strategies.qa_strategies`), and the rule-based reader of the
+  synthetic world's language they share (:mod:`agents.scripted.strategies.world_reader`).
 - :mod:`agents.scripted.bench`: ``memenv bench``, strategies x envs x episodes -> table, CSVs and plots.
 """
 
-from agents.scripted.qa_strategies import STRATEGIES, STRATEGY_FAMILIES, ScriptedPolicy, make_strategy
-from agents.scripted import reading_strategies  # noqa: F401 - registers the MemRead and MemDialog families
-from agents.scripted import tool_strategies  # noqa: F401 - registers the MemDialog-BEAM (memory tools) family
-from agents.scripted import qa_tool_strategies  # noqa: F401 - registers MemQA's memory-tools family
-from agents.scripted import text_strategies  # noqa: F401 - registers the real-text dialog strategies
+from agents.scripted.strategies import STRATEGIES, STRATEGY_FAMILIES, ScriptedPolicy, make_strategy
 
 __all__ = ["STRATEGIES", "STRATEGY_FAMILIES", "ScriptedPolicy", "make_strategy"]

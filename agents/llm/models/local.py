@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from memenv.files import write_directory_atomic
 from agents.llm.models.pretrained import resolve
 from agents.llm.models.prompt_settings import PROMPT_FILE, read_prompt_settings
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 
 PROTOCOL_TAGS = ("<memory>", "</memory>", "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>")
 PAD_TOKEN = "<pad>"

@@ -1,7 +1,7 @@
 """SFT: behaviour cloning of the oracle, one invocation per sequence, loss on action tokens only.
 
-Demonstrations are the oracle's trajectories (:class:`agents.scripted.qa_strategies.OraclePolicy`) on training seeds
-``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
+Demonstrations are the oracle's trajectories (:class:`agents.scripted.strategies.qa_strategies.OraclePolicy`) on
+training seeds ``0..episodes-1``; each invocation becomes ``(prompt_ids, action_ids)`` with the prompt built exactly as the
 LLM policy builds it (:meth:`agents.llm.generation.policy.LLMPolicy.encode_prompt`), so SFT and sampling see the same
 ids. Held-out evaluation: greedy rollouts on seeds ``10**7 + i``. The loss is the mean negative log-likelihood of
 the action tokens; ``prompt_loss_weight > 0`` adds a language-model loss on the observation tokens (a cheap
@@ -26,7 +26,7 @@ from agents.llm.generation.policy import LLMPolicy
 from agents.llm.models.precision import AUTOCAST_CHOICES, host_line, resolve_autocast
 from agents.llm.records.invocation import memory_mask
 from agents.llm.records.transcript import TranscriptFormat, check_view, flatten_episode
-from agents.scripted.qa_strategies import make_strategy
+from agents.scripted.strategies.qa_strategies import make_strategy
 from agents.llm.training.common import (ActorCritic, MetricsLog, RunConfig, Timer, check_finite_step, collate,
                                         enable_activation_checkpointing, evaluate_off_budget, off_the_bar,
                                         init_distributed, latest_checkpoint, load_or_build_model, load_trainer_state,
@@ -52,12 +52,13 @@ class SFTConfig(RunConfig):
     # the flattened transcript distill.reconstruct.persistent scores (loss on every action). Both: a teacher at home
     # in the memory state and in the teacher-persistent control's transcript
     demo_forget_rate: float = 0.0  # > 0 (MemQA): this share of the demonstrations loses one fact from memory
-    # (agents.scripted.qa_strategies.ForgetfulOracle): the memory view's expert then searches again, the persistent
-    # view's copies it back from the transcript and answers; each view renders its own expert's episode
-    demo_expert: str = "oracle"  # MemQA's demonstrator: "oracle" (agents.scripted.qa_strategies.OraclePolicy: whole
-    # document lines in memory) or "compact" (agents.scripted.compact_oracle.CompactOracle: one short note per question
-    # within the env's memory_budget, for a budget that binds); with "compact" each view renders its own expert's
-    # episode: the memory view's acts on its notes and the result in front, the persistent view's on the transcript
+    # (agents.scripted.strategies.qa_strategies.ForgetfulOracle): the memory view's expert then searches again, the
+    # persistent view's copies it back from the transcript and answers; each view renders its own expert's episode
+    demo_expert: str = "oracle"  # MemQA's demonstrator: "oracle" (agents.scripted.strategies.qa_strategies.OraclePolicy:
+    # whole document lines in memory) or "compact" (agents.scripted.strategies.compact_oracle.CompactOracle: one short
+    # note per question within the env's memory_budget, for a budget that binds); with "compact" each view renders its
+    # own expert's episode: the memory view's acts on its notes and the result in front, the persistent view's on the
+    # transcript
     demo_seed_base: int = 0  # demonstrations play task seeds demo_seed_base .. + episodes - 1
     steps: int = 2000
     batch_size: int = 16  # sequences (invocations) per step and rank
@@ -161,14 +162,14 @@ def expert_data(policy, cfg: RunConfig, seeds) -> list[Demonstration]:
     fmt = TranscriptFormat(policy.tokenizer) if "persistent" in views else None
     forget = getattr(cfg, "demo_forget_rate", 0.0)
     if getattr(cfg, "demo_expert", "oracle") == "compact":  # each view's own expert: the episodes may differ
-        from agents.scripted.compact_oracle import CompactOracle
-        from agents.scripted.qa_strategies import OraclePolicy
+        from agents.scripted.strategies.compact_oracle import CompactOracle
+        from agents.scripted.strategies.qa_strategies import OraclePolicy
 
         if not isinstance(make_strategy("oracle", cfg.env_id), OraclePolicy):
             raise ValueError(f"SFTConfig.demo_expert='compact' needs a MemQA env (its oracle), got {cfg.env_id!r}")
         experts = {view: CompactOracle(reads_transcript=view == "persistent") for view in views}
     elif forget:  # each view's own expert (the same fact lost at the same turn): the episodes differ after it
-        from agents.scripted.qa_strategies import ForgetfulOracle, OraclePolicy
+        from agents.scripted.strategies.qa_strategies import ForgetfulOracle, OraclePolicy
 
         if not isinstance(make_strategy("oracle", cfg.env_id), OraclePolicy):
             raise ValueError(f"SFTConfig.demo_forget_rate needs a MemQA env (its oracle), got {cfg.env_id!r}")

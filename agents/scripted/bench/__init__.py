@@ -18,7 +18,7 @@ from agents.scripted.bench.sweep import (Sweep, coinciding, format_sweep, plot_s
                                          sweep_specs, tick_label)
 from agents.scripted.bench.tables import format_benchmark_tables, official_columns
 from agents.scripted.bench.trace import trace_cells
-from agents.scripted.qa_strategies import STRATEGIES  # the strategies a bench runs unless told
+from agents.scripted.strategies.qa_strategies import STRATEGIES  # the strategies a bench runs unless told
 
 __all__ = ["ALL_STRATEGY_NAMES", "BENCH_FORMAT", "CELLS", "DEFAULT_ENVS", "DEFAULT_EPISODES", "DEFAULT_MAX_FAILURES",
            "DEFAULT_OUT", "MANIFEST", "RESULT_FILES", "SERVICE_ERRORS", "STRATEGIES", "SUMMARY_COLUMNS", "SWEEP_ENVS",

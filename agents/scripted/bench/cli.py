@@ -45,7 +45,7 @@ from agents.scripted.bench.specs import ALL_STRATEGY_NAMES, DEFAULT_ENVS, DEFAUL
 from agents.scripted.bench.store import BenchStore, bench_settings
 from agents.scripted.bench.sweep import Sweep, format_sweep, plot_sweep, run_sweep, sweep_specs
 from agents.scripted.bench.tables import format_benchmark_tables
-from agents.scripted.qa_strategies import STRATEGIES
+from agents.scripted.strategies.qa_strategies import STRATEGIES
 from memenv.cli_common import CommandError, HelpFormatter, non_negative_int, positive_int, user_input
 from memenv.costs import cost
 

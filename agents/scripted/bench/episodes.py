@@ -14,7 +14,7 @@ import agents.llm.adapters.served
 import memenv.scoring.judges
 import memenv.search.http
 import memenv.search.remote
-from agents.scripted.user_strategies import StrategyError
+from agents.scripted.strategies.user_strategies import StrategyError
 from agents.llm.adapters.served import ServerError
 from memenv.cli_common import CommandError
 

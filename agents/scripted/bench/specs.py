@@ -14,9 +14,10 @@ from typing import Any
 import gymnasium as gym
 
 import memenv  # noqa: F401 - registers the environments
-from agents.scripted.qa_strategies import STRATEGY_FAMILIES, env_family, make_strategy
-from agents.scripted.text_strategies import is_text_served, make_text_strategy
-from agents.scripted.user_strategies import entry_point_names, is_import_path, load_factory, make_user_strategy
+from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, env_family, make_strategy
+from agents.scripted.strategies.text_strategies import is_text_served, make_text_strategy
+from agents.scripted.strategies.user_strategies import (entry_point_names, is_import_path, load_factory,
+                                                       make_user_strategy)
 from agents.llm.adapters.served import ServedPolicy, ServedSpec, is_served
 from memenv.cli_common import CommandError
 
@@ -81,7 +82,7 @@ def resolve_strategy(name: str, env_id: str, memory_mode: str | None = None):
     if is_model_path(name):  # a folder by its absolute path; a registered model name as it is
         return _checkpoint_strategy(str(Path(name).resolve()) if Path(name).exists() else name)
     if name not in ALL_STRATEGY_NAMES and (is_import_path(name) or name in entry_point_names()):
-        try:  # the user's own strategy (agents.scripted.user_strategies)
+        try:  # the user's own strategy (agents.scripted.strategies.user_strategies)
             return make_user_strategy(name)
         except ValueError as exc:
             raise CommandError(str(exc)) from None

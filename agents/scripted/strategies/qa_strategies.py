@@ -3,7 +3,7 @@
 Every strategy except the oracle is a pure function of the observation text (``act(observation)``): whatever
 it knows at turn t must have survived in what the environment shows it, that is in its own memory (context
 ``memory``), in the transcript (``history``) or nowhere (``last-observation``). They share one reader
-(:mod:`agents.scripted.world_reader`), so differences in score come from the memory strategy alone.
+(:mod:`agents.scripted.strategies.world_reader`), so differences in score come from the memory strategy alone.
 
 - ``oracle``: knows the gold supporting documents through the task; searches each by title (reformulating a
   search that missed), keeps their evidence sentences, and answers the gold answers only where its memory
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agents.scripted.world_reader import (
+from agents.scripted.strategies.world_reader import (
     Fact,
     Progress,
     facts_in,

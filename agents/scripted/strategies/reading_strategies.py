@@ -1,6 +1,7 @@
 """Scripted memory strategies for the reading environments (``MemRead``, ``MemDialog``).
 
-The same five strategies as for MemQA (:mod:`agents.scripted.qa_strategies`), acting only through the observation text:
+The same five strategies as for MemQA (:mod:`agents.scripted.strategies.qa_strategies`), acting only through the
+observation text:
 
 - ``oracle``: knows the gold evidence (``reset(env)``); keeps exactly the gold sentences / evidence turns it
   sees and answers the gold answers. The upper bound and a source of expert trajectories.
@@ -13,12 +14,13 @@ The same five strategies as for MemQA (:mod:`agents.scripted.qa_strategies`), ac
   only come after the last session): its memory is a verbatim copy of the newest session, nothing older.
 - ``history``: no rewriting (context ``history``): reads the whole transcript when asked.
 
-Synthetic-world documents are read with :mod:`agents.scripted.world_reader`; synthetic conversations with the dialogue
-reader below, written against the templates of :mod:`tasks.conversations`; questions outside those languages
-(HotpotQA, LoCoMo) fall back to extractive answers (:func:`agents.scripted.world_reader.resolve_open`).
+Synthetic-world documents are read with :mod:`agents.scripted.strategies.world_reader`; synthetic conversations with
+the dialogue reader below, written against the templates of :mod:`tasks.conversations`; questions outside those
+languages (HotpotQA, LoCoMo) fall back to extractive answers
+(:func:`agents.scripted.strategies.world_reader.resolve_open`).
 
 Registered as ``STRATEGY_FAMILIES["MemRead"]`` and ``STRATEGY_FAMILIES["MemDialog"]`` on import (see
-:func:`agents.scripted.qa_strategies.make_strategy`).
+:func:`agents.scripted.strategies.qa_strategies.make_strategy`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agents.scripted.world_reader import (
+from agents.scripted.strategies.world_reader import (
     Chain,
     ComparisonPlan,
     Progress,
@@ -41,7 +43,7 @@ from agents.scripted.world_reader import (
     resolve_open,
     sentences,
 )
-from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
+from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from memenv.protocol import format_action
 from memenv.search.bm25 import tokenize
 from tasks.conversations import (

@@ -35,7 +35,7 @@ LLM-driven memory (served only):
   at a question it ``<mem_search>``es the store and answers from the entries found.
 
 Registered in the ``MemDialog``, ``MemDialog-BEAM`` and ``MemDialog-LongMemEval`` families
-(:func:`agents.scripted.qa_strategies.make_strategy`); :func:`make_text_strategy` builds any of them by name.
+(:func:`agents.scripted.strategies.qa_strategies.make_strategy`); :func:`make_text_strategy` builds any of them by name.
 Constructor arguments are checked (a wrong type or range raises naming the argument), and ``act`` never raises
 on observation text: what it cannot read it answers with the abstention answer or an empty (read-on) action.
 """
@@ -49,9 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
-from agents.scripted.reading_strategies import memory_budget_of
-from agents.scripted.tool_strategies import TOOL_STRATEGIES, RagPolicy, read_tool_observation, result_entries
+from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
+from agents.scripted.strategies.reading_strategies import memory_budget_of
+from agents.scripted.strategies.tool_strategies import TOOL_STRATEGIES, RagPolicy, read_tool_observation, result_entries
 from agents.llm.adapters.served import CompletionsClient, ServedSpec, is_served
 from memenv.memory_tools import format_tool_call
 from memenv.search.bm25 import make_backend, tokenize

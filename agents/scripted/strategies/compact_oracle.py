@@ -1,7 +1,7 @@
 """The compact-notes oracle: the MemQA expert for a memory budget that binds (issue 61).
 
-:class:`~agents.scripted.qa_strategies.OraclePolicy` keeps whole document lines (``Title: evidence``) in memory;
-under a budget of a few words they are cut and it searches the same documents again until its turns run out.
+:class:`~agents.scripted.strategies.qa_strategies.OraclePolicy` keeps whole document lines (``Title: evidence``) in
+memory; under a budget of a few words they are cut and it searches the same documents again until its turns run out.
 :class:`CompactOracle` keeps one short note per question instead, and plays the best action **given its view's
 information**, so it demonstrates both of MemOPD's views (``reads_transcript``):
 
@@ -50,8 +50,8 @@ import math
 import re
 from typing import Any
 
-from agents.scripted.qa_strategies import OraclePolicy, _RESULT_ENTRY
-from agents.scripted.world_reader import read_observation
+from agents.scripted.strategies.qa_strategies import OraclePolicy, _RESULT_ENTRY
+from agents.scripted.strategies.world_reader import read_observation
 from memenv.protocol import format_action
 from memenv.search.bm25 import tokenize
 
@@ -300,7 +300,7 @@ class CompactOracle(OraclePolicy):
 
 class TranscriptCompactOracle(CompactOracle):
     """:class:`CompactOracle` in the flattened transcript's view (``reads_transcript=True``), for a bench
-    (``--strategies agents.scripted.compact_oracle:TranscriptCompactOracle``)."""
+    (``--strategies agents.scripted.strategies.compact_oracle:TranscriptCompactOracle``)."""
 
     name = "oracle-compact-transcript"
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agents.scripted.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
+from agents.scripted.strategies.qa_strategies import STRATEGY_FAMILIES, ScriptedPolicy
 from memenv.memory_tools import format_tool_call
 from memenv.search.bm25 import tokenize
 from tasks.conversations import ABSTENTION_ANSWER

@@ -2,7 +2,8 @@
 
 Each action is one call: ``<search>`` the corpus, ``<mem_add>``/``<mem_delete>``/``<mem_search>`` the store, or
 ``<answer>``. They read the world's language with the same reader as the rewrite-mode strategies
-(:mod:`agents.scripted.world_reader`), and the store's results with :mod:`agents.scripted.tool_strategies`.
+(:mod:`agents.scripted.strategies.world_reader`), and the store's results with
+:mod:`agents.scripted.strategies.tool_strategies`.
 
 - ``oracle``: knows the supporting documents (``reset(env)``); searches each as the rewrite-mode oracle does
   (title first, reformulating a search that missed), adds one entry per document found
@@ -22,10 +23,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from agents.scripted.qa_strategies import (STRATEGY_FAMILIES, OraclePolicy, ScriptedPolicy, _bare, _categorical,
-                                          _contains)
-from agents.scripted.tool_strategies import added_entry, read_tool_observation, result_entries
-from agents.scripted.world_reader import parse_fact, read_observation, sentences
+from agents.scripted.strategies.qa_strategies import (STRATEGY_FAMILIES, OraclePolicy, ScriptedPolicy, _bare,
+                                                     _categorical, _contains)
+from agents.scripted.strategies.tool_strategies import added_entry, read_tool_observation, result_entries
+from agents.scripted.strategies.world_reader import parse_fact, read_observation, sentences
 from memenv.memory_tools import format_tool_call
 from memenv.search.bm25 import tokenize
 
