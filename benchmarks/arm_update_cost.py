@@ -17,7 +17,7 @@ the preset's ``max_new_tokens``. They do not run the same episodes: each side sa
 code with its flags off, and one round runs after first. ``benchmarks/update_replay.py`` measures the update
 against the code before issue 33 itself (a worktree of that commit) on one recorded rollout replayed through both,
 the sides alternated over rounds (issue 62 item 4); its figures replace this script's before/after ratios in
-docs/distill.md.
+docs/distill_speed.md.
 
 Per side it prints this process's CPU seconds by part of the update (the trainer's ``*_cpu_s`` columns: rollout,
 reference/old log-prob scoring, the teacher (hook), actor forward + backward, optimizer, evaluation), the total

@@ -18,7 +18,7 @@ batching, under every supported ``loss_type``. The whole gradient is ``train_mem
 (``benchmarks/memopd_trl_vs_native.py``: cosine 1.000000000 with accumulation 1, 4, 12 and 2 ranks). Elsewhere the
 policy term is TRL's own and differs from native, and with it the distillation term's weight relative to it:
 under ``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``, ``luspo`` its normalisation (rows, micro-batches, a fixed length:
-docs/distill.md's table), under ``cispo`` and ``vespo`` its surrogate; and native's default
+docs/distill_scale.md's table), under ``cispo`` and ``vespo`` its surrogate; and native's default
 ``grpo_drop_zero_variance=True`` leaves a group of equal returns out of the policy term's token count, where TRL
 counts its tokens (their advantage is 0), so TRL's policy term is smaller by that share.
 

@@ -12,7 +12,7 @@ Several CPU processes (gloo)::
 
     accelerate launch --multi_gpu --num_processes 2 examples/memopd_trl.py --teacher T --student S --steps 8
 
-GPUs with vLLM generation and DeepSpeed ZeRO or FSDP (docs/distill.md, "MemOPD on TRL"; not run here: no GPU)::
+GPUs with vLLM generation and DeepSpeed ZeRO or FSDP (docs/distill_scale.md, "MemOPD on TRL"; not run here: no GPU)::
 
     accelerate launch --config_file zero2.yaml examples/memopd_trl.py --teacher /models/Qwen2.5-7B-Instruct \\
         --student /models/Qwen2.5-1.5B-Instruct --use-vllm --bf16 --steps 200 --max-new-tokens 256

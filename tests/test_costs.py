@@ -1,4 +1,4 @@
-"""One source for each documented time (memenv.costs): the README, docs/distill.md and the --help texts state
+"""One source for each documented time (memenv.costs): the README, docs/experiment.md and the --help texts state
 the same figure."""
 
 from __future__ import annotations
@@ -33,5 +33,5 @@ def test_the_readme_and_the_help_state_the_one_documented_cost(command, readme_l
 
 
 def test_docs_quick_line_states_the_same_cost():
-    lines = [line for line in (ROOT / "docs" / "distill.md").read_text().splitlines() if line.startswith("memenv experiment memopd --out runs/memopd --quick ")]
+    lines = [line for line in (ROOT / "docs" / "experiment.md").read_text().splitlines() if line.startswith("memenv experiment memopd --out runs/memopd --quick ")]
     assert lines and all(COSTS["quick"] in line for line in lines)

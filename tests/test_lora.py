@@ -123,7 +123,7 @@ HEAD_TOO = lora.DEFAULT_TARGETS + ("lm_head",)
 
 
 def test_a_frozen_small_head_caps_what_body_adapters_can_change():
-    """Why body adapters barely learn on a tiny model trained from scratch (docs/distill.md): the final norm hands
+    """Why body adapters barely learn on a tiny model trained from scratch (docs/distill_speed.md): the final norm hands
     the head a vector of norm sqrt(d) x max|g|, so no change in the body moves a logit by more than
     2 x sqrt(d) x max|g| x max_j ||w_j||, nor a log-prob by more than twice that: for the toy model (d 32, head
     rows of norm <= 0.15) 3.4 nats, whatever the adapters hold, while a near-certain "yes" from the start's 7%

@@ -106,7 +106,7 @@ class ModelSpec:
     # two views point to different actions where the memory lost what the transcript holds)
     sft_forget_rate: float = 0.0
     # MemQA's demonstrator (SFTConfig.demo_expert): "oracle" (whole document lines in memory) or "compact" (short
-    # answer notes that fit a memory budget; each view's own expert: agents.scripted.compact_oracle)
+    # answer notes that fit a memory budget; each view's own expert: agents.scripted.strategies.compact_oracle)
     sft_demo_expert: str = "oracle"
 
     def __post_init__(self) -> None:
@@ -184,7 +184,7 @@ class ExperimentConfig:
     # packing and fp32, as every tiny-model run was made). The real-model preset scores on a prefix tree with
     # teacher_dtype="native": bf16 where the device computes it fast (CUDA, a CPU with AMX; bf16 moves SmolLM2's
     # teacher log-probs by p99 0.26 against fp32, benchmarks/arm_update_cost.py --teacher-check), fp32 elsewhere:
-    # on the dev machine's AVX512-BF16 CPU without AMX fp32 scoring measured 1.47x cheaper (docs/distill.md).
+    # on the dev machine's AVX512-BF16 CPU without AMX fp32 scoring measured 1.47x cheaper (docs/distill_speed.md).
     teacher_packing: str | None = None
     teacher_dtype: str | None = None
     # Every arm's training passes (PPOConfig.train_autocast; None: the trainer's default, fp32): the real-model
@@ -410,8 +410,8 @@ def fair_config(out: str, **overrides: Any) -> ExperimentConfig:
 
 #: Issue 61's regime: the fair world under a memory budget that binds (4 words, 3 objectives, a turn limit of 10:
 #: the one setting whose between-view cosine reached <= 0.9 with the fair teacher, docs/results.md), a teacher
-#: trained on both views of compact-notes demonstrations (agents.scripted.compact_oracle: notes that fit the budget;
-#: the memory view's expert acts on its memory and the result in front of it, the transcript's reads the
+#: trained on both views of compact-notes demonstrations (agents.scripted.strategies.compact_oracle: notes that fit the
+#: budget; the memory view's expert acts on its memory and the result in front of it, the transcript's reads the
 #: transcript, so their targets differ where the budget cut what the transcript keeps), a stronger start (its
 #: probe F1 in 0.3-0.5 of the teacher's held-out F1, so what both views agree on does not drown where they differ), the
 #: teacher-free control beside the matched one, and the seeds of a power analysis (16 at least; docs/results.md

@@ -42,8 +42,9 @@ REPLAY_ROUNDS = 3
 REPLAY_UPDATE_BEFORE, REPLAY_UPDATE_AFTER = 152.9, 115.4
 REPLAY_ROLLOUT_BEFORE, REPLAY_ROLLOUT_AFTER = 61.6, 54.9
 
-#: Measured on the 2-core dev machine (AVX512 with native bf16, 1 torch thread, the other core busy; docs/results.md
-#: "MemOPD on a real model" and docs/distill.md "Cost of one arm update"), for SmolLM2-135M-Instruct (30 layers):
+#: Measured on the 2-core dev machine (AVX512 with native bf16, 1 torch thread, the other core busy;
+#: docs/results_history.md "MemOPD on a real model" and docs/distill_speed.md "Cost of one arm update"), for
+#: SmolLM2-135M-Instruct (30 layers):
 MEASURED: dict[str, Any] = {
     "base_layers": 30,
     # an SFT step of 16 invocations, the whole model, the short system prompt, bf16 autocast (issue 33's teacher)
@@ -68,7 +69,7 @@ MEASURED: dict[str, Any] = {
     "actor_timing_cpu_s": 28 * 60.0,
     # The figures above were measured under bf16 autocast (bf16 teacher). "auto"/"native" now pick fp32 on a CPU
     # without AMX, the dev machine's: the 6-layer arm update measured 397.8 -> 290.6 CPU-s side by side
-    # (benchmarks/arm_update_cost.py --baseline precision, docs/distill.md); applied to updates and SFT steps.
+    # (benchmarks/arm_update_cost.py --baseline precision, docs/distill_speed.md); applied to updates and SFT steps.
     "fp32_factor": 290.6 / 397.8,
     # one SFT step of the fair teacher (both views, two-hop demonstrations, 16 invocations, all 30 layers, fp32):
     # issue 47's run, steps 10-50 (under load: 78-125 CPU-s per step, mean 94; measured, so not scaled)

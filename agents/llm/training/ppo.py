@@ -133,7 +133,7 @@ class PPOConfig(RunConfig):
     grpo_drop_zero_variance: bool = True  # GRPO: groups with equal rewards contribute no loss and no tokens
     target_kl: float | None = None  # stop the epochs of an update early when approx KL exceeds it
     recompute_old_logprobs: bool = False  # old log-probs from the training forward, not the records' behaviour ones
-    # Scoring passes saved, exactly (docs/distill.md, "Cost of one arm update"): the first minibatch of an update
+    # Scoring passes saved, exactly (docs/distill_speed.md, "Cost of one arm update"): the first minibatch of an update
     # (GRPO) takes its recomputed old log-probs, and its reference log-probs while the actor equals the reference,
     # from its own training forward, which runs before any optimizer step, at the policy a scoring pass would see;
     # only the other records are scored. Off where the actor has an active dropout (train and eval forwards differ)
@@ -161,7 +161,7 @@ class PPOConfig(RunConfig):
     lora_rank: int = 0
     lora_alpha: float | None = None
     lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # the attention and MLP projections; add "lm_head" for a model
-    # trained from scratch (its small frozen head caps what body adapters can change: docs/distill.md)
+    # trained from scratch (its small frozen head caps what body adapters can change: docs/distill_speed.md)
 
     def __post_init__(self) -> None:
         from agents.llm.generation.policy import GENERATIONS
