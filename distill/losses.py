@@ -147,8 +147,13 @@ def distill_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, cfg: Di
 def head_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                   temperature: float = 1.0) -> torch.Tensor:
     """``log_softmax(head(hidden) / temperature)`` in fp32 (bf16 logits, under an autocast, cast inside the
-    softmax: no separate fp32 copy; no division at temperature 1)."""
+    softmax: no separate fp32 copy; no division at temperature 1). Outside autograd, fp32 logits become the
+    log-probs in place, bit for bit the same values (no second ``[rows, V]`` tensor: see :class:`_Scratch`)."""
     logits = head(hidden)
+    if logits.dtype == torch.float32 and not logits.requires_grad and logits.is_contiguous():
+        if temperature != 1.0:
+            logits.div_(temperature)
+        return torch.log_softmax(logits, dim=-1, out=logits)
     if temperature != 1.0:
         logits = logits.float() / temperature
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -218,6 +223,21 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2))[:, 0, 0]
 
 
+class _Scratch:
+    """Buffers reused from chunk to chunk of one call (``get(slot, like)``: a tensor shaped and typed as ``like``).
+    On this CPU a fresh ``[1024, 49,152]`` fp32 tensor costs its 49k page faults on first touch (~0.2 CPU-s,
+    measured 2026-12-07: an ``exp`` into a new tensor 276 ms, into a reused one 85), more than the pass itself."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def get(self, slot: int, like: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(slot)
+        if buf is None or buf.dtype != like.dtype or buf.device != like.device or buf.numel() < like.numel():
+            buf = self.buffers[slot] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+        return buf[:like.numel()].view(like.shape)
+
+
 class _FusedHeadReverseKL(torch.autograd.Function):
     """One application of the student's head per chunk for the PPO side and the reverse KL together (see
     :func:`fused_head_reverse_kl`). Forward: per chunk ``z = h W^T`` once; at the PPO temperature ``T1``,
@@ -240,22 +260,30 @@ class _FusedHeadReverseKL(torch.autograd.Function):
         h_mm, w_mm = (hidden.to(low), weight.to(low)) if low is not None else (hidden, weight)
         same = distill_temperature == temperature
         logps, ents, kls, saved = [], [], [], []
+        scratch = _Scratch()
         with torch.autocast(device, enabled=False):
             for i, logp_t in zip(range(0, hidden.shape[0], chunk), teacher_logp_chunks):
                 z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm)  # bf16 under an autocast
-                scaled = z.float() / temperature if temperature != 1.0 else z
-                logp_s = torch.log_softmax(scaled, dim=-1, dtype=torch.float32)  # as head_logprobs, bit for bit
+                if same and z.dtype == torch.float32:  # the logits become log p in place (no fresh [chunk, V])
+                    if temperature != 1.0:
+                        z.div_(temperature)
+                    logp_s = torch.log_softmax(z, dim=-1, out=z)  # as head_logprobs, bit for bit
+                else:
+                    scaled = z.float() / temperature if temperature != 1.0 else z
+                    logp_s = torch.log_softmax(scaled, dim=-1, dtype=torch.float32)  # as head_logprobs, bit for bit
                 logps.append(logp_s.gather(-1, targets[i:i + chunk, None])[:, 0])
                 kl = None
                 if same:
-                    p = logp_s.exp()
+                    p = torch.exp(logp_s, out=scratch.get(0, logp_s))
                     ent = -_row_dot(p, logp_s)
-                    kl = _row_dot(p, logp_s - logp_t)
+                    kl = _row_dot(p, torch.sub(logp_s, logp_t, out=scratch.get(1, logp_s)))
                     # a teacher log-prob of -inf gives inf or nan here (0 x inf where p is 0): the guarded path
                     kl = kl if bool(torch.isfinite(kl).all()) else None
                 if kl is not None:
                     saved.append(("p", logp_s, logp_t, ent, kl))
                 else:
+                    if z is logp_s:  # overwritten in place: the same product again (rare: a teacher's -inf)
+                        z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm)
                     z = z.float()
                     p = logp_s.exp()
                     ent = -(p * logp_s).sum(-1)
@@ -277,8 +305,9 @@ class _FusedHeadReverseKL(torch.autograd.Function):
         saved, chunk, (t_ppo, t_distill), low = ctx.saved_chunks, ctx.chunk, ctx.temperatures, ctx.low
         ctx.saved_chunks = None
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_w = None
         h_mm, w_mm = (hidden.to(low), weight.to(low)) if low is not None else (hidden, weight)
+        scratch = _Scratch()
         for k, i in enumerate(range(0, hidden.shape[0], chunk)):
             kind, values, logp_t, ent, kl = saved[k]
             saved[k] = None
@@ -291,9 +320,10 @@ class _FusedHeadReverseKL(torch.autograd.Function):
             if kind == "p":  # one temperature: dz = (p (a log p - b log p_t + c) + onehot g_lp) / T
                 logp_s = values
                 c = (-glp - gent * ent - gkl * kl)[:, None]
-                dz = torch.addcmul(c, logp_s, (gkl - gent)[:, None])  # c + a log p, one pass
+                p = torch.exp(logp_s, out=scratch.get(0, logp_s))
+                dz = torch.addcmul(c, logp_s, (gkl - gent)[:, None], out=logp_s)  # c + a log p, one pass, in place
                 dz.addcmul_(logp_t, -gkl[:, None])
-                dz.mul_(logp_s.exp())
+                dz.mul_(p)
                 dz.scatter_add_(-1, targets[rows, None], glp[:, None])
                 if t_ppo != 1.0:
                     dz /= t_ppo
@@ -313,8 +343,15 @@ class _FusedHeadReverseKL(torch.autograd.Function):
             dz = dz.to(w_mm.dtype)
             if grad_h is not None:
                 grad_h[rows] = (dz @ w_mm).to(grad_h.dtype)
-            if grad_w is not None:
-                grad_w += (dz.T @ h_mm[rows]).to(grad_w.dtype)
+            if ctx.needs_input_grad[1]:
+                if grad_w is None:  # the first chunk's product is the gradient so far (0 + x = x)
+                    grad_w = (dz.T @ h_mm[rows]).to(weight.dtype)
+                elif dz.dtype == weight.dtype:  # later chunks' products into one reused buffer
+                    grad_w += torch.mm(dz.T, h_mm[rows], out=scratch.get(2, weight))
+                else:
+                    grad_w += (dz.T @ h_mm[rows]).to(grad_w.dtype)
+        if ctx.needs_input_grad[1] and grad_w is None:
+            grad_w = torch.zeros_like(weight)
         return grad_h, grad_w, None, None, None, None, None
 
 

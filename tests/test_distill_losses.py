@@ -302,3 +302,40 @@ def test_top_k_with_a_tail_is_a_lower_bound_blind_to_the_tails_shape(kind):
     reshaped = distill_loss(flat.log(), teacher, cfg)
     assert torch.allclose(reshaped, approx, atol=1e-5)
     assert not torch.allclose(distill_loss(flat.log(), teacher, DistillLossConfig(kind=kind)), exact, atol=1e-3)
+
+
+@pytest.mark.parametrize("t", [1.0, 1.5])
+def test_fused_head_with_a_teacher_log_prob_of_minus_inf_takes_the_guarded_path_exactly(t):
+    """A teacher that gives a token no mass (log-prob -inf) where the student gives it none either: the fused
+    head's guarded path (its logits recomputed, as the in-place log-softmax overwrote them) gives the checkpointed
+    pair's values and gradients, finite."""
+    g = torch.Generator().manual_seed(11)
+    student = torch.nn.Linear(6, 13, bias=False)
+    with torch.no_grad():
+        student.weight.copy_(torch.randn(13, 6, generator=g))
+        student.weight[0] = -200.0  # hidden states >= 0.1: token 0's logit <= -120, its probability exactly 0
+    teacher_w = torch.randn(13, 8, generator=g)
+
+    def teacher(x):
+        z = torch.nn.functional.linear(x, teacher_w)
+        z[:, 0] = float("-inf")
+        return z
+
+    h0, h_t = torch.rand(10, 6, generator=g) + 0.1, torch.randn(10, 8, generator=g)
+    targets = torch.randint(1, 13, (10,), generator=g)
+    w_lp, w_ent, w_kl = (torch.randn(10, generator=g) for _ in range(3))
+    outs = []
+    for fused in (False, True):
+        h = h0.clone().requires_grad_(True)
+        student.zero_grad()
+        if fused:
+            logp, ent, kl = fused_head_reverse_kl(student.weight, h, targets, teacher, h_t, t, 4)
+        else:
+            logp, ent = chunked_action_logprobs(student, h, targets, t, 4, entropy=True)
+            kl = chunked_distill_loss(student, h, teacher, h_t, DistillLossConfig(temperature=t, chunk=4))
+        (w_lp * logp + w_ent * ent + w_kl * kl).sum().backward()
+        outs.append((logp.detach(), ent.detach(), kl.detach(), h.grad.clone(), student.weight.grad.clone()))
+    for a, b in zip(*outs):
+        assert torch.isfinite(b).all()
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), (a - b).abs().max()
+    assert torch.equal(outs[0][0], outs[1][0])
