@@ -1,9 +1,12 @@
 """A tiny LLM agent on MemQA, end to end on CPU (no hub, no GPU).
 
-    python examples/llm_tiny_memqa.py --steps 300 --updates 5   # ~11 wall-min, 648 CPU-s, 3.6 GB: quiet 2 cores
+    python examples/llm_tiny_memqa.py --steps 300 --updates 5   # 11-22 wall-min, 650-1,280 CPU-s, 3.4-3.6 GB peak
 
-(Measured for issue 65 on a quiet machine; on this project's loaded AVX2-only dev host, 2026-12-07, its 300 SFT
-steps alone took 735 CPU-s and 14 wall-min.)
+Measured twice with `/usr/bin/time -v`, one torch thread: 11 wall-min, 648 CPU-s, 3.6 GB on a quiet 2-core machine
+(issue 65's); 21.5 wall-min, 1,276 CPU-s (SFT 721 + its evaluation 68, GRPO 414), 3.4 GB on this project's
+AVX2-only dev host without native bf16 (AMD EPYC, fp32, load 1.4-1.9 of 2 cores, 2026-12-07). At 300 SFT steps the
+d=64 model does not yet act validly (held-out F1 0.000, every action invalid); GRPO's last update then saw reward
+0.031 on its training episodes: this example shows the pipeline, not a trained agent (README: ~2,000 steps).
 
 1. builds a byte-level BPE tokenizer from oracle trajectories and a small Qwen2 model (agents.llm.models.local);
 2. behaviour-clones the oracle (agents.llm.training.sft), evaluating held-out F1 with greedy decoding;
