@@ -35,7 +35,9 @@ def _pair(backend: str):
     tok = memqa_tokenizer()
     model = tiny_model(tok, seed=3, arch="llama", heads=2, kv_heads=1, initializer_range=0.5).eval()
     kw = dict(temperature=0.0, max_new_tokens=14, seed=7)
-    fast, slow = LLMPolicy(model, tok, compile_decode=True, **kw), LLMPolicy(model, tok, **kw)
+    # the eager side with the plain head: the compiled step computes the head's product as the forward does
+    # (the eager path's default packed head sums in another order, agents/llm/generation/packed_head.py)
+    fast, slow = LLMPolicy(model, tok, compile_decode=True, **kw), LLMPolicy(model, tok, packed_head=False, **kw)
     fast._compiled = CompiledStep(model, backend)
     obs = _observations()
     responses = [g.response_ids for g in slow.generate(obs)]
