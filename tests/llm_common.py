@@ -58,8 +58,9 @@ def memqa_envs(n: int = 2, **kw):
     return [gym.make("MemQA-v0", **{**ENV_KW, **kw}) for _ in range(n)]
 
 
-def run_two_ranks_and_reference(ddp_script, ref_script, port: int, timeout: float = 120.0) -> None:
-    """Run ``ddp_script`` under ``torchrun --nproc_per_node 2`` (gloo on CPU) and ``ref_script`` as one plain
+def run_two_ranks_and_reference(ddp_script, ref_script, timeout: float = 120.0) -> None:
+    """Run ``ddp_script`` under ``torchrun --standalone --nproc_per_node 2`` (gloo on CPU; the rendezvous on a port
+    the OS picks, so tests on several xdist workers never share one) and ``ref_script`` as one plain
     process, side by side, with the repository on ``PYTHONPATH``; fail with the end of its log if either fails.
     Bounded: a hang (mismatched collectives) kills both and fails the test instead of stalling the suite."""
     import os
@@ -71,8 +72,8 @@ def run_two_ranks_and_reference(ddp_script, ref_script, port: int, timeout: floa
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("WORLD_SIZE", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(port), str(ddp_script)], env=env, cwd=Path(ddp_script).parent,
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(ddp_script)], env=env, cwd=Path(ddp_script).parent,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
              subprocess.Popen([sys.executable, str(ref_script)], env=env, cwd=Path(ref_script).parent,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]

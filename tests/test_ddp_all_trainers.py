@@ -8,7 +8,6 @@ per-rank task seeds with a generator reseeded per (update, rank), and a reward m
 the groups of rank 1 always differ), so that the reference can play both ranks' episodes itself: its batch is the
 union of the two ranks'. Everything is bounded in time (no hang can stall the suite)."""
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -105,7 +104,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_global_batch(tmp_path):
         folder.mkdir()
         save_pretrained(tiny_model(tok, seed=2, initializer_range=0.3), tok, folder / "teacher")
         (folder / "worker.py").write_text(WORKER.format(tests=str(ROOT / "tests"), out=str(folder)))
-    run_two_ranks_and_reference(ddp / "worker.py", ref / "worker.py", 29600 + os.getpid() % 1000)
+    run_two_ranks_and_reference(ddp / "worker.py", ref / "worker.py")
     start = tiny_model(tok, seed=1).state_dict()
     for name in ("grpo", "ppo", "memopd"):
         for update in range(1, UPDATES[name] + 1):  # the ranks agree after every update (also after the resume)

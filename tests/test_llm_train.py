@@ -128,8 +128,8 @@ def test_torchrun_two_cpu_ranks_keep_parameters_identical(tmp_path, algo):
     script.write_text(WORKER.format(tests=str(ROOT / "tests"), algo=algo, out=str(tmp_path)))
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(29500 + os.getpid() % 1000), str(script)],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sums = [(tmp_path / f"checksum.rank{r}").read_text().split() for r in (0, 1)]
