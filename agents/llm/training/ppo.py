@@ -207,6 +207,17 @@ def task_seeds(cfg: PPOConfig, update: int, rank: int) -> tuple[list[int], list[
     return rng.integers(0, 10**6, size=cfg.episodes_per_update).tolist(), [None] * cfg.episodes_per_update
 
 
+def fused_adamw(groups) -> bool | None:
+    """``fused=True`` for AdamW where every parameter is a floating tensor on the CPU or a CUDA device (one kernel
+    per tensor instead of the foreach ops' passes: 0.384 -> 0.063 CPU-s a step on the 6-layer SmolLM2 student's
+    49.6M parameters, AVX2 host, 1 thread, 2026-12-07; the parameters after 4 steps within 6e-8 of foreach's,
+    another rounding order), else None (torch's default). A checkpoint of an earlier run restores its own
+    setting (torch's ``load_state_dict``)."""
+    params = [p for g in groups for p in g["params"]]
+    ok = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return True if params and ok else None
+
+
 def train_rl(cfg: PPOConfig, model=None, tokenizer=None, env_fn=None, *, extra_loss: LossHook | None = None,
              actor_forward: ActorForward | None = None, title: str | None = None) -> dict[str, Any]:
     """PPO or GRPO (``cfg.algo``); returns the last metrics row. Runs unchanged under torchrun.
@@ -310,7 +321,7 @@ def setup(cfg: PPOConfig, model, tokenizer, env_fn, actor_forward: ActorForward 
     groups = [{"params": lm_params, "lr": cfg.lr}]
     if head:
         groups.append({"params": head, "lr": cfg.lr * cfg.value_lr_mult})
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused_adamw(groups))
     start, elapsed, state = 0, (0.0, 0.0), {}
     if resume_from is not None:
         state = load_trainer_state(resume_from, optimizer=True)
