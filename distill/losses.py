@@ -231,10 +231,11 @@ class _Scratch:
     def __init__(self) -> None:
         self.buffers: dict[int, torch.Tensor] = {}
 
-    def get(self, slot: int, like: torch.Tensor) -> torch.Tensor:
+    def get(self, slot: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = like.dtype if dtype is None else dtype
         buf = self.buffers.get(slot)
-        if buf is None or buf.dtype != like.dtype or buf.device != like.device or buf.numel() < like.numel():
-            buf = self.buffers[slot] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+        if buf is None or buf.dtype != dtype or buf.device != like.device or buf.numel() < like.numel():
+            buf = self.buffers[slot] = torch.empty(like.numel(), dtype=dtype, device=like.device)
         return buf[:like.numel()].view(like.shape)
 
 
@@ -268,6 +269,9 @@ class _FusedHeadReverseKL(torch.autograd.Function):
                     if temperature != 1.0:
                         z.div_(temperature)
                     logp_s = torch.log_softmax(z, dim=-1, out=z)  # as head_logprobs, bit for bit
+                elif z.dtype == torch.float32:  # two temperatures: z is kept; log p in a reused buffer
+                    scaled = torch.div(z, temperature, out=scratch.get(0, z)) if temperature != 1.0 else z
+                    logp_s = torch.log_softmax(scaled, dim=-1, out=scratch.get(0, z))  # bit for bit as above
                 else:
                     scaled = z.float() / temperature if temperature != 1.0 else z
                     logp_s = torch.log_softmax(scaled, dim=-1, dtype=torch.float32)  # as head_logprobs, bit for bit
@@ -281,6 +285,16 @@ class _FusedHeadReverseKL(torch.autograd.Function):
                     kl = kl if bool(torch.isfinite(kl).all()) else None
                 if kl is not None:
                     saved.append(("p", logp_s, logp_t, ent, kl))
+                elif not same and z.dtype == torch.float32:  # the ops below, each into a reused buffer
+                    s0, s1 = logp_s, scratch.get(1, z)
+                    p = torch.exp(s0, out=s1)
+                    ent = -torch.mul(p, s0, out=s1).sum(-1)
+                    logq = torch.log_softmax(torch.div(z, distill_temperature, out=s1), -1, out=s1)
+                    q = torch.exp(logq, out=s0)
+                    diff = torch.where(torch.gt(q, 0, out=scratch.get(5, z, torch.bool)), torch.sub(logq, logp_t, out=s1),
+                                       z.new_zeros(()), out=s1)
+                    kl = torch.mul(q, diff, out=s1).sum(-1)
+                    saved.append(("z", z, logp_t, None, None))
                 else:
                     if z is logp_s:  # overwritten in place: the same product again (rare: a teacher's -inf)
                         z = torch.nn.functional.linear(h_mm[i:i + chunk], w_mm)
@@ -327,6 +341,26 @@ class _FusedHeadReverseKL(torch.autograd.Function):
                 dz.scatter_add_(-1, targets[rows, None], glp[:, None])
                 if t_ppo != 1.0:
                     dz /= t_ppo
+            elif values.dtype == torch.float32:  # the ops of the branch below, each into a reused buffer
+                z = values
+                s0, s1, s2, s3 = (scratch.get(k, z) for k in (0, 1, 3, 4))
+                logp_s = torch.log_softmax(torch.div(z, t_ppo, out=s0), dim=-1, out=s0)
+                p = torch.exp(logp_s, out=s1)
+                h_ent = -torch.mul(p, logp_s, out=s2).sum(-1, keepdim=True)
+                inner = torch.add(logp_s, h_ent, out=s0)
+                inner = torch.mul(-gent[:, None], inner, out=s0)
+                inner = torch.sub(inner, glp[:, None], out=s0)
+                dz = torch.mul(p, inner, out=s0)
+                dz.scatter_add_(-1, targets[rows, None], glp[:, None])
+                dz /= t_ppo
+                logq = torch.log_softmax(torch.div(z, t_distill, out=s1), dim=-1, out=s1)
+                q = torch.exp(logq, out=s2)
+                diff = torch.where(torch.gt(q, 0, out=scratch.get(5, z, torch.bool)), torch.sub(logq, logp_t, out=s1),
+                                   z.new_zeros(()), out=s1)
+                kl_c = torch.mul(q, diff, out=s3).sum(-1, keepdim=True)
+                term = torch.sub(diff, kl_c, out=s1)
+                term = torch.mul(q, term, out=s1)
+                dz += torch.mul(term, gkl[:, None] / t_distill, out=s1)
             else:
                 z = values
                 logp_s = torch.log_softmax(z / t_ppo, dim=-1)
