@@ -38,6 +38,8 @@ def test_packed_head_gives_the_plain_logits_to_rounding_inside_its_block_only(bi
         got = head(x)
         # fp32 sums of 64 products of ~unit terms (|logit| ~ 8): ~1e-6 relative, 1e-5 with margin
         assert got.shape == plain.shape and torch.allclose(got, plain, rtol=0, atol=1e-5 * float(plain.abs().max()))
+        one = x[:1]  # a lone row: the plain matrix-vector product, bit for bit
+        assert torch.equal(head(one), torch.nn.functional.linear(one, head.weight, head.bias))
         head.weight.add_(1.0)  # the weight changed in place: the plain product from now on
         assert torch.equal(head(x), torch.nn.functional.linear(x, head.weight, head.bias))
     assert "forward" not in vars(head)

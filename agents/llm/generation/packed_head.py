@@ -5,8 +5,9 @@ product of a step, and ``torch.nn.functional.linear`` (MKL's sgemm, which repack
 its 113 MB at ~3 GB/s on the AVX2 host where the triad moves 16.7: 34.5 ms a step at 8 rows, 31 at 2 rows, 15.6 at
 1 (a matrix-vector product). oneDNN's inner product on a weight reordered once into its own blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for a frozen linear) runs the same
-product in 22.5 / 14.5 / 14.5 ms (measured 2026-12-07, 1 thread, CPU-seconds, 3 rounds; ``docs/distill.md``,
-"How close to the machine's limits"). The reorder costs ~0.13 CPU-s, done once per :meth:`LLMPolicy.generate
+product in 22.5 ms at 8 rows and 14.5 at 2 (measured 2026-12-07, 1 thread, CPU-seconds, 3 rounds;
+``benchmarks/gap_levers.py``, docs/distill_speed.md "Closing the gaps"); a lone row keeps the matrix-vector
+product, which was as fast. The reorder costs ~0.13 CPU-s, done once per :meth:`LLMPolicy.generate
 <agents.llm.generation.policy.LLMPolicy.generate>` batch (the weights may change between calls; nothing is kept).
 
 Exactness: the same product in another summation order: the logits differ from the forward's by ~1e-6 relative
@@ -40,8 +41,8 @@ def applicable(head) -> bool:
 @contextlib.contextmanager
 def packed_head(model, enabled: bool = True) -> Iterator[bool]:
     """Inside the block the model's output embedding computes its product on a once-reordered copy of its
-    weight (for no-grad fp32 calls; any other call, or one after the weight changed in place, keeps the plain
-    product); yields whether it may. The copy is made at the first call it serves and dropped on exit."""
+    weight (for no-grad fp32 calls of 2 rows or more; any other call, or one after the weight changed in place,
+    keeps the plain product); yields whether it may. The copy is made at the first call it serves and dropped on exit."""
     head = model.get_output_embeddings() if enabled and hasattr(model, "get_output_embeddings") else None
     if head is None or not applicable(head) or "forward" in vars(head):
         yield False
@@ -53,8 +54,8 @@ def packed_head(model, enabled: bool = True) -> Iterator[bool]:
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or x.dtype != torch.float32 \
-                or weight._version != version or torch.is_autocast_enabled("cpu"):
-            return plain(x)
+                or weight._version != version or torch.is_autocast_enabled("cpu") or x.numel() == x.shape[-1]:
+            return plain(x)  # (one row: a matrix-vector product, as fast as the reordered weight's)
         if not packed:
             try:
                 with torch.no_grad():

@@ -236,7 +236,7 @@ class LLMPolicy:
             step to float rounding. Off by default: decode per CPU-second 1.12 ± 0.04x on SmolLM2 at 1 thread,
             for ~108 CPU-s of compiling once per process (docs/real_models.md).
         packed_head: the tree path's decode steps (not the compiled ones) compute the LM head's product on its
-            weight reordered once per batch for oneDNN (:mod:`agents.llm.generation.packed_head`: 1.5x on the
+            weight reordered once per batch for oneDNN (:mod:`agents.llm.generation.packed_head`: 1.5-1.9x on the
             head at 8 rows on the AVX2 host; the logits within ~1e-6 relative of the forward's). On by default;
             a head it does not fit (not a plain fp32 ``nn.Linear`` on the CPU) keeps its own forward.
 
