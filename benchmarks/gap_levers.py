@@ -14,7 +14,8 @@
 - ``adamw``: one AdamW step over the 6-layer student's parameters with random gradients, ``foreach`` (torch's
   default) against ``fused`` (:func:`agents.llm.training.ppo.fused_adamw`); needs ``--base``.
 
-    python benchmarks/gap_levers.py --base ~/.cache/memenv/models/smollm2-135m-instruct --json results/limits/gap_levers.json
+    python benchmarks/gap_levers.py --base ~/.cache/memenv/models/smollm2-135m-instruct \
+        --json results/limits/gap_levers.json
 
 On a shared host the CPU seconds of both sides move with the load (cache and memory bandwidth are shared); the
 sides run in the same minutes, alternated, so their ratio is the figure to read. The host line is recorded.
@@ -137,7 +138,8 @@ def fused(rounds: int, rows: int, old_rev: str, temperatures: tuple[float, float
     res["speedup"] = res["old"]["total"]["mean"] / res["new"]["total"]["mean"]
     res["bit_equal"] = [bool(torch.equal(a, b)) for a, b in zip(outs[old.__name__], outs[new.__name__])]
     res["rows"], res["old_rev"], res["temperatures"] = rows, old_rev, list(temperatures)
-    print(f"fused head, {rows} rows, temperatures {temperatures}: {old_rev} {res['old']['total']['mean']:.2f} ± {res['old']['total']['sd']:.2f} "
+    old_t = res["old"]["total"]
+    print(f"fused head, {rows} rows, temperatures {temperatures}: {old_rev} {old_t['mean']:.2f} ± {old_t['sd']:.2f} "
           f"CPU-s, now {res['new']['total']['mean']:.2f} ± {res['new']['total']['sd']:.2f} ({res['speedup']:.2f}x); "
           f"outputs and gradients bit-equal: {res['bit_equal']}")
     return res

@@ -291,8 +291,8 @@ class _FusedHeadReverseKL(torch.autograd.Function):
                     ent = -torch.mul(p, s0, out=s1).sum(-1)
                     logq = torch.log_softmax(torch.div(z, distill_temperature, out=s1), -1, out=s1)
                     q = torch.exp(logq, out=s0)
-                    diff = torch.where(torch.gt(q, 0, out=scratch.get(5, z, torch.bool)), torch.sub(logq, logp_t, out=s1),
-                                       z.new_zeros(()), out=s1)
+                    positive = torch.gt(q, 0, out=scratch.get(5, z, torch.bool))
+                    diff = torch.where(positive, torch.sub(logq, logp_t, out=s1), z.new_zeros(()), out=s1)
                     kl = torch.mul(q, diff, out=s1).sum(-1)
                     saved.append(("z", z, logp_t, None, None))
                 else:

@@ -42,7 +42,8 @@ def applicable(head) -> bool:
 def packed_head(model, enabled: bool = True) -> Iterator[bool]:
     """Inside the block the model's output embedding computes its product on a once-reordered copy of its
     weight (for no-grad fp32 calls of 2 rows or more; any other call, or one after the weight changed in place,
-    keeps the plain product); yields whether it may. The copy is made at the first call it serves and dropped on exit."""
+    keeps the plain product); yields whether it may. The copy is made at the first call it serves and dropped on
+    exit."""
     head = model.get_output_embeddings() if enabled and hasattr(model, "get_output_embeddings") else None
     if head is None or not applicable(head) or "forward" in vars(head):
         yield False
