@@ -348,6 +348,43 @@ def test_an_idle_session_is_closed_with_a_reason_and_the_client_is_told():
         again.close()
 
 
+def test_a_close_that_reaches_the_client_during_a_call_still_ends_the_session():
+    """The race a loaded machine opened (CI, 2026-12-07): the server's close frame reached the client's loop after
+    the wrapper's check saw the socket open but before the call's send, so openenv reconnected to a new session
+    and the step came back "step before reset". Replayed here: the socket reads as open to that check only."""
+    from websockets.protocol import State as SocketState
+
+    from memenv.openenv import SessionEndedError
+
+    class LateClose:  # the real socket, whose close the wrapper's check does not see yet
+        def __init__(self, ws):
+            self._ws, self._reads = ws, 0
+
+        def __getattr__(self, name):
+            return getattr(self._ws, name)
+
+        @property
+        def state(self):
+            self._reads += 1
+            return SocketState.OPEN if self._reads == 1 else self._ws.state
+
+    with BackgroundServer("MemQA-v0", {"objectives": 1}, max_sessions=2, session_timeout_s=1.0) as server:
+        env = connect(server.url)
+        env.reset(seed=0)
+        _wait_until(lambda: server.sessions.open_sessions == 0, "the idle session to be reaped")
+        socket = env.client.async_client._ws
+        _wait_until(lambda: socket.state == SocketState.CLOSED, "the client to see the close")
+        env.client.async_client._ws = LateClose(socket)
+        with pytest.raises(SessionEndedError, match="session idle for 1 s") as caught:
+            env.step("<memory>m</memory><answer>x</answer>")
+        assert server.url in str(caught.value)
+        with pytest.raises(SessionEndedError, match="session idle for 1 s"):  # and every later call
+            env.reset(seed=0)
+        # the session openenv opened under the call is closed again: the server's slots are free
+        _wait_until(lambda: server.sessions.open_sessions == 0, "the reconnected session to be closed")
+        env.close()
+
+
 def test_a_session_in_use_is_not_reaped():
     with BackgroundServer("MemQA-v0", {"objectives": 1}, session_timeout_s=1.5) as server:
         env = connect(server.url)

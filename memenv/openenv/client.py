@@ -134,11 +134,27 @@ class ServedEnv(gym.Env):
             self._ended = _session_ended(self.url, getattr(getattr(ws, "protocol", None), "close_rcvd", None))
             raise self._ended
         try:
-            return method(*args, **kwargs)
+            result = method(*args, **kwargs)
         except (ConnectionClosed, ConnectionError) as exc:
             # websockets' ConnectionClosed carries the close frame the server sent, if any
             self._ended = _session_ended(self.url, getattr(exc, "rcvd", None))
             raise self._ended from None
+        except RuntimeError:  # an error frame: of this session, or of a new one opened under the call (below)
+            self._reconnected_under(ws)
+            raise
+        self._reconnected_under(ws)
+        return result
+
+    def _reconnected_under(self, ws: Any) -> None:
+        """Raise :class:`SessionEndedError` where the client's socket is no longer ``ws``: the close frame reached
+        the client's loop between the check above and the call's send (a loaded machine), so openenv reconnected
+        to a new server session, which has not this one's episode ("step before reset"). That new session is
+        closed; this one is over, as if the check had seen its close."""
+        if self.client.async_client._ws is ws:
+            return
+        self._ended = _session_ended(self.url, getattr(getattr(ws, "protocol", None), "close_rcvd", None))
+        self.close()
+        raise self._ended from None
 
     def close(self) -> None:
         """End the session: ask the server to close it and wait for its close frame (closing the socket first
