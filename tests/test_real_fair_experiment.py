@@ -402,6 +402,16 @@ def test_arms_priced_now_and_with_the_update_before_issue_33(tmp_path, capsys):
     line = format_arms(arms, 4, flat)
     assert line.startswith("the arms at 4 seeds: ~0.2 CPU-hours") and "1.80x; ratios from results/x.json" in line
     assert arms_cpu(cfg, None, flat)["now"]["total"] == pytest.approx(656 / 2)  # cfg.seeds (2)
+    # a later speed-up (issue 62 item 3's record): "now" priced after it, the estimate's own figures kept beside
+    later = {**flat, "item3": {"record": "results/y.json", "update_cpu_s": {"before": 40.0, "after": 30.0},
+                               "rollout_cpu_s": {"before": 10.0, "after": 5.0}}}
+    arms3 = arms_cpu(cfg, 4, later)
+    assert arms3["before issue 62 item 3"] == arms["now"] and arms3["before issue 33"] == old
+    assert arms3["now"]["GRPO-trained arms"] == pytest.approx(240 * 0.75)
+    assert arms3["now"]["SFT arms (equal CPU)"] == pytest.approx(160 * 0.75)
+    assert arms3["now"]["arm evaluations"] == pytest.approx(256 * 0.5)
+    assert f"({old['total'] / (300 + 128):.2f}x; ratios from results/x.json and results/y.json: " \
+           f"{656 / 428:.2f}x of it issue 62 item 3's)" in format_arms(arms3, 4, later)
     # the shipped figures: a replay record's means, the code now cheaper on both phases
     replay = MEASURED["replay"]
     assert replay["update_cpu_s"]["before"] > replay["update_cpu_s"]["after"] > 0

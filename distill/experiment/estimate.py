@@ -105,6 +105,14 @@ MEASURED: dict[str, Any] = {
         "update_cpu_s": {"before": REPLAY_UPDATE_BEFORE, "after": REPLAY_UPDATE_AFTER},
         "rollout_cpu_s": {"before": REPLAY_ROLLOUT_BEFORE, "after": REPLAY_ROLLOUT_AFTER},
     },
+    # Issue 62 item 3 (after the code the figures above were measured with): the MemOPD arm update, rollout
+    # included, at 976dcf6 against 0e5b887 (benchmarks/arm_update_cost.py in a worktree of each, 3 runs each,
+    # means; the 6-layer student, the whole SmolLM2 as teacher; AVX2 host, fp32, 1 thread, load 2-5.5)
+    "item3": {
+        "record": "results/limits/item3_before_after.json",
+        "update_cpu_s": {"before": 274.37, "after": 216.22},
+        "rollout_cpu_s": {"before": 58.28, "after": 48.01},
+    },
 }
 
 
@@ -196,7 +204,9 @@ def arms_cpu(cfg: ExperimentConfig, seeds: int | None = None, measured: dict[str
     """CPU seconds of ``cfg``'s arms (GRPO-trained, SFT at equal CPU, their evaluations; :func:`estimate_cpu`'s
     parts) at ``seeds`` training seeds (default ``cfg.seeds``): ``"now"`` as :func:`estimate_cpu` prices them,
     ``"before issue 33"`` with each update's rollout and training priced by ``measured["replay"]``'s before / after
-    ratios (the evaluations by its rollout's ratio), ``"total"`` in each."""
+    ratios (the evaluations by its rollout's ratio), ``"total"`` in each. Where ``measured`` holds ``"item3"``
+    (issue 62 item 3's arm update before and after it), ``"now"`` is priced after item 3 and the estimate's own
+    figures are ``"before issue 62 item 3"``."""
     from dataclasses import replace
 
     names = ("GRPO-trained arms", "SFT arms (equal CPU)", "arm evaluations")
@@ -209,7 +219,15 @@ def arms_cpu(cfg: ExperimentConfig, seeds: int | None = None, measured: dict[str
     sample = replay["rollout_cpu_s"]["before"] / rollout
     before = {"GRPO-trained arms": now["GRPO-trained arms"] * train, "SFT arms (equal CPU)": now["SFT arms (equal CPU)"]
               * train, "arm evaluations": now["arm evaluations"] * sample}
-    return {"now": {**now, "total": sum(now.values())}, "before issue 33": {**before, "total": sum(before.values())}}
+    out = {"now": {**now, "total": sum(now.values())}, "before issue 33": {**before, "total": sum(before.values())}}
+    if (item3 := measured.get("item3")) is not None:  # the figures above predate issue 62 item 3: priced after it
+        update, rollout = item3["update_cpu_s"], item3["rollout_cpu_s"]
+        after = {"GRPO-trained arms": now["GRPO-trained arms"] * update["after"] / update["before"],
+                 "SFT arms (equal CPU)": now["SFT arms (equal CPU)"] * update["after"] / update["before"],
+                 "arm evaluations": now["arm evaluations"] * rollout["after"] / rollout["before"]}
+        out = {"now": {**after, "total": sum(after.values())}, "before issue 62 item 3": out["now"],
+               "before issue 33": out["before issue 33"]}
+    return out
 
 
 def format_arms(arms: dict[str, dict[str, float]], seeds: int, measured: dict[str, Any] = MEASURED) -> str:
@@ -218,7 +236,9 @@ def format_arms(arms: dict[str, dict[str, float]], seeds: int, measured: dict[st
     return (f"the arms at {seeds} seeds: ~{now / 3600:.1f} CPU-hours (training "
             f"{(arms['now']['GRPO-trained arms'] + arms['now']['SFT arms (equal CPU)']) / 3600:.1f}, evaluations "
             f"{arms['now']['arm evaluations'] / 3600:.1f}); with the update before issue 33 ~{old / 3600:.1f} "
-            f"({old / now:.2f}x; ratios from {measured['replay']['record']})")
+            f"({old / now:.2f}x; ratios from {measured['replay']['record']}"
+            + (f" and {measured['item3']['record']}: {arms['before issue 62 item 3']['total'] / now:.2f}x of it issue "
+               "62 item 3's" if "before issue 62 item 3" in arms else "") + ")")
 
 
 def format_estimate(parts: dict[str, float]) -> str:
