@@ -9,20 +9,15 @@ import json
 import pandas as pd
 import pytest
 
-from distill.experiment.config import (DEFAULT_ARMS, ExperimentConfig, ModelSpec, SettingsMismatchError,
-                                       _config_record, powered_config)
+from distill.experiment.config import ModelSpec, SettingsMismatchError, _config_record, powered_config
 from distill.experiment.extend import budget_grew_only, extend_teacher, format_extension
+from test_stages_from import _tiny as _stages_tiny
 
 
 def _tiny(out, steps=3, **kw):
-    base = dict(out=str(out), env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 2},
-                teacher=ModelSpec(hidden=32, layers=1, heads=2, sft_steps=steps, sft_minutes=None, sft_episodes=4),
-                student=ModelSpec(hidden=16, layers=1, heads=2, sft_steps=2, sft_minutes=None, sft_episodes=4),
-                student_max_steps=4, probe_episodes=2, sft_threads=1, arms=DEFAULT_ARMS, vocab=400,
-                tokenizer_episodes=8, seeds=1, updates=2, tasks_per_update=1, group_size=2, eval_episodes=4,
-                seen_eval_episodes=3, curve_every=1, curve_episodes=2, max_new_tokens=10, num_envs=4, threads=1,
-                workers=1, timing_rounds=1, diagnose_episodes=2, progress=False)
-    return ExperimentConfig(**{**base, **kw})
+    """tests/test_stages_from.py's miniature run, its teacher's SFT ``steps`` long."""
+    teacher = ModelSpec(hidden=32, layers=1, heads=2, sft_steps=steps, sft_minutes=None, sft_episodes=4)
+    return _stages_tiny(out, **{"teacher": teacher, **kw})
 
 
 def test_the_teacher_continues_from_its_checkpoint_on_the_relaid_cosine_and_its_earlier_result_is_kept(tmp_path):
