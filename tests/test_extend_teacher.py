@@ -47,6 +47,9 @@ def test_the_teacher_continues_from_its_checkpoint_on_the_relaid_cosine_and_its_
     assert not (out / "teacher" / "result.json").exists() and not (out / "teacher" / "teacher_eval.csv").exists()
     assert json.loads((out / "experiment.json").read_text())["teacher"]["sft_steps"] == 6
 
+    again = extend_teacher(longer)  # the same command again (a resume): nothing moves, nothing is refused
+    assert again["again"] and again["checkpoint_step"] == 3 and "already extended to 6 steps" in format_extension(again)
+    assert json.loads((kept / "result.json").read_text()) == first
     run_experiment(longer, until="teacher")
     res = json.loads((out / "teacher" / "result.json").read_text())
     assert res["steps"] == 6 and latest_checkpoint(out / "teacher").name == "checkpoint-0000006"
@@ -56,6 +59,7 @@ def test_the_teacher_continues_from_its_checkpoint_on_the_relaid_cosine_and_its_
     # the last step ran on the new schedule (by steps here; by CPU-seconds where the budget is minutes)
     assert rows.lr.iloc[-1] == pytest.approx(lr_at(5, _sft_config(longer, longer.teacher, out / "teacher")))
     assert (out / "teacher" / "teacher_eval.csv").exists()  # evaluated afresh
+    assert extend_teacher(longer)["again"] and (out / "teacher" / "result.json").exists()  # and after it finished
 
 
 def _recorded(out, cfg, stages=("teacher",), checkpoint=True):

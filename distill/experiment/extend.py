@@ -78,7 +78,9 @@ def extend_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     (see the module's docstring); returns what was done (``from``/``to`` budgets, the checkpoint's step and
     clocks, the learning rate there under the old and the new schedule, where the earlier result went). Refused
     with :class:`SettingsMismatchError`, naming the reason, where anything but the budget differs, the budget
-    does not grow, or a stage made from the teacher exists."""
+    does not grow, or a stage made from the teacher exists. The same call again, once it has extended the run
+    (the budget equal to its last extension's), changes nothing and returns that extension with ``again``: the
+    command that started the continuation also resumes it."""
     from agents.llm.training.common import latest_checkpoint, load_trainer_state
     from distill.experiment.stages import read_stage_json
 
@@ -94,11 +96,6 @@ def extend_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     if teacher.is_symlink():
         raise SettingsMismatchError(f"--extend-teacher: {teacher} is linked from {os.readlink(teacher)}: extend "
                                     "the teacher in the run that made it")
-    later = [what for name, what in LATER_STAGES if (out / name).exists()]
-    if later:
-        raise SettingsMismatchError(f"--extend-teacher: {out} already has stages made from this teacher: "
-                                    f"{', '.join(later)}; they would describe a teacher that no longer exists: use "
-                                    "another --out with --teacher-from, or move them away")
     before, after, others = _budget_change(old, cfg)
     if others:
         raise SettingsMismatchError(f"--extend-teacher changes the teacher's budget only; these differ too: {others}")
@@ -106,9 +103,19 @@ def extend_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
     if shrunk:
         raise SettingsMismatchError("--extend-teacher: the budget may only grow; "
                                     + ", ".join(f"teacher.{k} {before[k]} -> {after[k]}" for k in shrunk))
+    history = teacher / EXTENSIONS_FILE
+    past = read_stage_json(history, "the teacher's extension record") if history.exists() else []
     if all(before[k] == after[k] for k in BUDGET_FIELDS):
+        if past and past[-1].get("to") == {k: after[k] for k in BUDGET_FIELDS}:
+            # the same command again, after the extension it made: the SFT (or its evaluation) simply resumes
+            return {**past[-1], "again": True}
         raise SettingsMismatchError(f"--extend-teacher: the teacher's budget is unchanged ({before['sft_minutes']} "
                                     f"min, {before['sft_steps']} steps): give a larger --teacher-minutes")
+    later = [what for name, what in LATER_STAGES if (out / name).exists()]
+    if later:
+        raise SettingsMismatchError(f"--extend-teacher: {out} already has stages made from this teacher: "
+                                    f"{', '.join(later)}; they would describe a teacher that no longer exists: use "
+                                    "another --out with --teacher-from, or move them away")
     ckpt = latest_checkpoint(teacher) if teacher.is_dir() else None
     if ckpt is None:
         raise SettingsMismatchError(f"--extend-teacher: {teacher} has no checkpoint to continue; start the run "
@@ -129,8 +136,6 @@ def extend_teacher(cfg: ExperimentConfig) -> dict[str, Any]:
         for f in sorted(teacher.glob("teacher*_eval*")) + [teacher / "result.json"]:
             os.replace(f, kept / f.name)
         done["earlier_result"] = str(kept)
-    history = teacher / EXTENSIONS_FILE
-    past = json.loads(history.read_text(encoding="utf-8")) if history.exists() else []
     write_text_atomic(history, json.dumps(past + [done], indent=2))
     write_text_atomic(record, json.dumps(_config_record(cfg), indent=2))
     return done
@@ -140,6 +145,9 @@ def format_extension(done: dict[str, Any]) -> str:
     """One paragraph saying what :func:`extend_teacher` did and the learning rate the SFT resumes on."""
     budget = lambda b: (f"{b['sft_minutes']:g} min" if b["sft_minutes"] else f"{b['sft_steps']} steps")  # noqa: E731
     kept = f"; its earlier result kept in {done['earlier_result']}" if "earlier_result" in done else ""
+    if done.get("again"):  # the extension was made by an earlier call: this one resumes it
+        return (f"teacher already extended to {budget(done['to'])} (from step {done['checkpoint_step']:,}): its SFT "
+                "resumes from its latest checkpoint")
     return (f"teacher extended from {budget(done['from'])} to {budget(done['to'])}: its SFT resumes at step "
             f"{done['checkpoint_step']:,} ({done['cpu_seconds'] / 60:.1f} CPU-min spent) at lr "
             f"{done['lr_new_schedule']:.2e} (the cosine re-laid over the new budget; {done['lr_old_schedule']:.2e} "
