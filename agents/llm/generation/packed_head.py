@@ -14,8 +14,15 @@ Exactness: the same product in another summation order: the logits differ from t
 (2.3e-6 absolute on unit-scale test logits); on the 6-layer SmolLM2 decoding 8 rows of 96 tokens the sampled
 tokens were the same and the log-probs differed by at most 3.0e-5, inside the tree path's 1e-4 against
 :func:`agents.llm.generation.policy.sequence_logprobs` (its summation order already differs from one forward's).
-Used only for a plain fp32 :class:`torch.nn.Linear` head on the CPU with oneDNN present; anything else keeps the
-module's own forward. The prefill's heads and every training or scoring forward are untouched.
+Used only for a plain fp32 :class:`torch.nn.Linear` head on the CPU with oneDNN present, of at least
+:data:`MIN_HEAD_BYTES`; anything else keeps the module's own forward. The prefill's heads and every training or
+scoring forward are untouched.
+
+Why a size floor: the reorder is paid once per batch and a step saves the difference between the two products, so
+a small head never earns it back. Measured on the AVX2 host (1 thread, CPU-seconds, 8 rows; 2026-12-07): a
+4,096 x 128 head (the tiny experiments' 2 MiB) saves 0.05 ms a step for a 5.4 ms reorder, ~100 steps to break even,
+more than a batch decodes; 8,192 x 256 (8 MiB) breaks even in 10 steps, 49,152 x 576 (108 MiB) in 9. Below the
+floor the decode stays bit for bit the plain product's, as before the packed head existed.
 """
 
 from __future__ import annotations
@@ -26,12 +33,16 @@ from typing import Iterator
 import torch
 
 REORDER_BATCH = 8  # the batch the reorder is tuned for; measured at 1-16 rows it beats sgemm at every size
+MIN_HEAD_BYTES = 4 * 2**20  # heads smaller than this keep the plain product (module doc: the reorder does not pay)
 
 
-def applicable(head) -> bool:
+def applicable(head, min_bytes: int | None = None) -> bool:
     """Whether ``head`` is a head this product stands in for: exactly a :class:`torch.nn.Linear`, fp32, on the
-    CPU, no forward hooks replacing it (its hooks still run: the module's ``__call__`` is kept), oneDNN built in."""
+    CPU, its weight at least ``min_bytes`` (default :data:`MIN_HEAD_BYTES`), no forward hooks replacing it (its
+    hooks still run: the module's ``__call__`` is kept), oneDNN built in."""
     if type(head) is not torch.nn.Linear or head.weight.dtype != torch.float32 or head.weight.device.type != "cpu":
+        return False
+    if head.weight.numel() * head.weight.element_size() < (MIN_HEAD_BYTES if min_bytes is None else min_bytes):
         return False
     if torch.is_autocast_enabled("cpu") or not torch.backends.mkldnn.is_available():
         return False
@@ -39,13 +50,13 @@ def applicable(head) -> bool:
 
 
 @contextlib.contextmanager
-def packed_head(model, enabled: bool = True) -> Iterator[bool]:
+def packed_head(model, enabled: bool = True, min_bytes: int | None = None) -> Iterator[bool]:
     """Inside the block the model's output embedding computes its product on a once-reordered copy of its
     weight (for no-grad fp32 calls of 2 rows or more; any other call, or one after the weight changed in place,
-    keeps the plain product); yields whether it may. The copy is made at the first call it serves and dropped on
-    exit."""
+    keeps the plain product); yields whether it may (not for a head under ``min_bytes``, default
+    :data:`MIN_HEAD_BYTES`). The copy is made at the first call it serves and dropped on exit."""
     head = model.get_output_embeddings() if enabled and hasattr(model, "get_output_embeddings") else None
-    if head is None or not applicable(head) or "forward" in vars(head):
+    if head is None or not applicable(head, min_bytes) or "forward" in vars(head):
         yield False
         return
     weight, bias = head.weight, head.bias
@@ -75,4 +86,4 @@ def packed_head(model, enabled: bool = True) -> Iterator[bool]:
         del head.forward
 
 
-__all__ = ["packed_head", "applicable", "REORDER_BATCH"]
+__all__ = ["packed_head", "applicable", "REORDER_BATCH", "MIN_HEAD_BYTES"]

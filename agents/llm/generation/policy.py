@@ -238,7 +238,8 @@ class LLMPolicy:
         packed_head: the tree path's decode steps (not the compiled ones) compute the LM head's product on its
             weight reordered once per batch for oneDNN (:mod:`agents.llm.generation.packed_head`: 1.5-1.9x on the
             head at 8 rows on the AVX2 host; the logits within ~1e-6 relative of the forward's). On by default;
-            a head it does not fit (not a plain fp32 ``nn.Linear`` on the CPU) keeps its own forward.
+            a head it does not fit (not a plain fp32 ``nn.Linear`` on the CPU, or under 4 MiB, where the reorder
+            does not pay: the tiny experiment models' heads) keeps its own forward.
 
     ``stats`` counts, over the policy's life: ``prompt_tokens`` (the prompts' tokens), ``prefill_tokens`` (those
     actually run through the model, padding included), ``decode_rows`` (row-steps of the decode loop),
