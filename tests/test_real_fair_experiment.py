@@ -168,7 +168,7 @@ def test_real_preset_estimate_is_the_one_the_docs_print(tmp_path):
     hours = line.split("~")[1].split(" CPU-hours")[0]
     assert f"~{hours} CPU-hours" in config.real_fair_config.__doc__
     # priced from the preset's own run, which measured more than issue 33's figures said (the old inputs: < 10 h)
-    before = {k: v for k, v in MEASURED.items() if k != "run"}  # issue 33's inputs only
+    before = {k: v for k, v in MEASURED.items() if k not in ("run", "item3")}  # issue 33's inputs only
     old = estimate_cpu(real_fair_config(str(tmp_path)), before)
     assert old["total"] <= 10 * 3600 < estimate_cpu(real_fair_config(str(tmp_path)))["total"]
     two_tasks = estimate_cpu(real_fair_config(str(tmp_path), tasks_per_update=2), before)
@@ -410,6 +410,12 @@ def test_arms_priced_now_and_with_the_update_before_issue_33(tmp_path, capsys):
     assert arms3["now"]["GRPO-trained arms"] == pytest.approx(240 * 0.75)
     assert arms3["now"]["SFT arms (equal CPU)"] == pytest.approx(160 * 0.75)
     assert arms3["now"]["arm evaluations"] == pytest.approx(256 * 0.5)
+    # the whole run's estimate is priced after it too: updates by 30 / 40, greedy episodes by 5 / 10, SFT steps not
+    whole3 = estimate_cpu(replace(cfg, seeds=4), later)
+    assert whole3["GRPO-trained arms"] == pytest.approx(arms3["now"]["GRPO-trained arms"])
+    assert whole3["lr sweep"] == pytest.approx(3 * (4 * 10 * 4 / 8 * 0.75 + 4 * 2 * 0.5))
+    assert whole3["student"] == pytest.approx(20 * 10 + (2 * 4 + 5 + 3) * 2 * 0.5)
+    assert whole3["teacher"] == pytest.approx(600 + 27 * 2 * 0.5)
     assert f"({old['total'] / (300 + 128):.2f}x; ratios from results/x.json and results/y.json: " \
            f"{656 / 428:.2f}x of it issue 62 item 3's)" in format_arms(arms3, 4, later)
     # the shipped figures: a replay record's means, the code now cheaper on both phases

@@ -555,10 +555,10 @@ def real_fair_config(out: str, model: str = "smollm2-135m-instruct", **overrides
     10-13 GB per process).
 
     Its expected CPU time (:func:`distill.experiment.estimate.estimate_cpu`, printed before the run) is priced from
-    issue 47's own run of this preset (``MEASURED["run"]``): ~16.3 CPU-hours at 1 thread on the 2-core dev machine,
-    the student's SFT priced to its 150-step cap, over the issue's ~10 (a weak student's greedy episodes cost about
-    as much as its updates; docs/real_models.md). Before that run the estimate, from issue 33's figures, said ~8.2,
-    and at 2 tasks x 4 episodes per update ~10.9 (now ~23.1): **the knob cut then is the tasks per update, 2 -> 1**
+    issue 47's own run of this preset (``MEASURED["run"]``) and issue 62 item 3's speed-up: ~13.9 CPU-hours at 1 thread
+    on the 2-core dev machine (~16.3 before item 3), the student's SFT priced to its 150-step cap, over the issue's
+    ~10 (a weak student's greedy episodes cost about as much as its updates; docs/real_models.md). Before that run the estimate, from issue 33's figures, said ~8.2,
+    and at 2 tasks x 4 episodes per update ~10.9 (now ~19.3): **the knob cut then is the tasks per update, 2 -> 1**
     (one GRPO group of 4 episodes per update; ``tasks_per_update=2`` restores it where CPU allows, e.g. on a GPU).
     Why that knob: it is the only one that cuts cost without dropping something the issue asks for (4 arms, 5
     seeds, >= 12 updates, a >= 3-value sweep, the both-view teacher, the curve); every arm loses the same half of

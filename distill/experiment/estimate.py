@@ -24,6 +24,11 @@ replace issue 33's: the current code's update per arm, SFT steps and evaluation 
 depths (the 30-layer teacher, a 15-layer student) and rescaled from them by the same depth rule (``at``). Issue
 33's figures, scaled from the whole model, had priced that preset's updates at less than half of what it measured.
 
+Where :data:`MEASURED` holds ``"item3"`` (it does: issue 62 item 3's arm update and rollout, measured before and
+after it, after the figures above), every update is priced by its update ratio and every greedy episode (the
+teacher's and the student's evaluations and probes) by its rollout ratio; SFT steps are not (item 3's levers are the
+arm update's fused head, the decode's LM head and the PPO optimizer).
+
 What the update's speed work buys (issue 62 item 5): :data:`MEASURED` ``["replay"]`` holds the update before issue
 33 against the update now on the same replayed rollouts (``benchmarks/update_replay.py``, its record named
 there); :func:`arms_cpu` prices an experiment's arms (their training and their evaluations) at any number of
@@ -140,16 +145,25 @@ def depth_scaled(cost: float, layers: int, kind: str, measured: dict[str, Any] =
     return cost * (h + (1 - h) * layers / base) / (h + (1 - h) * at / base)
 
 
+def _later(measured: dict[str, Any], phase: str) -> float:
+    """The factor a speed-up measured after the figures above (``measured["item3"]``) puts on ``phase``
+    (``"update_cpu_s"``: an arm update, rollout included; ``"rollout_cpu_s"``: sampling, hence greedy evaluation
+    episodes); 1 without one."""
+    later = measured.get("item3")
+    return 1.0 if later is None else later[phase]["after"] / later[phase]["before"]
+
+
 def _update(cfg: ExperimentConfig, arm: str, measured: dict[str, Any]) -> float:
     """One GRPO update of ``arm`` at ``cfg``'s student depth and episodes per update."""
     run = measured.get("run")
     if run is not None:  # the current code's own figures, at the run's student depth and episodes per update
         per = depth_scaled(run["update_cpu_s"][arm], cfg.student.layers, "actor", measured, at=run["student_layers"])
-        return per * cfg.tasks_per_update * cfg.group_size / run["update_episodes"]
+        return per * cfg.tasks_per_update * cfg.group_size / run["update_episodes"] * _later(measured, "update_cpu_s")
     total = measured["update_cpu_s"][arm]
     teacher = measured["teacher_scoring_cpu_s"] if arm != "rl" else 0.0
     per = depth_scaled(total - teacher, cfg.student.layers, "actor", measured) + teacher
-    return per * measured.get("fp32_factor", 1.0) * cfg.tasks_per_update * cfg.group_size / measured["update_episodes"]
+    return per * measured.get("fp32_factor", 1.0) * cfg.tasks_per_update * cfg.group_size / measured["update_episodes"] \
+        * _later(measured, "update_cpu_s")
 
 
 def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> dict[str, float]:
@@ -173,6 +187,7 @@ def estimate_cpu(cfg: ExperimentConfig, measured: dict[str, Any] = MEASURED) -> 
         step_s = depth_scaled(run["student_sft_step_cpu_s"], s.layers, "actor", measured, at=at_s)
         if len(t.sft_views) > 1:
             step_t = depth_scaled(run["teacher_sft_step_cpu_s_two_views"], t.layers, "actor", measured, at=at_t)
+    ep_t, ep_s = ep_t * _later(measured, "rollout_cpu_s"), ep_s * _later(measured, "rollout_cpu_s")
     teacher_sft = t.sft_minutes * 60 if t.sft_minutes else t.sft_steps * step_t
     curve_points = int(teacher_sft / step_t) // t.curve_every if t.curve_every else 0
     views = len(t.sft_views)
@@ -205,12 +220,14 @@ def arms_cpu(cfg: ExperimentConfig, seeds: int | None = None, measured: dict[str
     parts) at ``seeds`` training seeds (default ``cfg.seeds``): ``"now"`` as :func:`estimate_cpu` prices them,
     ``"before issue 33"`` with each update's rollout and training priced by ``measured["replay"]``'s before / after
     ratios (the evaluations by its rollout's ratio), ``"total"`` in each. Where ``measured`` holds ``"item3"``
-    (issue 62 item 3's arm update before and after it), ``"now"`` is priced after item 3 and the estimate's own
-    figures are ``"before issue 62 item 3"``."""
+    (issue 62 item 3's arm update before and after it), ``"now"`` is priced after item 3, as
+    :func:`estimate_cpu` prices it, and the same without it is ``"before issue 62 item 3"``."""
     from dataclasses import replace
 
     names = ("GRPO-trained arms", "SFT arms (equal CPU)", "arm evaluations")
-    parts = estimate_cpu(replace(cfg, seeds=cfg.seeds if seeds is None else seeds), measured)
+    cfg = replace(cfg, seeds=cfg.seeds if seeds is None else seeds)
+    earlier = {k: v for k, v in measured.items() if k != "item3"}
+    parts = estimate_cpu(cfg, earlier)
     now = {n: parts[n] for n in names}
     replay = measured["replay"]
     rollout = replay["rollout_cpu_s"]["after"]
@@ -220,11 +237,9 @@ def arms_cpu(cfg: ExperimentConfig, seeds: int | None = None, measured: dict[str
     before = {"GRPO-trained arms": now["GRPO-trained arms"] * train, "SFT arms (equal CPU)": now["SFT arms (equal CPU)"]
               * train, "arm evaluations": now["arm evaluations"] * sample}
     out = {"now": {**now, "total": sum(now.values())}, "before issue 33": {**before, "total": sum(before.values())}}
-    if (item3 := measured.get("item3")) is not None:  # the figures above predate issue 62 item 3: priced after it
-        update, rollout = item3["update_cpu_s"], item3["rollout_cpu_s"]
-        after = {"GRPO-trained arms": now["GRPO-trained arms"] * update["after"] / update["before"],
-                 "SFT arms (equal CPU)": now["SFT arms (equal CPU)"] * update["after"] / update["before"],
-                 "arm evaluations": now["arm evaluations"] * rollout["after"] / rollout["before"]}
+    if "item3" in measured:  # the figures above predate issue 62 item 3: "now" is priced after it
+        parts = estimate_cpu(cfg, measured)
+        after = {n: parts[n] for n in names}
         out = {"now": {**after, "total": sum(after.values())}, "before issue 62 item 3": out["now"],
                "before issue 33": out["before issue 33"]}
     return out
