@@ -14,6 +14,17 @@
 - ``adamw``: one AdamW step over the 6-layer student's parameters with random gradients, ``foreach`` (torch's
   default) against ``fused`` (:func:`agents.llm.training.ppo.fused_adamw`); needs ``--base``.
 
+On request (not in the default ``--parts``; the records of the rollout's gap against vLLM and of the packed head's
+size floor):
+
+- ``body``: one decode step's body products of the 30-layer SmolLM2 (random weights of its shapes, 30 layers' worth
+  so that they stream from memory as in a step) at 4 and 8 rows: separate products through sgemm (as transformers
+  runs them), q/k/v and gate/up fused into one product each, separate and fused on weights reordered once for
+  oneDNN; the reorder's CPU-s for the 30 layers beside;
+- ``heads``: the packed head's reorder against what it saves a step, at 8 rows, for heads of 4,096 x 128 (the tiny
+  presets') up to SmolLM2's 49,152 x 576: the steps a batch must decode to earn the reorder back
+  (:data:`agents.llm.generation.packed_head.MIN_HEAD_BYTES`).
+
     python benchmarks/gap_levers.py --base ~/.cache/memenv/models/smollm2-135m-instruct \
         --json results/limits/gap_levers.json
 
@@ -211,10 +222,94 @@ def adamw(rounds: int, model) -> dict:
     return res
 
 
+def _reorder(w: torch.Tensor) -> torch.Tensor:
+    from agents.llm.generation.packed_head import REORDER_BATCH
+
+    return torch.ops.mkldnn._reorder_linear_weight(w, REORDER_BATCH)
+
+
+def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def body(rounds: int, layers: int = 30) -> dict:
+    g = torch.Generator().manual_seed(0)
+    shapes = {"q": (576, 576), "k": (192, 576), "v": (192, 576), "o": (576, 576), "gate": (1536, 576),
+              "up": (1536, 576), "down": (576, 1536)}
+    w = [{k: torch.randn(*s, generator=g) * 0.02 for k, s in shapes.items()} for _ in range(layers)]
+    fused_w = [{"qkv": torch.cat([l["q"], l["k"], l["v"]]), "o": l["o"], "gateup": torch.cat([l["gate"], l["up"]]),
+                "down": l["down"]} for l in w]
+    start = time.process_time()
+    packed_w = [{k: _reorder(v) for k, v in l.items()} for l in w]
+    reorder_s = time.process_time() - start
+    packed_fused = [{k: _reorder(v) for k, v in l.items()} for l in fused_w]
+    nbytes = sum(v.numel() for l in w for v in l.values()) * 4
+    out = {"layers": layers, "weight_MB": nbytes / 1e6, "reorder_cpu_s": reorder_s, "rows": {}}
+    F = torch.nn.functional.linear
+    for rows in (4, 8):
+        x, h = torch.randn(rows, 1, 576, generator=g), torch.randn(rows, 1, 1536, generator=g)
+
+        def step(ws, mm):
+            for l in ws:
+                for k, v in l.items():
+                    mm(h if k == "down" else x, v)
+
+        sides = {"sgemm": lambda: step(w, F), "sgemm_fused": lambda: step(fused_w, F),
+                 "packed": lambda: step(packed_w, _packed), "packed_fused": lambda: step(packed_fused, _packed)}
+
+        def inner(fn, loops=5):
+            fn()
+            start = time.process_time()
+            for _ in range(loops):
+                fn()
+            return (time.process_time() - start) / loops
+
+        res = _alternate(sides, rounds, inner)
+        for k in sides:
+            res[k]["weight_GBps"] = nbytes / res[k]["mean"] / 1e9
+            res[k]["x_vs_sgemm"] = res["sgemm"]["mean"] / res[k]["mean"]
+        out["rows"][str(rows)] = res
+        print(f"body, {layers} layers, {rows} rows: " + ", ".join(
+            f"{k} {res[k]['mean'] * 1e3:.1f} ± {res[k]['sd'] * 1e3:.1f} ms ({res[k]['x_vs_sgemm']:.2f}x, "
+            f"{res[k]['weight_GBps']:.1f} GB/s)" for k in sides) + f"; reorder {reorder_s:.2f} CPU-s")
+    return out
+
+
+def heads(rounds: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for vocab, d in ((4096, 128), (8192, 256), (16384, 256), (32768, 384), (V, D)):
+        w = torch.randn(vocab, d, generator=g) * 0.02
+        x = torch.randn(8, 1, d, generator=g)
+        start = time.process_time()
+        p = _reorder(w)
+        reorder_s = time.process_time() - start
+        loops = max(5, int(2e8 // (vocab * d * 8)))
+
+        def inner(fn, loops=loops):
+            fn()
+            start = time.process_time()
+            for _ in range(loops):
+                fn()
+            return (time.process_time() - start) / loops
+
+        res = _alternate({"linear": lambda: torch.nn.functional.linear(x, w), "packed": lambda: _packed(x, p)},
+                         rounds, inner)
+        saved = res["linear"]["mean"] - res["packed"]["mean"]
+        res.update(reorder_cpu_s=reorder_s, weight_MiB=vocab * d * 4 / 2**20,
+                   breakeven_steps=reorder_s / saved if saved > 0 else None)
+        out[f"{vocab}x{d}"] = res
+        even = f"{res['breakeven_steps']:.0f} steps to break even" if saved > 0 else "never breaks even"
+        print(f"head {vocab} x {d} ({res['weight_MiB']:.0f} MiB), 8 rows: linear {res['linear']['mean'] * 1e3:.3f} ms, "
+              f"packed {res['packed']['mean'] * 1e3:.3f} ms, reorder {reorder_s * 1e3:.1f} ms: {even}")
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", help="SmolLM2-135M's folder (decode and adamw need it)")
-    parser.add_argument("--parts", default="head8,fused,decode,adamw")
+    parser.add_argument("--parts", default="head8,fused,decode,adamw", help="any of head8, fused, decode, adamw, "
+                        "body, heads (default: the first four)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--fused-rows", type=int, default=1152, help="action tokens of one actor call (default "
                         "1,152: the arm update's, 8 calls of 12 actions x 96 tokens)")
@@ -244,6 +339,10 @@ def main(argv=None) -> None:
             out["decode"] = decode(max(2, args.rounds - 1), model, tok)
         if "adamw" in parts:
             out["adamw"] = adamw(args.rounds, model)
+    if "body" in parts:
+        out["body"] = body(args.rounds)
+    if "heads" in parts:
+        out["heads"] = heads(args.rounds)
     out["host_after"] = host_info()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -22,7 +22,9 @@ Why a size floor: the reorder is paid once per batch and a step saves the differ
 a small head never earns it back. Measured on the AVX2 host (1 thread, CPU-seconds, 8 rows; 2026-12-07): a
 4,096 x 128 head (the tiny experiments' 2 MiB) saves 0.05 ms a step for a 5.4 ms reorder, ~100 steps to break even,
 more than a batch decodes; 8,192 x 256 (8 MiB) breaks even in 10 steps, 49,152 x 576 (108 MiB) in 9. Below the
-floor the decode stays bit for bit the plain product's, as before the packed head existed.
+floor the decode stays bit for bit the plain product's, as before the packed head existed. The record:
+``python benchmarks/gap_levers.py --parts heads`` (``results/limits/gap_levers_body_heads.json``: 270 steps at
+2 MiB, 2-8 steps from 8 MiB up, at load ~2).
 """
 
 from __future__ import annotations
