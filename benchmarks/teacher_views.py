@@ -28,11 +28,12 @@ def _refuse(message: str) -> SystemExit:
     return SystemExit(2)
 
 
-def check_inputs(run: Path, csv: str | None) -> tuple[dict[str, str], dict]:
+def check_inputs(run: Path, csv: str | None, stages: tuple[str, ...] = ("teacher", "student")
+                 ) -> tuple[dict[str, str], dict]:
     """Everything the benchmark reads and writes, checked before any model is loaded (as ``memenv distill
-    diagnose`` does): the run folder, each stage's ``result.json`` and the checkpoint it names (re-resolved
-    under the run folder if the folder was moved), ``experiment.json``, and that ``--csv`` can be written.
-    Returns the two checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the
+    diagnose`` does): the run folder, each of ``stages``' ``result.json`` and the checkpoint it names
+    (re-resolved under the run folder if the folder was moved), ``experiment.json``, and that ``--csv`` can be
+    written. Returns the checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the
     first problem otherwise."""
     from agents.llm.models.pretrained import check_checkpoint
     from distill.experiment.stages import StageFileError, read_stage_json, relocated
@@ -50,10 +51,10 @@ def check_inputs(run: Path, csv: str | None) -> tuple[dict[str, str], dict]:
             raise _refuse(str(err)) from None
     paths = {}
     try:
-        for stage in ("teacher", "student"):
+        for stage in stages:
             result = run / stage / "result.json"
             if not result.exists():
-                raise _refuse(f"{result} is missing: run the experiment with --until student first")
+                raise _refuse(f"{result} is missing: run the experiment with --until {stages[-1]} first")
             saved = read_stage_json(result, "that stage's result")
             if not isinstance(saved, dict) or not isinstance(saved.get("path"), str):
                 raise _refuse(f"{result}: no checkpoint path in it (not a stage result of memenv experiment)")

@@ -17,7 +17,10 @@ distribution, the two arms are the same algorithm and no number of seeds can tel
 - the share of invocations with an **information gap** (:func:`information_gaps`): the flattened transcript holds
   a gold answer that the memory state does not (the memory dropped a fact the transcript still holds: the
   paper's mechanism, a teacher scoring with information the student no longer has), and the views' disagreement
-  on those invocations against the others.
+  on those invocations against the others;
+- per episode, whether the memory lost a fact the transcript holds (:func:`lost_facts`, from the env's own
+  snapshots, so for episodes played in either view): what a teacher's F1 is split by, in each view
+  (``benchmarks/teacher_lost_facts.py``).
 
     from distill.views import view_divergence
     result = view_divergence(teacher, student, tokenizer, batch_a, batch_b)   # two independent rollout batches
@@ -82,6 +85,30 @@ def information_gaps(records: Sequence[InvocationRecord], tokenizer):
                      "answerable_persistent": bool(gold) and all(held["persistent"])})
     return pd.DataFrame(rows, columns=["record", "episode", "turn", "objectives", "held_aligned", "held_persistent",
                                        "info_gap", "answerable_aligned", "answerable_persistent"])
+
+
+def lost_facts(records: Sequence[InvocationRecord]):
+    """Whether each episode's memory lost a fact its transcript holds, from the env's own snapshots (so the same
+    for an episode played in either view: the env keeps the memory in both). One row per episode (a
+    :class:`pandas.DataFrame`, in order of first appearance): ``episode``, ``invocations``, ``lost_turns`` (the
+    invocations whose memory-state observation, ``snapshot["observation"]``: the task, the memory and the last tool
+    output, lacks a gold answer that an earlier tool output showed) and ``lost`` (``lost_turns > 0``). Records
+    without gold answers or snapshots count none (without an observation, the memory alone is read)."""
+    import pandas as pd
+
+    rows: dict[str, dict] = {}
+    seen_text: dict[str, str] = {}
+    for r in sorted(records, key=lambda r: (r.episode_id, r.turn)):
+        row = rows.setdefault(r.episode_id, {"episode": r.episode_id, "invocations": 0, "lost_turns": 0})
+        row["invocations"] += 1
+        earlier = seen_text.get(r.episode_id, "")
+        shown = str(r.snapshot.get("observation") or r.snapshot.get("memory_before") or "").lower()
+        if any(_holds(earlier, answers) and not _holds(shown, answers) for answers in (r.gold or [])):
+            row["lost_turns"] += 1
+        seen_text[r.episode_id] = earlier + "\n" + str(r.snapshot.get("tool_output") or "").lower()
+    order = list(dict.fromkeys(r.episode_id for r in records))
+    frame = pd.DataFrame([rows[e] for e in order], columns=["episode", "invocations", "lost_turns"])
+    return frame.assign(lost=frame.lost_turns > 0)
 
 
 @torch.no_grad()
@@ -233,5 +260,5 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     return ViewDivergence(summary, per_turn, tokens, invocations)
 
 
-__all__ = ["VIEWS", "teacher_views", "information_gaps", "token_disagreement", "distill_gradients", "cosine",
-           "ViewDivergence", "view_divergence"]
+__all__ = ["VIEWS", "teacher_views", "information_gaps", "lost_facts", "token_disagreement", "distill_gradients",
+           "cosine", "ViewDivergence", "view_divergence"]

@@ -727,6 +727,45 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
         assert message in capsys.readouterr().err
 
 
+def test_teacher_lost_facts_benchmark_splits_each_views_f1_by_lost_facts(tmp_path, capsys):
+    """benchmarks/teacher_lost_facts.py on a run folder with only its teacher: per pool and view, the episodes with
+    and without a lost fact add up to the view's, and their F1s average to its F1; a missing teacher is named."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models.local import save_pretrained
+    from distill.experiment.config import _config_record
+
+    spec = importlib.util.spec_from_file_location(
+        "teacher_lost_facts_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_lost_facts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    (run / "teacher").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        script.main(["--run", str(run)])
+    assert "teacher/result.json is missing: run the experiment with --until teacher" in capsys.readouterr().err
+    tok = memqa_tokenizer()
+    save_pretrained(tiny_model(tok, seed=1), tok, tmp_path / "teacher")
+    (run / "teacher" / "result.json").write_text(json.dumps({"path": str(tmp_path / "teacher")}))
+    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    assert script.main(["--run", str(run), "--episodes", "4", "--json", str(tmp_path / "lost.json")]) == 0
+    rows = pd.DataFrame(json.loads((tmp_path / "lost.json").read_text())["rows"])
+    assert set(zip(rows["pool"], rows["view"])) == {(p, v) for p in ("held-out", "seen")
+                                                    for v in ("memory", "persistent")}
+    for _, part in rows.groupby(["pool", "view"]):
+        whole = part[part.lost_fact == "all"].iloc[0]
+        split = part[part.lost_fact != "all"]
+        assert whole.episodes == 4 == split.episodes.sum()
+        assert (split.f1 * split.episodes).sum() / 4 == pytest.approx(whole.f1)
+    assert "CPU-s" in capsys.readouterr().out
+
+
 def test_teacher_views_benchmark_checks_every_input_before_any_work(tmp_path, capsys, monkeypatch):
     """Before: a damaged result.json or experiment.json, or a checkpoint folder that is gone, were tracebacks, and a
     --csv that cannot be written was found after the sampling."""

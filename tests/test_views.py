@@ -115,6 +115,33 @@ def test_information_gaps_find_answers_the_transcript_keeps_and_the_memory_lost(
     assert not information_gaps(records, tok).loc[0, ["info_gap", "answerable_aligned"]].any()
 
 
+def test_lost_facts_counts_memory_states_missing_an_answer_an_earlier_search_showed():
+    """From the env's snapshots: a turn whose memory lacks a gold answer an earlier tool output showed is a lost
+    fact; an answer kept in memory, or one no search has shown yet, is not; episodes are kept apart."""
+    from agents.llm.records.invocation import InvocationRecord
+    from distill.views import lost_facts
+
+    def rec(episode, turn, shown, output, gold=(("Paris",), ("rome", "Roma"))):
+        # ``shown``: the memory-state observation of that invocation (its memory and the last tool output)
+        return InvocationRecord(episode, turn, [1], [2], [0.0], [1], [0], gold=[list(g) for g in gold],
+                                snapshot={"observation": shown, "memory_before": "", "tool_output": output})
+
+    records = [rec("a", 1, "task", "doc: Paris is the capital"),  # nothing seen before turn 1
+               rec("a", 2, "memory: - | doc: Paris is the capital", "doc: ROME"),  # the last output is shown
+               rec("a", 3, "memory: rome", ""),                   # Paris lost, Rome kept
+               rec("b", 2, "memory: -", "nothing"), rec("b", 1, "task", "doc: Paris"),  # out of order: lost
+               rec("c", 1, "task", "doc: Paris"), rec("c", 2, "note", "")]
+    records[-1].gold = None  # no gold answers: nothing to lose
+    frame = lost_facts(records).set_index("episode")
+    assert list(frame.index) == ["a", "b", "c"]
+    assert frame.loc["a", "lost_turns"] == 1 and frame.loc["b", "lost_turns"] == 1
+    assert frame.loc["c", "lost_turns"] == 0 and list(frame.lost) == [True, True, False]
+    assert list(frame.invocations) == [3, 2, 2]
+    assert lost_facts(records[:2]).lost.tolist() == [False]  # the answer still in view
+    records[2].snapshot = {"memory_before": "paris rome", "tool_output": ""}  # no observation: its memory
+    assert lost_facts(records[:3]).lost.tolist() == [False]
+
+
 def test_information_gaps_on_real_rollouts_start_at_turn_one():
     """Turn 0's two views are one prompt: no gap there, whatever the episode."""
     from distill.views import information_gaps
