@@ -59,6 +59,15 @@ def _stats(values: list[float]) -> dict:
             "values": values}
 
 
+def _per_call(fn, loops: int = 5) -> float:
+    """CPU seconds of one call of ``fn``, the mean of ``loops`` calls after one warm-up call."""
+    fn()
+    start = time.process_time()
+    for _ in range(loops):
+        fn()
+    return (time.process_time() - start) / loops
+
+
 def _alternate(sides: dict, rounds: int, inner) -> dict:
     """``inner(fn) -> seconds`` per side per round, the order reversed every other round."""
     out = {k: [] for k in sides}
@@ -69,29 +78,28 @@ def _alternate(sides: dict, rounds: int, inner) -> dict:
     return {k: _stats(v) for k, v in out.items()}
 
 
-def head8(rounds: int) -> dict:
+def _reorder(w: torch.Tensor) -> torch.Tensor:
     from agents.llm.generation.packed_head import REORDER_BATCH
 
+    return torch.ops.mkldnn._reorder_linear_weight(w, REORDER_BATCH)
+
+
+def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def head8(rounds: int) -> dict:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(V, D, generator=g) * 0.02
     start = time.process_time()
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, REORDER_BATCH)
+    packed = _reorder(w)
     reorder_s = time.process_time() - start
     rows_out = {}
     for rows in (1, 2, 4, 8):
         x = torch.randn(rows, 1, D, generator=g)
-        sides = {"linear": lambda: torch.nn.functional.linear(x, w),
-                 "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+        sides = {"linear": lambda: torch.nn.functional.linear(x, w), "packed": lambda: _packed(x, packed)}
         diff = float((sides["linear"]() - sides["packed"]()).abs().max())
-
-        def inner(fn, loops=5):
-            fn()
-            start = time.process_time()
-            for _ in range(loops):
-                fn()
-            return (time.process_time() - start) / loops
-
-        res = _alternate(sides, rounds, inner)
+        res = _alternate(sides, rounds, _per_call)
         res["speedup"] = res["linear"]["mean"] / res["packed"]["mean"]
         res["weight_GBps"] = {k: w.numel() * 4 / res[k]["mean"] / 1e9 for k in ("linear", "packed")}
         res["max_abs_diff"] = diff
@@ -222,16 +230,6 @@ def adamw(rounds: int, model) -> dict:
     return res
 
 
-def _reorder(w: torch.Tensor) -> torch.Tensor:
-    from agents.llm.generation.packed_head import REORDER_BATCH
-
-    return torch.ops.mkldnn._reorder_linear_weight(w, REORDER_BATCH)
-
-
-def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-
-
 def body(rounds: int, layers: int = 30) -> dict:
     g = torch.Generator().manual_seed(0)
     shapes = {"q": (576, 576), "k": (192, 576), "v": (192, 576), "o": (576, 576), "gate": (1536, 576),
@@ -256,15 +254,7 @@ def body(rounds: int, layers: int = 30) -> dict:
 
         sides = {"sgemm": lambda: step(w, F), "sgemm_fused": lambda: step(fused_w, F),
                  "packed": lambda: step(packed_w, _packed), "packed_fused": lambda: step(packed_fused, _packed)}
-
-        def inner(fn, loops=5):
-            fn()
-            start = time.process_time()
-            for _ in range(loops):
-                fn()
-            return (time.process_time() - start) / loops
-
-        res = _alternate(sides, rounds, inner)
+        res = _alternate(sides, rounds, _per_call)
         for k in sides:
             res[k]["weight_GBps"] = nbytes / res[k]["mean"] / 1e9
             res[k]["x_vs_sgemm"] = res["sgemm"]["mean"] / res[k]["mean"]
@@ -281,20 +271,11 @@ def heads(rounds: int) -> dict:
     for vocab, d in ((4096, 128), (8192, 256), (16384, 256), (32768, 384), (V, D)):
         w = torch.randn(vocab, d, generator=g) * 0.02
         x = torch.randn(8, 1, d, generator=g)
-        start = time.process_time()
         p = _reorder(w)
-        reorder_s = time.process_time() - start
-        loops = max(5, int(2e8 // (vocab * d * 8)))
-
-        def inner(fn, loops=loops):
-            fn()
-            start = time.process_time()
-            for _ in range(loops):
-                fn()
-            return (time.process_time() - start) / loops
-
+        reorder_s = _per_call(lambda: _reorder(w), loops=5)  # one reorder alone is too short for the CPU clock
+        loops = max(5, int(2e8 // (vocab * d * 8)))  # small heads: more calls, so the CPU clock resolves them
         res = _alternate({"linear": lambda: torch.nn.functional.linear(x, w), "packed": lambda: _packed(x, p)},
-                         rounds, inner)
+                         rounds, lambda fn: _per_call(fn, loops))
         saved = res["linear"]["mean"] - res["packed"]["mean"]
         res.update(reorder_cpu_s=reorder_s, weight_MiB=vocab * d * 4 / 2**20,
                    breakeven_steps=reorder_s / saved if saved > 0 else None)

@@ -19,12 +19,13 @@ Used only for a plain fp32 :class:`torch.nn.Linear` head on the CPU with oneDNN 
 scoring forward are untouched.
 
 Why a size floor: the reorder is paid once per batch and a step saves the difference between the two products, so
-a small head never earns it back. Measured on the AVX2 host (1 thread, CPU-seconds, 8 rows; 2026-12-07): a
-4,096 x 128 head (the tiny experiments' 2 MiB) saves 0.05 ms a step for a 5.4 ms reorder, ~100 steps to break even,
-more than a batch decodes; 8,192 x 256 (8 MiB) breaks even in 10 steps, 49,152 x 576 (108 MiB) in 9. Below the
-floor the decode stays bit for bit the plain product's, as before the packed head existed. The record:
-``python benchmarks/gap_levers.py --parts heads`` (``results/limits/gap_levers_body_heads.json``: 270 steps at
-2 MiB, 2-8 steps from 8 MiB up, at load ~2).
+on a small head the gain is marginal at best. Measured on the AVX2 host (1 thread, CPU-seconds, 8 rows, load ~2;
+2026-12-07, four runs): a 4,096 x 128 head (the tiny experiments' 2 MiB) saves 0.02-0.07 ms a step, a small share
+of a tiny model's decode step, and breaks even after 19 to 270 steps depending on the run (its 64-token cap
+decodes at most 64); from 8 MiB up the head breaks even in 2-10 steps (49,152 x 576, 108 MiB: 8-9). So below the
+floor nothing measurable is given up, and the decode stays bit for bit the plain product's, as before the packed
+head existed. The record: ``python benchmarks/gap_levers.py --parts heads``
+(``results/limits/gap_levers_body_heads.json``: the last of those runs, 19 steps at 2 MiB, 2-8 from 8 MiB up).
 """
 
 from __future__ import annotations
