@@ -25,7 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from teacher_views import _refuse, check_inputs  # noqa: E402
+from teacher_views import _refuse as _refuse_as, check_inputs  # noqa: E402
+
+PROG = "teacher_lost_facts.py"
+
+
+def _refuse(message: str) -> SystemExit:
+    return _refuse_as(message, PROG)
 
 
 def main(argv=None) -> int:
@@ -37,7 +43,7 @@ def main(argv=None) -> int:
     if args.episodes < 1:
         raise _refuse(f"--episodes must be >= 1, got {args.episodes}")
     run = Path(args.run)
-    paths, saved = check_inputs(run, args.json, stages=("teacher",))
+    paths, saved = check_inputs(run, args.json, stages=("teacher",), out_flag="--json", prog=PROG)
 
     import pandas as pd
     import torch

@@ -22,52 +22,53 @@ from dataclasses import replace
 from pathlib import Path
 
 
-def _refuse(message: str) -> SystemExit:
+def _refuse(message: str, prog: str = "teacher_views.py") -> SystemExit:
     """One line on stderr, exit status 2 (as ``memenv`` commands refuse a user's input)."""
-    print(f"teacher_views.py: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {message}", file=sys.stderr)
     return SystemExit(2)
 
 
-def check_inputs(run: Path, csv: str | None, stages: tuple[str, ...] = ("teacher", "student")
-                 ) -> tuple[dict[str, str], dict]:
+def check_inputs(run: Path, csv: str | None, stages: tuple[str, ...] = ("teacher", "student"),
+                 out_flag: str = "--csv", prog: str = "teacher_views.py") -> tuple[dict[str, str], dict]:
     """Everything the benchmark reads and writes, checked before any model is loaded (as ``memenv distill
     diagnose`` does): the run folder, each of ``stages``' ``result.json`` and the checkpoint it names
-    (re-resolved under the run folder if the folder was moved), ``experiment.json``, and that ``--csv`` can be
-    written. Returns the checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the
-    first problem otherwise."""
+    (re-resolved under the run folder if the folder was moved), ``experiment.json``, and that the output file
+    (``csv``, given as ``out_flag``) can be written; ``prog`` names the script in a refusal. Returns the
+    checkpoints' paths and the saved settings; a :class:`SystemExit` (status 2) naming the first problem
+    otherwise."""
     from agents.llm.models.pretrained import check_checkpoint
     from distill.experiment.stages import StageFileError, read_stage_json, relocated
     from memenv.cli_common import CommandError, check_out_dir
 
     if not run.is_dir():
-        raise _refuse(f"--run {run}: no such folder (a memenv experiment memopd --out folder)")
+        raise _refuse(f"--run {run}: no such folder (a memenv experiment memopd --out folder)", prog)
     if csv is not None:
         target = Path(csv)
         if target.is_dir():
-            raise _refuse(f"--csv {csv}: is a folder, not a file")
+            raise _refuse(f"{out_flag} {csv}: is a folder, not a file", prog)
         try:
-            check_out_dir(target.parent if str(target.parent) else ".", f"--csv {csv}: its folder")
+            check_out_dir(target.parent if str(target.parent) else ".", f"{out_flag} {csv}: its folder")
         except CommandError as err:
-            raise _refuse(str(err)) from None
+            raise _refuse(str(err), prog) from None
     paths = {}
     try:
         for stage in stages:
             result = run / stage / "result.json"
             if not result.exists():
-                raise _refuse(f"{result} is missing: run the experiment with --until {stages[-1]} first")
+                raise _refuse(f"{result} is missing: run the experiment with --until {stages[-1]} first", prog)
             saved = read_stage_json(result, "that stage's result")
             if not isinstance(saved, dict) or not isinstance(saved.get("path"), str):
-                raise _refuse(f"{result}: no checkpoint path in it (not a stage result of memenv experiment)")
+                raise _refuse(f"{result}: no checkpoint path in it (not a stage result of memenv experiment)", prog)
             paths[stage] = relocated(saved, run / stage)["path"]
             check_checkpoint(paths[stage], f"the {stage} checkpoint named by {result}")
         settings = run / "experiment.json"
         if not settings.exists():
-            raise _refuse(f"{settings} is missing: not a memenv experiment memopd folder")
+            raise _refuse(f"{settings} is missing: not a memenv experiment memopd folder", prog)
         saved = read_stage_json(settings, "nothing (it is the run's settings: restore it)")
     except (StageFileError, CommandError) as err:
-        raise _refuse(str(err)) from None
+        raise _refuse(str(err), prog) from None
     if not isinstance(saved, dict) or not all(isinstance(saved.get(k), dict) for k in ("teacher", "student")):
-        raise _refuse(f"{settings}: not the settings of a memenv experiment (no teacher and student specs)")
+        raise _refuse(f"{settings}: not the settings of a memenv experiment (no teacher and student specs)", prog)
     return paths, saved
 
 

@@ -749,7 +749,12 @@ def test_teacher_lost_facts_benchmark_splits_each_views_f1_by_lost_facts(tmp_pat
     (run / "teacher").mkdir(parents=True)
     with pytest.raises(SystemExit):
         script.main(["--run", str(run)])
-    assert "teacher/result.json is missing: run the experiment with --until teacher" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("teacher_lost_facts.py: error: ") and "teacher/result.json is missing: run the experiment " \
+        "with --until teacher" in err
+    with pytest.raises(SystemExit):
+        script.main(["--run", str(run), "--json", str(tmp_path)])  # a folder, named by its flag
+    assert "--json " in capsys.readouterr().err
     tok = memqa_tokenizer()
     save_pretrained(tiny_model(tok, seed=1), tok, tmp_path / "teacher")
     (run / "teacher" / "result.json").write_text(json.dumps({"path": str(tmp_path / "teacher")}))
