@@ -11,8 +11,10 @@ from __future__ import annotations
 #: command -> its cost as documented (README and ``--help``).
 COSTS: dict[str, str] = {
     # `memenv bench` at its defaults: 15 CPU-s (39 s wall at load average 8) and 18 CPU-s in two measurements on an
-    # AVX512 host; 20.9 and 21.5 CPU-s in fresh clones on an AVX2-only host (2026-12-07).
-    "bench": "15-22 CPU-s (21 on an AVX2-only host)",
+    # AVX512 host; 20.9 and 21.5 CPU-s in fresh clones on an AVX2-only host (2026-12-07), and on that host later
+    # 25.1 and 27.9 with other work beside it and 27.2 at load ~1 (fresh clones, 2026-12-07, nothing in its path
+    # changed between them).
+    "bench": "15-28 CPU-s (21-28 on an AVX2-only host)",
     # `memenv models prepare smollm2-135m-instruct`, the first time (the conversion); then 0.1 s (a cache check).
     "prepare": "32 s measured here, 115 s on a busy 2-core machine; later 0.1 s",
     # `memenv experiment memopd --quick`: 7.2 CPU-min (4.8 wall-min) alone, 10.7 CPU-min on the shared machine;
