@@ -137,13 +137,18 @@ class Demonstration(NamedTuple):
 
 
 def transcript_demonstration(first_prompt_ids: Sequence[int], actions: Sequence[Sequence[int]],
-                             observations: Sequence[str], fmt: TranscriptFormat, tokenizer) -> Demonstration:
+                             observations: Sequence[str], fmt: TranscriptFormat, tokenizer,
+                             scored: Sequence[int] | None = None) -> Demonstration:
     """One episode in the persistent view (:func:`agents.llm.records.transcript.flatten_episode`) as an SFT example: the
-    loss on each action's ids, none on the env's replies."""
+    loss on each action's ids (``scored``: on those turns' actions only, 0-based), none on the env's replies."""
     ids, spans = flatten_episode(first_prompt_ids, actions, observations, fmt)
     start = len(first_prompt_ids)
     action, memory = [0] * (len(ids) - start), [0] * (len(ids) - start)
-    for (begin, length), act in zip(spans, actions):
+    turns = range(len(actions)) if scored is None else sorted(set(scored))
+    for turn in turns:
+        if not 0 <= turn < len(actions):
+            raise ValueError(f"scored turn {turn} is outside the episode's {len(actions)} actions")
+        (begin, length), act = spans[turn], actions[turn]
         action[begin - start:begin - start + length] = [1] * length
         memory[begin - start:begin - start + length] = memory_mask(list(act), tokenizer)
     return Demonstration(list(first_prompt_ids), ids[start:], memory, action)

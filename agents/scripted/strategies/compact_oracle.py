@@ -52,12 +52,13 @@ from typing import Any
 
 from agents.scripted.strategies.qa_strategies import OraclePolicy, _RESULT_ENTRY
 from agents.scripted.strategies.world_reader import read_observation
-from memenv.protocol import format_action
+from memenv.protocol import format_action, parse_action
 from memenv.search.bm25 import tokenize
 
 __all__ = ["CompactOracle", "TranscriptCompactOracle"]
 
 _NOTE = re.compile(r"^Q(\d+)([a-z]?): (.+)$")
+_ANY_SEARCH = "<another policy's search>"  # _last_doc after follow(): what the next result shows counts as found
 
 
 def _distinct_word(answer: str, other: str) -> str:
@@ -152,6 +153,11 @@ class CompactOracle(OraclePolicy):
     titles of the documents still to read), ``evidence_complete``, ``queries`` (this episode's searches),
     ``researched`` (the searches for a document found before: the memory view's re-searches of a lost note) and
     ``lost`` (question numbers whose note was read but not kept, this turn).
+
+    **Labelling another policy's states** (DAgger-style relabelling, :mod:`agents.llm.training.relabel`): after
+    each :meth:`act`, :meth:`follow` says which action the env actually received. Where it was not the expert's,
+    the expert's own bookkeeping of that turn is undone, and a search it did not choose counts whatever it shows as
+    found (a title whose search found it is searched by its title), never as a failed query form of its own.
     """
 
     name = "oracle-compact"
@@ -173,6 +179,8 @@ class CompactOracle(OraclePolicy):
         self._seen: set[str] = set()  # ids of documents any result showed (the transcript's)
         self._last_doc: str | None = None
         self._final = False
+        self._undo: tuple[int, int, bool] | None = None  # the last act's queries, re-searches, last-search flag
+        self._acted: str | None = None  # the last act's action, until follow() is told what the env received
 
     def reset(self, env: Any = None) -> None:
         super().reset(env)
@@ -227,12 +235,33 @@ class CompactOracle(OraclePolicy):
 
     # ------------------------------------------------------------------ acting
     def act(self, observation: str) -> str:
+        action = self._act(observation)
+        self._acted = action
+        return action
+
+    def follow(self, taken: str) -> None:
+        """The env received ``taken`` after the last :meth:`act` (another policy's action, in relabelling): where
+        it is not the expert's own action, undo what that action's choice recorded (its query, a re-search, the
+        last-search flag), and let a search it did not choose count what it shows as found at the next act."""
+        if self._acted is None:
+            raise ValueError("follow() needs an act() first, after reset()")
+        if taken != self._acted:
+            queries, researched, final = self._undo
+            del self.queries[queries:], self.researched[researched:]
+            self._final = final
+            parsed = parse_action(taken)
+            self._last_doc = _ANY_SEARCH if parsed.valid and parsed.tool == "search" else None
+        self._acted = None
+
+    def _act(self, observation: str) -> str:
         if self.env is None or not self.plans:
             raise ValueError("the oracle needs the env: call policy.reset(env) after env.reset()")
         view = read_observation(observation)
         shown_titles = set(m.group(1) for m in _RESULT_ENTRY.finditer(view.information))
         shown = {d.id for p in self.plans for d in p.docs if f"{d.title}) {d.text}" in shown_titles}
-        if self._last_doc is not None:
+        if self._last_doc == _ANY_SEARCH:  # another policy's search (follow): what it shows counts as found
+            self._found |= shown
+        elif self._last_doc is not None:
             if self._last_doc in shown:
                 self._found.add(self._last_doc)
             elif self.queries:
@@ -240,6 +269,7 @@ class CompactOracle(OraclePolicy):
                 self._failed_terms.add(tuple(sorted(tokenize(self.queries[-1]))))
         self._last_doc = None
         self._seen |= shown
+        self._undo = (len(self.queries), len(self.researched), self._final)
         memory_lines = [line.strip() for line in view.memory.split("\n") if line.strip()]
         before = {p.index: p.parse(memory_lines) for p in self.plans}
         # What this view knows now: memory and the result in front, or (transcript) every result so far.
