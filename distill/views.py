@@ -199,7 +199,13 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     ``summary``: ``between_view_cosine`` (the cosine of the aligned and the persistent distillation gradients on the
     same batch, mean over the two batches), ``same_view_cosine`` (one view's gradients on the two batches, mean over
     the two views: the noise reference), ``grad_norm_ratio`` (``|g_aligned - g_persistent| / |g_aligned|``, mean
-    over the batches), ``between_view_cosine_gap`` (the same cosine on the information-gap invocations' tokens
+    over the batches), ``expected_between_view_cosine`` (the cosine of the two views' expected gradients, estimated
+    from products across the two batches, so the sampling noise one batch gives both views cancels: 1 where the views
+    pull the same way on average; nan where a view's two batches point apart; a noisy estimate that may pass 1),
+    ``view_difference_cosine`` (the cosine of batch 1's ``g_aligned - g_persistent`` and batch
+    2's: near 1 where the views' difference is systematic, near 0 where it is noise), ``difference_to_noise`` (the
+    difference's norm over the norm of one view's gradient difference between the two batches, means over
+    batches and views), ``between_view_cosine_gap`` (the same cosine on the information-gap invocations' tokens
     only: where the paper's mechanism lives), the per-token ``kl_mean`` / ``kl_median`` / ``argmax_differs``, ``info_gap_share`` (share of
     invocations with an information gap), ``kl_info_gap`` / ``kl_no_gap`` and ``argmax_info_gap`` /
     ``argmax_no_gap`` (per action token, on invocations with and without one; nan where there are none),
@@ -233,12 +239,27 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     same = [cosine(grads[0][view], grads[1][view]) for view in VIEWS]
     norm_ratio = [float((g["aligned"] - g["persistent"]).norm() / g["aligned"].norm())
                   if float(g["aligned"].norm()) > 0 else math.nan for g in grads]
+    # Is the views' difference systematic? The two batches' differences point the same way (cosine near 1) where
+    # the views part on what the task shows them, and at random (near 0) where it is the batch's noise; and its size
+    # against the noise between the two batches of one view (an update's signal from the views vs its sampling noise).
+    differences = [g["aligned"] - g["persistent"] for g in grads]
+    noise = [float((grads[0][view] - grads[1][view]).norm()) for view in VIEWS]
+    # The cosine of the two views' *expected* gradients, free of the sampling noise both views share on one batch:
+    # products across the independent batches are unbiased for the products of the expectations.
+    across = [float(grads[0]["aligned"].double() @ grads[1]["persistent"].double()),
+              float(grads[1]["aligned"].double() @ grads[0]["persistent"].double())]
+    within = [float(grads[0][view].double() @ grads[1][view].double()) for view in VIEWS]
+    expected = float(np.mean(across) / math.sqrt(within[0] * within[1])) if min(within) > 0 else math.nan
     gap_tokens, other_tokens = tokens[tokens.info_gap.astype(bool)], tokens[~tokens.info_gap.astype(bool)]
     episodes = invocations.groupby(["batch", "episode"]).size()
     summary = {
         "between_view_cosine": float(np.mean(between)), "between_view_cosine_batches": between,
         "same_view_cosine": float(np.mean(same)), "same_view_cosine_views": dict(zip(VIEWS, same)),
         "grad_norm_ratio": float(np.mean(norm_ratio)),
+        "expected_between_view_cosine": expected,
+        "view_difference_cosine": cosine(*differences),
+        "difference_to_noise": float(np.mean([float(d.norm()) for d in differences]) / np.mean(noise))
+        if np.mean(noise) > 0 else math.nan,
         # on the information-gap invocations' tokens only (nan where a batch has none)
         "between_view_cosine_gap": float(np.mean([cosine(g["aligned"], g["persistent"]) for g in gap_grads]))
         if gap_grads else math.nan,

@@ -43,6 +43,8 @@ def test_identical_views_give_cosine_one_and_no_disagreement():
     assert s["kl_mean"] <= 1e-6 and s["argmax_differs"] == 0.0
     assert s["between_view_cosine"] == pytest.approx(1.0, abs=1e-5) and s["grad_norm_ratio"] <= 1e-3
     assert s["same_view_cosine"] < 0.999
+    assert s["difference_to_noise"] < 1e-2  # the views' difference is rounding next to the batches' noise
+    assert s["expected_between_view_cosine"] == pytest.approx(1.0, abs=1e-4)
     assert s["info_gap_share"] == 0.0 and s["turns_per_episode"] == 1.0
     assert list(result.per_turn.turn) == [0]
 
@@ -64,6 +66,13 @@ def test_views_that_differ_give_a_lower_cosine_and_disagreement_late_in_the_epis
     assert s["action_tokens"] == sum(sum(r.action_mask) for r in a + b)
     assert s["invocations"] == len(a) + len(b) and s["episodes"] == 8
     assert set(result.tokens.columns) >= {"record", "turn", "kl", "argmax_differs", "info_gap", "batch"}
+    assert s["difference_to_noise"] > 1e-2 and -1 <= s["view_difference_cosine"] < 0.999
+    # one batch twice: the views' difference reproduces exactly, and so does each view's gradient
+    twice = view_divergence(teacher, student, tok, a, a).summary
+    assert twice["view_difference_cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert twice["same_view_cosine"] == pytest.approx(1.0, abs=1e-6) and math.isnan(twice["difference_to_noise"])
+    # and the expected-gradient cosine is then the one batch's between-view cosine
+    assert twice["expected_between_view_cosine"] == pytest.approx(twice["between_view_cosine"], abs=1e-6)
     with pytest.raises(ValueError, match="two non-empty batches"):
         view_divergence(teacher, student, tok, a, [])
 
