@@ -1,7 +1,9 @@
 """Do the teacher's two views differ in a regime? Before any arm runs: for a run's teacher and start student, on
-each MemQA setting asked for, two independent GRPO-shaped batches of the student's own rollouts (the arms'
-temperature and token cap), scored by the teacher in the aligned view (the memory state) and in the persistent view
-(the flattened transcript): the cosine between the two distillation gradients beside the same-view noise cosine,
+each MemQA setting asked for, two (``--batches``) independent GRPO-shaped batches of the student's own rollouts (the
+arms' temperature and token cap), scored by the teacher in the aligned view (the memory state) and in the persistent
+view (the flattened transcript): the cosine between the two distillation gradients on one batch beside the
+same-view noise cosine, the cosine of the views' expected gradients (from products across batches, so the noise
+both views share on a batch cancels; a jackknife SE from 3 batches on),
 the per-token KL and argmax disagreement (overall and per turn), the share of invocations where the transcript
 holds a gold answer the memory lost, and the teacher's greedy held-out F1 acting in each view (``distill.views``).
 
@@ -34,7 +36,7 @@ def _refuse(message: str) -> SystemExit:
 
 #: The columns of a setting's row (the table the regime is chosen from).
 COLUMNS = ["setting", "env", "between_view_cosine", "same_view_cosine", "between_view_cosine_gap", "grad_norm_ratio",
-           "expected_between_view_cosine", "view_difference_cosine", "difference_to_noise", "kl_mean", "kl_median",
+           "expected_between_view_cosine", "expected_between_view_cosine_se", "view_difference_cosine", "difference_to_noise", "kl_mean", "kl_median",
            "argmax_differs", "info_gap_share", "kl_info_gap", "kl_no_gap", "argmax_info_gap", "argmax_no_gap",
            "turns_per_episode", "invocations", "action_tokens", "teacher_f1_memory", "teacher_f1_persistent",
            "teacher_f1_gap"]
@@ -58,7 +60,8 @@ def parse_setting(text: str) -> tuple[str, dict]:
     return name.strip(), kwargs
 
 
-def measure(cfg, teacher_lm, student_lm, tok, episodes: int, teacher_episodes: int) -> tuple[dict, object]:
+def measure(cfg, teacher_lm, student_lm, tok, episodes: int, teacher_episodes: int,
+            batches: int = 2) -> tuple[dict, object]:
     """One setting's row (:data:`COLUMNS` but ``setting``) and its per-turn table."""
     from distill.experiment.evaluation import evaluate_per_seed
     from distill.experiment.stages import _sample_records
@@ -67,8 +70,10 @@ def measure(cfg, teacher_lm, student_lm, tok, episodes: int, teacher_episodes: i
 
     batch_a = _sample_records(student_lm, tok, cfg, episodes, seed=123)
     batch_b = _sample_records(student_lm, tok, cfg, episodes, seed=456, first_task=9 * 10**6 + 10**5)
+    more = [_sample_records(student_lm, tok, cfg, episodes, seed=1000 + k, first_task=9 * 10**6 + k * 10**5)
+            for k in range(2, batches)]
     teacher = Teacher(teacher_lm, tok, student_tokenizer=tok, student_model=student_lm)
-    result = view_divergence(teacher, student_lm, tok, batch_a, batch_b, backend=cfg.attention_backend)
+    result = view_divergence(teacher, student_lm, tok, batch_a, batch_b, backend=cfg.attention_backend, more=more)
     row = {"env": dict(cfg.env_kwargs), **{k: result.summary[k] for k in COLUMNS if k in result.summary}}
     if teacher_episodes:
         quiet = replace(cfg, progress=False)
@@ -91,8 +96,12 @@ def plot(rows: list[dict], path: Path) -> None:
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.2), constrained_layout=True)
-    ax.bar(x - 0.2, [r["between_view_cosine"] for r in rows], 0.4, label="between views (same batch)")
-    ax.bar(x + 0.2, [r["same_view_cosine"] for r in rows], 0.4, label="same view, two batches (noise)")
+    ax.bar(x - 0.27, [r["between_view_cosine"] for r in rows], 0.27, label="between views (same batch)")
+    expected = [r.get("expected_between_view_cosine", float("nan")) for r in rows]
+    errors = [r.get("expected_between_view_cosine_se", float("nan")) for r in rows]
+    ax.bar(x, expected, 0.27, yerr=[0 if e != e else e for e in errors], capsize=3,
+           label="between views, expected gradients (across batches)")
+    ax.bar(x + 0.27, [r["same_view_cosine"] for r in rows], 0.27, label="same view, two batches (noise)")
     ax.axhline(0.9, color="k", linestyle=":", label="0.9: the views must differ at least this much")
     ax.set_xticks(x, [r["setting"] for r in rows], rotation=30, ha="right")
     ax.set(ylabel="cosine of the distillation gradients", ylim=(min(0.0, *(r["same_view_cosine"] for r in rows)), 1.02),
@@ -108,16 +117,18 @@ def main(argv=None) -> int:
     parser.add_argument("--run", required=True, help="the experiment's --out folder (teacher and student built)")
     parser.add_argument("--setting", action="append", default=None,
                         help="NAME:KEY=VALUE,... env settings over the run's (repeat; default: the run's own)")
-    parser.add_argument("--episodes", type=int, default=32, help="episodes per batch (two batches per setting)")
+    parser.add_argument("--episodes", type=int, default=32, help="episodes per batch (--batches batches per setting)")
+    parser.add_argument("--batches", type=int, default=2,
+                        help="independent batches (>= 2; from 3 on the expected-gradient cosine has a jackknife SE)")
     parser.add_argument("--teacher-episodes", type=int, default=32,
                         help="held-out episodes of the teacher's greedy F1 per view (0: not measured)")
     parser.add_argument("--json", default=None, help="write the rows, the per-turn tables and the host here")
     parser.add_argument("--plot", default=None, help="write the cosines per setting as a PNG here")
     parser.add_argument("--per-turn", action="store_true", help="print each setting's per-turn table")
     args = parser.parse_args(argv)
-    if args.episodes < 1 or args.teacher_episodes < 0:
-        raise _refuse(f"--episodes must be >= 1 and --teacher-episodes >= 0, got {args.episodes} and "
-                      f"{args.teacher_episodes}")
+    if args.episodes < 1 or args.teacher_episodes < 0 or args.batches < 2:
+        raise _refuse(f"--episodes must be >= 1, --teacher-episodes >= 0 and --batches >= 2, got {args.episodes}, "
+                      f"{args.teacher_episodes} and {args.batches}")
     settings = [parse_setting(s) for s in (args.setting or ["run:"])]
     if len({name for name, _ in settings}) != len(settings):
         raise _refuse("--setting: two settings share a name")
@@ -146,7 +157,7 @@ def main(argv=None) -> int:
     except (TypeError, ValueError) as err:  # a setting this version does not know, or out of its range
         raise _refuse(f"{run / 'experiment.json'} with --setting: {err}") from None
     host = host_line()
-    print(host, f"| {args.episodes} x 2 episodes of the start student per setting at temperature "
+    print(host, f"| {args.episodes} x {args.batches} episodes of the start student per setting at temperature "
           f"{base.temperature}, {base.max_new_tokens}-token cap", flush=True)
     student, tok = load_pretrained(paths["student"])
     teacher, teacher_tok = load_pretrained(paths["teacher"])
@@ -158,7 +169,7 @@ def main(argv=None) -> int:
     cpu0 = time.process_time()
     for name, cfg in tqdm(configs, desc="settings"):
         try:
-            row, per_turn = measure(cfg, teacher, student, tok, args.episodes, args.teacher_episodes)
+            row, per_turn = measure(cfg, teacher, student, tok, args.episodes, args.teacher_episodes, args.batches)
         except (TypeError, ValueError) as err:  # an env setting MemQA refuses, a prompt beyond the context window
             print(f"--setting {name}: skipped: {err}", file=sys.stderr, flush=True)
             skipped[name] = str(err)
@@ -176,7 +187,7 @@ def main(argv=None) -> int:
     cpu = time.process_time() - cpu0
     print(f"{len(rows)} settings ({len(skipped)} skipped), {cpu:.0f} CPU-s")
     if args.json:
-        record = {"host": host, "run": str(run), "episodes_per_batch": args.episodes,
+        record = {"host": host, "run": str(run), "episodes_per_batch": args.episodes, "batches": args.batches,
                   "teacher_episodes": args.teacher_episodes, "cpu_seconds": cpu, "skipped": skipped,
                   "rows": json.loads(table.to_json(orient="records")),
                   "per_turn": {k: json.loads(v.to_json(orient="records")) for k, v in turns.items()}}

@@ -184,6 +184,36 @@ class ViewDivergence:
     invocations: object
 
 
+def expected_cosine(grads: Sequence[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    """The cosine of the two views' *expected* distillation gradients from ``grads`` (per independent batch, each
+    view's gradient), and its jackknife standard error over batches (nan under 3 batches). One batch gives both views
+    the same sampled tokens, so a single-batch cosine mixes the views' difference with noise they share; products
+    of gradients from *different* batches are unbiased for the products of the expectations:
+    ``mean_{i != j} g_aligned^i . g_persistent^j / sqrt(mean_{i < j} g_aligned^i . g_aligned^j * (the same for
+    persistent))``. nan where a view's batches point apart on average (no expected direction to compare); a noisy
+    ratio that may pass 1."""
+    import numpy as np
+
+    k = len(grads)
+    if k < 2:
+        raise ValueError(f"expected_cosine needs at least two batches, got {k}")
+    flat = {view: torch.stack([g[view].double() for g in grads]) for view in VIEWS}
+    cross = (flat["aligned"] @ flat["persistent"].T).numpy()
+    gram = {view: (flat[view] @ flat[view].T).numpy() for view in VIEWS}
+
+    def estimate(keep: np.ndarray) -> float:
+        off = ~np.eye(len(keep), dtype=bool)
+        across = cross[np.ix_(keep, keep)][off].mean()
+        within = [gram[view][np.ix_(keep, keep)][off].mean() for view in VIEWS]
+        return float(across / math.sqrt(within[0] * within[1])) if min(within) > 0 else math.nan
+
+    whole = estimate(np.arange(k))
+    if k < 3:
+        return whole, math.nan
+    leave_out = np.array([estimate(np.delete(np.arange(k), i)) for i in range(k)])
+    return whole, float(math.sqrt((k - 1) / k * ((leave_out - leave_out.mean()) ** 2).sum()))
+
+
 def _share(x) -> float:
     return float(x.mean()) if len(x) else math.nan
 
@@ -191,10 +221,11 @@ def _share(x) -> float:
 def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[InvocationRecord],
                     reference: Sequence[InvocationRecord], *, loss: DistillLossConfig | None = None,
                     packing: str = "shared_prefix", token_budget: int = 4096,
-                    backend: str = "auto") -> ViewDivergence:
+                    backend: str = "auto", more: Sequence[Sequence[InvocationRecord]] = ()) -> ViewDivergence:
     """How differently the teacher's two views score the student's sampled actions (see the module doc), on
     ``records`` and ``reference``: two independent batches of the student's rollouts (other task seeds, or other
-    sampling seeds), each scored in both views.
+    sampling seeds), each scored in both views; ``more``: further independent batches (the expected-gradient cosine
+    and the per-token, per-invocation figures use every batch; the single-batch cosines the first two).
 
     ``summary``: ``between_view_cosine`` (the cosine of the aligned and the persistent distillation gradients on the
     same batch, mean over the two batches), ``same_view_cosine`` (one view's gradients on the two batches, mean over
@@ -202,6 +233,7 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     over the batches), ``expected_between_view_cosine`` (the cosine of the two views' expected gradients, estimated
     from products across the two batches, so the sampling noise one batch gives both views cancels: 1 where the views
     pull the same way on average; nan where a view's two batches point apart; a noisy estimate that may pass 1),
+    ``expected_between_view_cosine_se`` (its jackknife standard error over batches: ``more`` batches give one),
     ``view_difference_cosine`` (the cosine of batch 1's ``g_aligned - g_persistent`` and batch
     2's: near 1 where the views' difference is systematic, near 0 where it is noise), ``difference_to_noise`` (the
     difference's norm over the norm of one view's gradient difference between the two batches, means over
@@ -214,12 +246,14 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     import numpy as np
     import pandas as pd
 
-    if not records or not reference:
-        raise ValueError("view_divergence needs two non-empty batches of records (records and reference)")
+    if not records or not reference or not all(more):
+        raise ValueError("view_divergence needs two non-empty batches of records (records and reference)"
+                         + (", and every batch in more non-empty" if more else ""))
     loss = loss or DistillLossConfig()
     layouts = {view: ScoringLayout(view, packing, token_budget, backend) for view in VIEWS}
     grads, gap_grads, tokens, invocations = [], [], [], []
-    for batch, recs in enumerate((records, reference)):
+    batches = (records, reference, *more)
+    for batch, recs in enumerate(batches):
         frame, hidden = token_disagreement(teacher, recs, tokenizer, layouts)
         grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"]))
         gaps = information_gaps(recs, tokenizer)
@@ -235,6 +269,8 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
         invocations.append(gaps.assign(batch=batch))
     tokens = pd.concat(tokens, ignore_index=True)
     invocations = pd.concat(invocations, ignore_index=True)
+    expected, expected_se = expected_cosine(grads)
+    grads = grads[:2]  # the single-batch figures below: the first two batches, as without ``more``
     between = [cosine(g["aligned"], g["persistent"]) for g in grads]
     same = [cosine(grads[0][view], grads[1][view]) for view in VIEWS]
     norm_ratio = [float((g["aligned"] - g["persistent"]).norm() / g["aligned"].norm())
@@ -244,19 +280,14 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     # against the noise between the two batches of one view (an update's signal from the views vs its sampling noise).
     differences = [g["aligned"] - g["persistent"] for g in grads]
     noise = [float((grads[0][view] - grads[1][view]).norm()) for view in VIEWS]
-    # The cosine of the two views' *expected* gradients, free of the sampling noise both views share on one batch:
-    # products across the independent batches are unbiased for the products of the expectations.
-    across = [float(grads[0]["aligned"].double() @ grads[1]["persistent"].double()),
-              float(grads[1]["aligned"].double() @ grads[0]["persistent"].double())]
-    within = [float(grads[0][view].double() @ grads[1][view].double()) for view in VIEWS]
-    expected = float(np.mean(across) / math.sqrt(within[0] * within[1])) if min(within) > 0 else math.nan
     gap_tokens, other_tokens = tokens[tokens.info_gap.astype(bool)], tokens[~tokens.info_gap.astype(bool)]
     episodes = invocations.groupby(["batch", "episode"]).size()
     summary = {
         "between_view_cosine": float(np.mean(between)), "between_view_cosine_batches": between,
         "same_view_cosine": float(np.mean(same)), "same_view_cosine_views": dict(zip(VIEWS, same)),
         "grad_norm_ratio": float(np.mean(norm_ratio)),
-        "expected_between_view_cosine": expected,
+        "expected_between_view_cosine": expected, "expected_between_view_cosine_se": expected_se,
+        "batches": len(batches),
         "view_difference_cosine": cosine(*differences),
         "difference_to_noise": float(np.mean([float(d.norm()) for d in differences]) / np.mean(noise))
         if np.mean(noise) > 0 else math.nan,
@@ -282,4 +313,4 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
 
 
 __all__ = ["VIEWS", "teacher_views", "information_gaps", "lost_facts", "token_disagreement", "distill_gradients",
-           "cosine", "ViewDivergence", "view_divergence"]
+           "cosine", "expected_cosine", "ViewDivergence", "view_divergence"]

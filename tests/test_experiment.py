@@ -727,6 +727,49 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
         assert message in capsys.readouterr().err
 
 
+def test_view_divergence_benchmark_writes_a_row_per_setting_with_the_expected_cosine(tmp_path, capsys):
+    """benchmarks/view_divergence.py on a run of tiny models, 3 batches: one row per setting with the single-batch
+    and the expected-gradient cosines (the latter with a jackknife SE), the JSON record and the plot; a setting the
+    env refuses is skipped by name; fewer than 2 batches or a malformed setting is refused before any work."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models.local import save_pretrained
+    from distill.experiment.config import _config_record
+
+    spec = importlib.util.spec_from_file_location(
+        "view_divergence_benchmark", Path(__file__).parent.parent / "benchmarks" / "view_divergence.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    tok = memqa_tokenizer()
+    for stage, seed in (("teacher", 1), ("student", 2)):
+        save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
+        (run / stage).mkdir(parents=True, exist_ok=True)
+        (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
+    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    for bad, message in ((["--batches", "1"], "--batches >= 2"), (["--setting", "x"], "expected NAME:KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            script.main(["--run", str(run), *bad])
+        assert message in capsys.readouterr().err
+    out = tmp_path / "views.json"
+    assert script.main(["--run", str(run), "--episodes", "4", "--batches", "3", "--teacher-episodes", "0",
+                        "--setting", "own:", "--setting", "bad:objectives=0", "--json", str(out),
+                        "--plot", str(tmp_path / "views.png")]) == 0
+    record = json.loads(out.read_text())
+    assert record["batches"] == 3 and list(record["skipped"]) == ["bad"]
+    (row,) = record["rows"]
+    assert row["setting"] == "own" and -1 <= row["between_view_cosine"] <= 1
+    assert row["expected_between_view_cosine_se"] >= 0 and "expected_between_view_cosine" in row
+    assert (tmp_path / "views.png").stat().st_size > 0
+    assert "4 x 3 episodes" in capsys.readouterr().out
+
+
 def test_teacher_lost_facts_benchmark_splits_each_views_f1_by_lost_facts(tmp_path, capsys):
     """benchmarks/teacher_lost_facts.py on a run folder with only its teacher: per pool and view, the episodes with
     and without a lost fact add up to the view's, and their F1s average to its F1; a missing teacher is named."""

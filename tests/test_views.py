@@ -244,3 +244,30 @@ def test_the_gap_only_cosine_is_one_where_views_agree_and_a_mask_selects_tokens(
     part = distill_gradients(student, teacher, records, tok, hidden, DistillLossConfig(), layouts["aligned"],
                              token_mask=first)
     assert not torch.allclose(part["aligned"], plain["aligned"])
+
+
+def test_the_expected_cosine_sees_through_the_noise_a_batch_gives_both_views():
+    """Gradients made as a view's mean plus the batch's noise, the same noise in both views (what one batch of
+    sampled tokens does): the single-batch cosine is near 1 whatever the means, while the expected-gradient cosine
+    finds the means' cosine, with a jackknife SE that covers it; under 3 batches no SE; too few batches refused."""
+    from distill.views import cosine, expected_cosine
+
+    gen = torch.Generator().manual_seed(0)
+    dim, k = 4000, 24
+    mean_a = torch.randn(dim, generator=gen)
+    mean_p = 0.6 * mean_a + 0.8 * torch.randn(dim, generator=gen)  # cosine ~0.6 with mean_a
+    truth = cosine(mean_a, mean_p)
+    grads = []
+    for _ in range(k):
+        shared = 4.0 * torch.randn(dim, generator=gen)  # 4x the means' size, in both views
+        grads.append({"aligned": mean_a + shared + 0.3 * torch.randn(dim, generator=gen),
+                      "persistent": mean_p + shared + 0.3 * torch.randn(dim, generator=gen)})
+    single = np.mean([cosine(g["aligned"], g["persistent"]) for g in grads])
+    estimate, se = expected_cosine(grads)
+    assert single > 0.9 and 0.5 < truth < 0.7
+    assert abs(estimate - truth) < 3 * se and se < 0.1
+    assert math.isnan(expected_cosine(grads[:2])[1]) and not math.isnan(expected_cosine(grads[:2])[0])
+    same = [{"aligned": g["aligned"], "persistent": g["aligned"]} for g in grads[:5]]
+    assert expected_cosine(same)[0] == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match="at least two batches"):
+        expected_cosine(grads[:1])
