@@ -35,9 +35,9 @@ def _refuse(message: str) -> SystemExit:
     return SystemExit(2)
 
 #: The columns of a setting's row (the table the regime is chosen from).
-COLUMNS = ["setting", "env", "between_view_cosine", "same_view_cosine", "between_view_cosine_gap", "grad_norm_ratio",
+COLUMNS = ["setting", "env", "between_view_cosine", "same_view_cosine", "between_view_cosine_gap", "between_view_cosine_tool", "grad_norm_ratio",
            "expected_between_view_cosine", "expected_between_view_cosine_se", "view_difference_cosine", "difference_to_noise", "kl_mean", "kl_median",
-           "argmax_differs", "info_gap_share", "kl_info_gap", "kl_no_gap", "argmax_info_gap", "argmax_no_gap",
+           "argmax_differs", "memory_token_share", "kl_memory_tokens", "kl_tool_tokens", "info_gap_share", "kl_info_gap", "kl_no_gap", "argmax_info_gap", "argmax_no_gap",
            "turns_per_episode", "invocations", "action_tokens", "teacher_f1_memory", "teacher_f1_persistent",
            "teacher_f1_gap"]
 

@@ -114,7 +114,8 @@ def lost_facts(records: Sequence[InvocationRecord]):
 @torch.no_grad()
 def token_disagreement(teacher: Teacher, records: Sequence[InvocationRecord], tokenizer,
                        layouts: dict[str, ScoringLayout]):
-    """Per action token of ``records`` (record order, then token order): ``record``, ``kl`` =
+    """Per action token of ``records`` (record order, then token order): ``record``, ``memory_token`` (inside the
+    action's memory block, from the record's ``memory_mask``; else the tool call), ``kl`` =
     ``KL(p_aligned || p_persistent)`` of the teacher's distributions (its temperature) and ``argmax_differs``.
     Also returns the teacher's ``[N, d]`` hidden states per view (for the gradients)."""
     import pandas as pd
@@ -129,7 +130,10 @@ def token_disagreement(teacher: Teacher, records: Sequence[InvocationRecord], to
         kl.append(torch.where(p > 0, p * (lp["aligned"] - lp["persistent"]), torch.zeros_like(p)).sum(-1))
         differs.append(lp["aligned"].argmax(-1) != lp["persistent"].argmax(-1))
     owner = [i for i, r in enumerate(records) for m in r.action_mask if m]
-    frame = pd.DataFrame({"record": owner,
+    # inside the action's <memory> block (the rewrite) or not (the tool call: search or answer, and its argument)
+    in_memory = [bool(r.memory_mask[j]) if j < len(r.memory_mask) else False
+                 for r in records for j, m in enumerate(r.action_mask) if m]
+    frame = pd.DataFrame({"record": owner, "memory_token": in_memory,
                           "kl": torch.cat(kl).clamp_min(0).tolist() if kl else [],
                           "argmax_differs": torch.cat(differs).tolist() if differs else []})
     return frame, hidden
@@ -234,7 +238,9 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
     from products across the two batches, so the sampling noise one batch gives both views cancels: 1 where the views
     pull the same way on average; nan where a view's two batches point apart; a noisy estimate that may pass 1),
     ``expected_between_view_cosine_se`` (its jackknife standard error over batches: ``more`` batches give one),
-    ``view_difference_cosine`` (the cosine of batch 1's ``g_aligned - g_persistent`` and batch
+    ``between_view_cosine_tool`` (the single-batch cosine on the tool call's tokens only, outside the memory block:
+    where searching or answering is decided), ``memory_token_share`` (action tokens inside the memory block),
+    ``kl_memory_tokens`` / ``kl_tool_tokens`` (the per-token KL inside and outside it), ``view_difference_cosine`` (the cosine of batch 1's ``g_aligned - g_persistent`` and batch
     2's: near 1 where the views' difference is systematic, near 0 where it is noise), ``difference_to_noise`` (the
     difference's norm over the norm of one view's gradient difference between the two batches, means over
     batches and views), ``between_view_cosine_gap`` (the same cosine on the information-gap invocations' tokens
@@ -251,11 +257,15 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
                          + (", and every batch in more non-empty" if more else ""))
     loss = loss or DistillLossConfig()
     layouts = {view: ScoringLayout(view, packing, token_budget, backend) for view in VIEWS}
-    grads, gap_grads, tokens, invocations = [], [], [], []
+    grads, gap_grads, tool_grads, tokens, invocations = [], [], [], [], []
     batches = (records, reference, *more)
     for batch, recs in enumerate(batches):
         frame, hidden = token_disagreement(teacher, recs, tokenizer, layouts)
         grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"]))
+        on_tool = torch.tensor(~frame.memory_token.to_numpy(dtype=bool))
+        if bool(on_tool.any()) and batch < 2:  # the tool call's tokens only: where searching or answering is decided
+            tool_grads.append(distill_gradients(student, teacher, recs, tokenizer, hidden, loss, layouts["aligned"],
+                                                token_mask=on_tool))
         gaps = information_gaps(recs, tokenizer)
         on_gap = torch.tensor(frame.record.map(gaps.set_index("record").info_gap).astype(bool).to_numpy())
         if bool(on_gap.any()):  # the same, on the invocations where the transcript holds what the memory lost
@@ -294,6 +304,11 @@ def view_divergence(teacher: Teacher, student, tokenizer, records: Sequence[Invo
         # on the information-gap invocations' tokens only (nan where a batch has none)
         "between_view_cosine_gap": float(np.mean([cosine(g["aligned"], g["persistent"]) for g in gap_grads]))
         if gap_grads else math.nan,
+        "between_view_cosine_tool": float(np.mean([cosine(g["aligned"], g["persistent"]) for g in tool_grads]))
+        if tool_grads else math.nan,
+        "memory_token_share": _share(tokens.memory_token.astype(float)),
+        "kl_memory_tokens": _share(tokens.kl[tokens.memory_token.astype(bool)]),
+        "kl_tool_tokens": _share(tokens.kl[~tokens.memory_token.astype(bool)]),
         "kl_mean": _share(tokens.kl), "kl_median": float(tokens.kl.median()) if len(tokens) else math.nan,
         "argmax_differs": _share(tokens.argmax_differs.astype(float)),
         "info_gap_share": _share(invocations.info_gap.astype(float)),

@@ -45,6 +45,7 @@ def test_identical_views_give_cosine_one_and_no_disagreement():
     assert s["same_view_cosine"] < 0.999
     assert s["difference_to_noise"] < 1e-2  # the views' difference is rounding next to the batches' noise
     assert s["expected_between_view_cosine"] == pytest.approx(1.0, abs=1e-4)
+    assert s["between_view_cosine_tool"] == pytest.approx(1.0, abs=1e-5)
     assert s["info_gap_share"] == 0.0 and s["turns_per_episode"] == 1.0
     assert list(result.per_turn.turn) == [0]
 
@@ -64,6 +65,10 @@ def test_views_that_differ_give_a_lower_cosine_and_disagreement_late_in_the_epis
     assert turns.loc[1:, "kl_mean"].min() > 1e-6
     assert s["between_view_cosine"] < 0.999 and s["grad_norm_ratio"] > 0.01  # seen 0.9954 and 0.099
     assert s["action_tokens"] == sum(sum(r.action_mask) for r in a + b)
+    memory = sum(m for r in a + b for m, act in zip(r.memory_mask, r.action_mask) if act)
+    assert result.tokens.memory_token.sum() == memory and s["memory_token_share"] == pytest.approx(memory / s["action_tokens"])
+    assert s["kl_mean"] == pytest.approx(s["memory_token_share"] * s["kl_memory_tokens"]
+                                         + (1 - s["memory_token_share"]) * s["kl_tool_tokens"])
     assert s["invocations"] == len(a) + len(b) and s["episodes"] == 8
     assert set(result.tokens.columns) >= {"record", "turn", "kl", "argmax_differs", "info_gap", "batch"}
     assert s["difference_to_noise"] > 1e-2 and -1 <= s["view_difference_cosine"] < 0.999
