@@ -665,16 +665,36 @@ def test_report_names_a_pretrained_models_own_shape_and_judges_a_collapsed_contr
     assert not wide["MemOPD (aligned) above the teacher-persistent control"]["met"]
 
 
-def _teacher_views_script():
-    """benchmarks/teacher_views.py loaded as a module (benchmarks/ is not a package)."""
+def _benchmark_script(name: str):
+    """benchmarks/NAME.py loaded as a module (benchmarks/ is not a package)."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "teacher_views_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_views.py")
+        f"{name}_benchmark", Path(__file__).parent.parent / "benchmarks" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
+
+
+def _teacher_views_script():
+    return _benchmark_script("teacher_views")
+
+
+def _tiny_run(run, models, cfg=None, stages=("teacher", "student")):
+    """A run folder of tiny models: per stage a saved model under ``models`` (teacher seed 1, student seed 2), its
+    ``result.json`` naming it, and ``experiment.json`` of ``cfg`` (default :func:`_tiny`)."""
+    from llm_common import memqa_tokenizer, tiny_model
+
+    from agents.llm.models.local import save_pretrained
+    from distill.experiment.config import _config_record
+
+    tok = memqa_tokenizer()
+    for stage in stages:
+        save_pretrained(tiny_model(tok, seed={"teacher": 1, "student": 2}[stage]), tok, models / stage)
+        (run / stage).mkdir(parents=True, exist_ok=True)
+        (run / stage / "result.json").write_text(json.dumps({"path": str(models / stage)}))
+    (run / "experiment.json").write_text(json.dumps(_config_record(cfg or _tiny(run))))
 
 
 def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, capsys):
@@ -683,25 +703,13 @@ def test_teacher_views_benchmark_reads_a_run_and_writes_every_row(tmp_path, caps
     the same invocations); a run without its stages is named, not a traceback."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import json
-
-    from llm_common import memqa_tokenizer, tiny_model
-
-    from agents.llm.models.local import save_pretrained
-    from distill.experiment.config import _config_record
-
     script = _teacher_views_script()
     run = tmp_path / "run"
     run.mkdir()
     with pytest.raises(SystemExit):
         script.main(["--run", str(run)])
     assert "teacher/result.json is missing" in capsys.readouterr().err
-    tok = memqa_tokenizer()
-    for stage, seed in (("teacher", 1), ("student", 2)):
-        save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
-        (run / stage).mkdir(parents=True, exist_ok=True)
-        (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
-    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    _tiny_run(run, tmp_path)
     assert script.main(["--run", str(run), "--episodes", "4", "--csv", str(tmp_path / "views.csv")]) == 0
     rows = pd.read_csv(tmp_path / "views.csv")
     assert len(rows) > 0 and (rows["turn"] >= 1).all()
@@ -733,26 +741,11 @@ def test_view_divergence_benchmark_writes_a_row_per_setting_with_the_expected_co
     env refuses is skipped by name; fewer than 2 batches or a malformed setting is refused before any work."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
     import json
-    from pathlib import Path
 
-    from llm_common import memqa_tokenizer, tiny_model
-
-    from agents.llm.models.local import save_pretrained
-    from distill.experiment.config import _config_record
-
-    spec = importlib.util.spec_from_file_location(
-        "view_divergence_benchmark", Path(__file__).parent.parent / "benchmarks" / "view_divergence.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _benchmark_script("view_divergence")
     run = tmp_path / "run"
-    tok = memqa_tokenizer()
-    for stage, seed in (("teacher", 1), ("student", 2)):
-        save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
-        (run / stage).mkdir(parents=True, exist_ok=True)
-        (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
-    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    _tiny_run(run, tmp_path)
     for bad, message in ((["--batches", "1"], "--batches >= 2"), (["--setting", "x"], "expected NAME:KEY=VALUE")):
         with pytest.raises(SystemExit):
             script.main(["--run", str(run), *bad])
@@ -775,19 +768,9 @@ def test_teacher_lost_facts_benchmark_splits_each_views_f1_by_lost_facts(tmp_pat
     and without a lost fact add up to the view's, and their F1s average to its F1; a missing teacher is named."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
     import json
-    from pathlib import Path
 
-    from llm_common import memqa_tokenizer, tiny_model
-
-    from agents.llm.models.local import save_pretrained
-    from distill.experiment.config import _config_record
-
-    spec = importlib.util.spec_from_file_location(
-        "teacher_lost_facts_benchmark", Path(__file__).parent.parent / "benchmarks" / "teacher_lost_facts.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _benchmark_script("teacher_lost_facts")
     run = tmp_path / "run"
     (run / "teacher").mkdir(parents=True)
     with pytest.raises(SystemExit):
@@ -798,10 +781,7 @@ def test_teacher_lost_facts_benchmark_splits_each_views_f1_by_lost_facts(tmp_pat
     with pytest.raises(SystemExit):
         script.main(["--run", str(run), "--json", str(tmp_path)])  # a folder, named by its flag
     assert "--json " in capsys.readouterr().err
-    tok = memqa_tokenizer()
-    save_pretrained(tiny_model(tok, seed=1), tok, tmp_path / "teacher")
-    (run / "teacher" / "result.json").write_text(json.dumps({"path": str(tmp_path / "teacher")}))
-    (run / "experiment.json").write_text(json.dumps(_config_record(_tiny(run))))
+    _tiny_run(run, tmp_path, stages=("teacher",))
     assert script.main(["--run", str(run), "--episodes", "4", "--json", str(tmp_path / "lost.json")]) == 0
     rows = pd.DataFrame(json.loads((tmp_path / "lost.json").read_text())["rows"])
     assert set(zip(rows["pool"], rows["view"])) == {(p, v) for p in ("held-out", "seen")

@@ -162,26 +162,18 @@ def test_relabel_continues_a_runs_teacher_into_a_run_folder_the_benchmarks_read(
     pytest.importorskip("transformers")
     from dataclasses import replace
 
-    from llm_common import memqa_tokenizer, tiny_model
-    from test_experiment import _tiny
+    from test_experiment import _tiny, _tiny_run
 
-    from agents.llm.models.local import save_pretrained
-    from distill.experiment.config import _config_record
     from distill.experiment.relabel import main
 
     run, out = tmp_path / "run", tmp_path / "out"
     with pytest.raises(SystemExit):
         main(["--run", str(run), "--out", str(out)])
     assert "no experiment.json" in capsys.readouterr().err
-    tok = memqa_tokenizer()
-    for stage, seed in (("teacher", 1), ("student", 2)):
-        save_pretrained(tiny_model(tok, seed=seed), tok, tmp_path / stage)
-        (run / stage).mkdir(parents=True, exist_ok=True)
-        (run / stage / "result.json").write_text(json.dumps({"path": str(tmp_path / stage)}))
     cfg = _tiny(run, env_kwargs={"objectives": 2, "hops": 1, "comparison_rate": 0.0, "max_turns": 3,
                                  "memory_budget": 4, "fresh_facts": True, "corpus_size": 60})
-    cfg = replace(cfg, teacher=replace(cfg.teacher, sft_views=("memory", "persistent"), sft_demo_expert="compact"))
-    (run / "experiment.json").write_text(json.dumps(_config_record(cfg)))
+    _tiny_run(run, tmp_path, replace(cfg, teacher=replace(cfg.teacher, sft_views=("memory", "persistent"),
+                                                          sft_demo_expert="compact")))
     for bad, message in ((["--out", str(run)], "--out must be another folder"), (["--out", str(out), "--episodes", "0"],
                                                                                    "--episodes and --threads >= 1")):
         with pytest.raises(SystemExit):
