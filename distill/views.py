@@ -195,15 +195,18 @@ def expected_cosine(grads: Sequence[dict[str, torch.Tensor]]) -> tuple[float, fl
     of gradients from *different* batches are unbiased for the products of the expectations:
     ``mean_{i != j} g_aligned^i . g_persistent^j / sqrt(mean_{i < j} g_aligned^i . g_aligned^j * (the same for
     persistent))``. nan where a view's batches point apart on average (no expected direction to compare); a noisy
-    ratio that may pass 1."""
+    ratio that may pass 1. Holds every batch's two gradients (fp32, 2 x parameters each) until the products are
+    taken."""
     import numpy as np
 
     k = len(grads)
     if k < 2:
         raise ValueError(f"expected_cosine needs at least two batches, got {k}")
-    flat = {view: torch.stack([g[view].double() for g in grads]) for view in VIEWS}
-    cross = (flat["aligned"] @ flat["persistent"].T).numpy()
-    gram = {view: (flat[view] @ flat[view].T).numpy() for view in VIEWS}
+    def products(left: str, right: str) -> np.ndarray:  # one pair at a time: no stacked float64 copy of every gradient
+        return np.array([[float(a[left].double() @ b[right].double()) for b in grads] for a in grads])
+
+    cross = products("aligned", "persistent")
+    gram = {view: products(view, view) for view in VIEWS}
 
     def estimate(keep: np.ndarray) -> float:
         off = ~np.eye(len(keep), dtype=bool)

@@ -190,3 +190,7 @@ def test_relabel_continues_a_runs_teacher_into_a_run_folder_the_benchmarks_read(
     assert states.seed.nunique() == 6 and states.seed.min() >= 3 * 10**7
     before = (out / "teacher" / "metrics.csv").read_text()
     assert main(args) == 0 and (out / "teacher" / "metrics.csv").read_text() == before
+    # a damaged example cache is named and made again, not a traceback
+    (out / "relabel" / "examples.pkl").write_bytes(b"not a pickle")
+    assert main(args) == 0 and "examples.pkl unreadable" in capsys.readouterr().err
+    assert pd.read_csv(out / "relabel" / "states.csv").equals(states)

@@ -72,8 +72,12 @@ def relabelled_data(cfg, student_path: str, episodes: int, cache: Path, progress
 
     data_file, states_file = cache / "examples.pkl", cache / "states.csv"
     if data_file.is_file() and states_file.is_file():
-        with data_file.open("rb") as fh:
-            stored = pickle.load(fh)
+        try:
+            with data_file.open("rb") as fh:
+                stored = pickle.load(fh)
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:  # unreadable: made again
+            print(f"relabel: {data_file} unreadable ({err}); relabelling again", file=sys.stderr)
+            stored = {}
         if stored.get("episodes") == episodes and stored.get("student") == student_path:
             return stored["data"], pd.read_csv(states_file)
     lm, tok = load_pretrained(student_path)
